@@ -1,0 +1,193 @@
+"""The `clawrl` command. Every config field is also a flag: `--max-batch-size 8` sets
+`EngineConfig.max_batch_size`; flags win over `CLAWRL_*` environment variables, which win over
+defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings
+
+from clawrl.config import EngineConfig, ServeConfig, StoreConfig
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
+    """One `--flag` per field of each config class; unset flags leave the field to env/defaults."""
+    seen: set[str] = set()
+    for config in configs:
+        group = parser.add_argument_group(config.__name__, config.__doc__)
+        for name, info in config.model_fields.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            flag = "--" + name.replace("_", "-")
+            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": info.description}
+            annotation = _strip_optional(info.annotation)
+            if annotation is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif typing.get_origin(annotation) is typing.Literal:
+                kwargs["choices"] = typing.get_args(annotation)
+            elif annotation in (int, float, Path):
+                kwargs["type"] = annotation
+            group.add_argument(flag, **kwargs)
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return options[0] if len(options) == 1 else str
+    return annotation
+
+
+def config_from_args(config: type[BaseSettings], args: argparse.Namespace) -> Any:
+    """Build a config from the flags that were given (the rest come from the environment)."""
+    given = {name: getattr(args, name) for name in config.model_fields if hasattr(args, name)}
+    return config(**given)
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from clawrl.engines import build_engine
+    from clawrl.serve.app import create_app
+    from clawrl.store import Store
+
+    engine_config = config_from_args(EngineConfig, args)
+    store_config = config_from_args(StoreConfig, args)
+    serve_config = config_from_args(ServeConfig, args)
+    store = Store(store_config.resolved_database_url())
+    app = create_app(build_engine(engine_config), store, serve_config)
+    logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
+    uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_build_tiny(args: argparse.Namespace) -> int:
+    from clawrl.sim.tiny import build_tiny_model
+
+    path = build_tiny_model(Path(args.out), seed=args.seed)
+    print(path)
+    return 0
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from clawrl.store import Store
+
+    config = config_from_args(StoreConfig, args)
+    database = config.run_dir / "clawrl.db"
+    if config.database_url is None and not database.exists():
+        raise SystemExit(f"error: no store at {database} (is --run-dir right?)")
+    return Store(config.resolved_database_url())
+
+
+def cmd_sessions_list(args: argparse.Namespace) -> int:
+    from clawrl.store.inspect import session_summary
+
+    sessions = [session_summary(s) for s in _store(args).list_sessions(limit=args.limit)]
+    if args.json:
+        _print_json(sessions)
+        return 0
+    print(f"{'session':<40} {'turns':>5} {'source':<9} {'done':<5} updated")
+    for s in sessions:
+        print(f"{s['id']:<40} {s['turns']:>5} {s['id_source']:<9} {str(s['done']):<5} {s['updated_at']}")
+    return 0
+
+
+def cmd_sessions_show(args: argparse.Namespace) -> int:
+    from clawrl.store.inspect import session_detail
+
+    detail = session_detail(_store(args), args.session_id)
+    if detail is None:
+        print(f"error: no session {args.session_id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(detail)
+        return 0
+    print(f"session {detail['id']} ({detail['id_source']}, {detail['turns'] and len(detail['turns'])} turns, done={detail['done']})")
+    for turn in detail["turns"]:
+        print(f"\n[{turn['index']}] {turn['kind']} v{turn['policy_version']} {turn['finish_reason']} "
+              f"prompt={len(turn['prompt_token_ids'])} response={len(turn['response_token_ids'])} tokens")
+        print(f"  answer: {turn['response_text'][:200]!r}")
+        if turn["tool_calls"]:
+            print(f"  tool calls: {json.dumps(turn['tool_calls'])[:200]}")
+        if turn["next_state"]:
+            print(f"  next state ({turn['next_state']['role']}): {turn['next_state']['content'][:200]!r}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from clawrl.store.inspect import export_jsonl
+
+    count = export_jsonl(_store(args), Path(args.out))
+    print(f"wrote {count} main turns to {args.out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from clawrl.sim.demo import run_demo
+
+    return run_demo(config_from_args(EngineConfig, args), run_dir=Path(args.run_dir))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clawrl", description="An agent that improves by being used.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible API and record every turn")
+    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig)
+    serve.set_defaults(handler=cmd_serve)
+
+    model = commands.add_parser("model", help="build models locally").add_subparsers(dest="model_command", required=True)
+    tiny = model.add_parser("build-tiny", help="write a tiny Qwen2-architecture model and tokenizer (seconds, no download)")
+    tiny.add_argument("--out", required=True, help="directory to write the Hugging Face model to")
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the weights and the tokenizer corpus")
+    tiny.set_defaults(handler=cmd_build_tiny)
+
+    sessions = commands.add_parser("sessions", help="inspect recorded sessions").add_subparsers(dest="sessions_command", required=True)
+    listing = sessions.add_parser("list", help="list sessions, newest first")
+    add_config_flags(listing, StoreConfig)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--limit", type=int, default=100, help="most sessions to list")
+    listing.set_defaults(handler=cmd_sessions_list)
+    show = sessions.add_parser("show", help="show one session's turns with their token ids and next states")
+    show.add_argument("session_id")
+    add_config_flags(show, StoreConfig)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=cmd_sessions_show)
+
+    export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
+    add_config_flags(export, StoreConfig)
+    export.add_argument("--out", required=True, help="the .jsonl file to write")
+    export.set_defaults(handler=cmd_export)
+
+    demo = commands.add_parser("demo", help="the whole loop on the CPU with the tiny model and a simulated user")
+    add_config_flags(demo, EngineConfig)
+    demo.add_argument("--run-dir", default="runs/demo", help="where the demo's store is written")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Configuration: one pydantic-settings object per component.
+
+Every field is documented, has a default that works, and can be overridden by an environment
+variable `CLAWRL_<FIELD>` or a `clawrl` flag `--<field-with-dashes>` (flags win over the
+environment). A few upstream (OpenClaw-RL) variable names are accepted as aliases so its users can
+switch without renaming their deployment's environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _env(name: str, *upstream: str) -> AliasChoices:
+    """Accept `CLAWRL_NAME` and upstream aliases (keyword construction uses the field name)."""
+    return AliasChoices(f"CLAWRL_{name.upper()}", *upstream)
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLAWRL_", populate_by_name=True, extra="ignore")
+
+
+class EngineConfig(_Settings):
+    """The model runtime that serves requests (DESIGN §7)."""
+
+    model: str = Field(
+        "tiny",
+        validation_alias=_env("model"),
+        description="Model to serve: a local Hugging Face directory, a hub id, or `tiny` for the "
+        "locally built tiny model (cached under --cache-dir).",
+    )
+    engine: Literal["hf"] = Field("hf", validation_alias=_env("engine"), description="Engine kind.")
+    device: str = Field(
+        "auto", validation_alias=_env("device"), description="`auto` (CUDA when present), `cpu` or `cuda[:N]`."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        validation_alias=_env("dtype"),
+        description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA.",
+    )
+    max_batch_size: int = Field(
+        32, ge=1, validation_alias=_env("max_batch_size"), description="Most sequences decoded in one batch."
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        ge=16,
+        validation_alias=_env("max_context_tokens"),
+        description="Prompt plus response limit; defaults to the model's max_position_embeddings.",
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "clawrl",
+        validation_alias=_env("cache_dir"),
+        description="Where locally built models (the tiny model) are cached.",
+    )
+    seed: int = Field(0, validation_alias=_env("seed"), description="Seed of the tiny model when --model tiny.")
+
+
+class StoreConfig(_Settings):
+    """The durable trajectory store (DESIGN §2, loop 2)."""
+
+    run_dir: Path = Field(
+        Path("runs/default"),
+        validation_alias=_env("run_dir"),
+        description="Directory of this run: the database, policy versions and checkpoints live here.",
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=_env("database_url"),
+        description="SQLAlchemy URL of the store; defaults to SQLite at RUN_DIR/clawrl.db.",
+    )
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.run_dir / 'clawrl.db').resolve()}"
+
+
+class ServeConfig(_Settings):
+    """The OpenAI-compatible HTTP server (DESIGN §3)."""
+
+    host: str = Field("127.0.0.1", validation_alias=_env("host"), description="Interface to listen on.")
+    port: int = Field(30000, ge=0, le=65535, validation_alias=_env("port", "PORT"), description="TCP port.")
+    api_key: str | None = Field(
+        None,
+        validation_alias=_env("api_key", "SGLANG_API_KEY"),
+        description="When set, every /v1 request needs `Authorization: Bearer <key>`.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        validation_alias=_env("served_model_name", "SERVED_MODEL_NAME"),
+        description="Model id clients use; defaults to the --model value.",
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, validation_alias=_env("max_body_bytes"), description="Larger bodies get 413."
+    )
+    default_max_tokens: int = Field(
+        512, ge=1, validation_alias=_env("default_max_tokens"), description="Response limit when a request sets none."
+    )
+    session_idle_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        validation_alias=_env("session_idle_timeout_s"),
+        description="A session with no request for this long is closed; its last turn gets no next state.",
+    )
+    side_turn_system_regex: str | None = Field(
+        None,
+        validation_alias=_env("side_turn_system_regex"),
+        description="Requests whose system prompt matches this regex are side turns (served, never trained on).",
+    )

@@ -1,0 +1,125 @@
+"""The engine protocol: what serving, judging and training need from a model runtime.
+
+Every engine speaks token ids, never text. The server renders the chat template once, hands the
+exact prompt ids to `generate`, and records the exact ids and log-probs that come back; the
+trainer later uses those ids unchanged (DESIGN §4: never re-tokenize).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one response. Stop strings are applied by the caller on decoded text."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    top_logprobs: int = 0  # how many alternatives to report per position (0 = none)
+
+
+@dataclass
+class TokenStep:
+    """One generated token, as the engine sampled it."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # (token id, log-prob), best first
+    finish_reason: str | None = None  # set on the last step: "stop" (end-of-turn token) or "length"
+
+
+@dataclass
+class ScoredResponse:
+    """Teacher-forced log-probs of a given response under a given prompt."""
+
+    logprobs: list[float]  # log p(response[t] | prompt, response[:t]) for every t
+    top_token_ids: list[list[int]]  # per position, the top_k most likely ids (empty lists when top_k=0)
+    top_logprobs: list[list[float]]  # their log-probs, aligned with top_token_ids
+
+
+class GenerationStream:
+    """An in-flight generation: async-iterate it for `TokenStep`s; `cancel()` frees the engine slot.
+
+    `policy_version` is fixed when the request is admitted, so a weight swap during the request
+    never changes which policy produced its tokens.
+    """
+
+    def __init__(self, policy_version: int) -> None:
+        self.policy_version = policy_version
+        self.finish_reason: str | None = None
+        self._queue: asyncio.Queue[TokenStep | BaseException | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self.cancelled = False
+
+    # --- producer side (may be called from an engine thread) -------------------------------
+    def push(self, step: TokenStep) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, step)
+
+    def fail(self, error: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, error)
+
+    def finish(self) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    # --- consumer side ------------------------------------------------------------------------
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self) -> AsyncIterator[TokenStep]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TokenStep]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item.finish_reason is not None:
+                self.finish_reason = item.finish_reason
+            yield item
+
+
+class Engine(ABC):
+    """A model runtime. Implementations: `hf` (in-process transformers), later `vllm` and `openai`."""
+
+    model_name: str
+    tokenizer: PreTrainedTokenizerBase
+    max_context_tokens: int  # prompt + response must fit in this many tokens
+    policy_version: int = 0  # the version new requests are served with
+
+    async def start(self) -> None:
+        """Load weights and start background workers. Called once before serving."""
+
+    async def close(self) -> None:
+        """Stop background workers; in-flight streams end with an error."""
+
+    @abstractmethod
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
+        """Start generating; returns immediately. The stream yields one `TokenStep` per token."""
+
+    @abstractmethod
+    async def score(
+        self,
+        prompt_token_ids: list[int],
+        response_token_ids: list[int],
+        top_k: int = 0,
+        version: int | None = None,
+    ) -> ScoredResponse:
+        """Teacher-forced log-probs of `response_token_ids` after `prompt_token_ids`.
+
+        `version` picks the policy version to score under; None means the current one.
+        """
+
+    @abstractmethod
+    async def load_version(self, version: int, path: Path) -> None:
+        """Make `version` (weights or adapter under `path`) the one new requests get, without pausing."""

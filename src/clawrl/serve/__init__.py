@@ -1,0 +1,1 @@
+"""Loop 1: the OpenAI-compatible server."""

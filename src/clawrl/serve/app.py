@@ -1,0 +1,198 @@
+"""The FastAPI app: routes, authentication, body limits and background housekeeping.
+
+Request bodies are read and parsed here rather than by FastAPI, so that size limits, malformed
+JSON and schema errors all come back as OpenAI-style error objects with the right status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+
+from clawrl.config import ServeConfig
+from clawrl.engines.base import Engine
+from clawrl.serve import schemas
+from clawrl.serve.completions import ChatService
+from clawrl.serve.errors import APIError, describe_validation_error, install_error_handlers
+from clawrl.serve.metrics import ServeMetrics
+from clawrl.store import Store
+
+log = logging.getLogger(__name__)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, refusing bodies over `limit` bytes before reading them whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"Request body is {declared} bytes; the limit is {limit}.", "request_too_large")
+    body = bytearray()
+    async for piece in request.stream():
+        body.extend(piece)
+        if len(body) > limit:
+            raise APIError(413, f"Request body exceeds the limit of {limit} bytes.", "request_too_large")
+    if not body:
+        raise APIError(400, "The request body is empty; send a JSON object.", "invalid_json")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise APIError(400, f"The request body is not valid JSON: {error}", "invalid_json") from None
+
+
+def create_app(engine: Engine, store: Store, config: ServeConfig) -> FastAPI:
+    served_name = config.served_model_name or engine.model_name
+    metrics = ServeMetrics()
+    service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        metrics.policy_version.set(engine.policy_version)
+        housekeeping = asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s))
+        try:
+            yield
+        finally:
+            housekeeping.cancel()
+            await service.drain()
+            await engine.close()
+
+    app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    install_error_handlers(app)
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {config.api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise APIError(401, "Missing or invalid API key; send 'Authorization: Bearer <key>'.", "invalid_api_key")
+
+    app.add_middleware(_CountRequests, metrics=metrics)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "model": served_name, "policy_version": engine.policy_version}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.policy_version.set(engine.policy_version)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorize(request)
+        created = int(time.time())
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": created, "owned_by": "clawrl"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        started = time.perf_counter()
+        body = await read_json(request, config.max_body_bytes)
+        turn = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()})
+        generation = service.start(turn)
+        headers = service.headers(generation)
+        if turn.request.stream:
+            return StreamingResponse(
+                _timed(service.stream(generation), metrics, started),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        metrics.active.inc()
+        try:
+            completion = await service.complete(generation)
+        finally:
+            metrics.active.dec()
+            metrics.latency.labels("false").observe(time.perf_counter() - started)
+        return JSONResponse(completion.model_dump(exclude_none=True), headers=headers)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict[str, Any]:
+        authorize(request)
+        body = await read_json(request, config.max_body_bytes)
+        try:
+            item = schemas.FeedbackRequest.model_validate(body)
+        except ValidationError as error:
+            message, param = describe_validation_error(error)
+            raise APIError(400, message, "invalid_value", param) from None
+        turn_id = await asyncio.to_thread(_feedback_target, store, item)
+        feedback_id = await asyncio.to_thread(store.add_feedback, turn_id, item.score, item.text)
+        metrics.feedback.labels(str(item.score)).inc()
+        return {"id": feedback_id, "turn": turn_id, "score": item.score, "recorded": True}
+
+    return app
+
+
+_KNOWN_PATHS = {"/healthz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback"}
+
+
+class _CountRequests:
+    """Counts answered requests by path and status (plain ASGI, so streams pass through untouched)."""
+
+    def __init__(self, app: Any, metrics: ServeMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = scope["path"] if scope["path"] in _KNOWN_PATHS else "other"
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _feedback_target(store: Store, item: schemas.FeedbackRequest) -> str:
+    """The turn a piece of feedback is about: the named turn, else the session's last main turn."""
+    if item.turn is not None:
+        turn = store.turn(item.turn)
+        if turn is None:
+            raise APIError(404, f"No turn '{item.turn}' is recorded.", "turn_not_found", "turn")
+        if item.session_id is not None and turn.session_id != item.session_id:
+            raise APIError(400, f"Turn '{item.turn}' does not belong to session '{item.session_id}'.", "invalid_value", "turn")
+        return turn.id
+    assert item.session_id is not None
+    last = store.last_main_turn(item.session_id)
+    if last is None:
+        raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")
+    return last.id
+
+
+async def _timed(events: AsyncGenerator[str, None], metrics: ServeMetrics, started: float) -> AsyncIterator[str]:
+    metrics.active.inc()
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # on a hang-up, lets the stream record what was generated
+        metrics.active.dec()
+        metrics.latency.labels("true").observe(time.perf_counter() - started)
+
+
+async def _close_idle_sessions(store: Store, idle_s: float) -> None:
+    """Close sessions nobody has used for `idle_s`: their last turn will get no next state."""
+    period = max(0.5, min(60.0, idle_s / 4))
+    while True:
+        await asyncio.sleep(period)
+        try:
+            closed = await asyncio.to_thread(store.close_idle_sessions, idle_s)
+        except Exception:  # a busy database must not kill housekeeping; try again next period
+            log.exception("closing idle sessions failed")
+            continue
+        if closed:
+            log.info("closed %d idle session(s)", closed)

@@ -1,0 +1,323 @@
+"""Chat completions: validate, render, generate, record, answer.
+
+The order matters for durability: the turn is committed to the store before the answer is
+acknowledged (for a stream, before the chunk that carries `finish_reason`), so every answer a
+client has seen fully is in the store. Everything else here (judging, training) happens elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from clawrl.config import ServeConfig
+from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
+from clawrl.engines.chat import ResponseDecoder, answer_fingerprint, parse_tool_calls, render_prompt
+from clawrl.serve import schemas
+from clawrl.serve.errors import APIError, describe_validation_error, error_body
+from clawrl.serve.metrics import ServeMetrics
+from clawrl.serve.sessions import (
+    SessionIdentity,
+    conversation_hashes,
+    explicit_session,
+    resolve_session,
+    session_done,
+    turn_kind,
+)
+from clawrl.store import NewTurn, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedTurn:
+    """A validated request, rendered to token ids and placed in its session."""
+
+    turn_id: str
+    request: schemas.ChatCompletionRequest
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    kind: str
+    identity: SessionIdentity
+    done: bool
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stop: list[str]
+    started_at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class FinishedTurn:
+    """What the engine produced, as the client sees it and as the store keeps it."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    steps: list[TokenStep]
+    policy_version: int
+
+
+@dataclass
+class Generation:
+    """A turn being generated: the engine stream, its decoder, and what has come out so far."""
+
+    turn: PreparedTurn
+    stream: GenerationStream
+    decoder: ResponseDecoder
+    steps: list[TokenStep] = field(default_factory=list)
+    result: FinishedTurn | None = None
+
+
+class ChatService:
+    def __init__(self, engine: Engine, store: Store, config: ServeConfig, metrics: ServeMetrics, model_names: set[str]) -> None:
+        self.engine, self.store, self.config, self.metrics = engine, store, config, metrics
+        self.model_names = model_names
+        self.side_regex = re.compile(config.side_turn_system_regex) if config.side_turn_system_regex else None
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- preparing ----------------------------------------------------------------------------
+    async def prepare(self, body: Any, headers: dict[str, str]) -> PreparedTurn:
+        try:
+            request = schemas.ChatCompletionRequest.model_validate(body)
+        except ValidationError as error:
+            message, param = describe_validation_error(error)
+            raise APIError(400, message, "invalid_value", param) from None
+        if request.model not in self.model_names:
+            raise APIError(404, f"The model '{request.model}' does not exist; this server serves {sorted(self.model_names)[0]!r}.", "model_not_found", "model")
+        messages = [message.model_dump(exclude_none=True) for message in request.messages]
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
+        kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
+        explicit = explicit_session(headers, request.session_id, request.user)
+        prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
+        max_tokens = self._response_budget(request, len(prompt_token_ids))
+        identity = await asyncio.to_thread(resolve_session, self.store, explicit, messages, kind)
+        self.metrics.sessions.labels(identity.id_source).inc()
+        sampling = SamplingParams(
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            max_tokens=max_tokens,
+            seed=request.seed,
+            top_logprobs=request.top_logprobs or 0,
+        )
+        return PreparedTurn(
+            turn_id=f"chatcmpl-{uuid.uuid4().hex}",
+            request=request,
+            messages=messages,
+            tools=tools,
+            kind=kind,
+            identity=identity,
+            done=session_done(headers, request.session_done),
+            prompt_token_ids=prompt_token_ids,
+            sampling=sampling,
+            stop=request.stop or [],
+        )
+
+    def _response_budget(self, request: schemas.ChatCompletionRequest, prompt_length: int) -> int:
+        window = self.engine.max_context_tokens
+        room = window - prompt_length
+        requested = request.max_completion_tokens or request.max_tokens
+        if room < 1 or (requested is not None and requested > room):
+            asked = f" and {requested} for the response" if requested is not None else ""
+            raise APIError(
+                400,
+                f"This model's maximum context length is {window} tokens; the messages take {prompt_length} tokens{asked}. "
+                "Shorten the messages or lower max_tokens.",
+                "context_length_exceeded",
+                "messages",
+            )
+        return requested if requested is not None else min(self.config.default_max_tokens, room)
+
+    # --- generating -----------------------------------------------------------------------------
+    def start(self, turn: PreparedTurn) -> Generation:
+        """Hand the prompt to the engine; the policy version is fixed from here on."""
+        self.metrics.prompt_tokens.inc(len(turn.prompt_token_ids))
+        parse_tools = bool(turn.tools) and turn.request.tool_choice != "none"
+        decoder = ResponseDecoder(self.engine.tokenizer, turn.stop, parse_tools)
+        return Generation(turn, self.engine.generate(turn.prompt_token_ids, turn.sampling), decoder)
+
+    async def _deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
+        """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
+        turn, stream, decoder = generation.turn, generation.stream, generation.decoder
+        pending: list[TokenStep] = []
+        try:
+            async for step in stream:
+                if not generation.steps:
+                    self.metrics.time_to_first_token.observe(time.perf_counter() - turn.started_at)
+                generation.steps.append(step)
+                pending.append(step)
+                if delta := decoder.add(step.token_id):
+                    yield delta, pending
+                    pending = []
+                if decoder.stopped:
+                    break
+        finally:
+            stream.cancel()  # a no-op once finished; frees the engine slot on stop strings and hang-ups
+        self.metrics.generated_tokens.inc(len(generation.steps))
+        content, tool_calls = parse_tool_calls(decoder.text) if decoder.parse_tools else (decoder.text, [])
+        finish_reason = "tool_calls" if tool_calls else ("stop" if decoder.stopped else stream.finish_reason or "stop")
+        generation.result = FinishedTurn(content, tool_calls, finish_reason, generation.steps, stream.policy_version)
+        tail = content[decoder.emitted :]  # held back at the end: a partial stop string that never completed
+        if tail or pending:
+            yield tail, pending
+
+    # --- recording ------------------------------------------------------------------------------
+    async def record(self, turn: PreparedTurn, result: FinishedTurn) -> None:
+        """Commit the turn (and the next state it carries); returns once it is durable."""
+        received = result.finish_reason != "cancelled"
+        new_turn = NewTurn(
+            turn_id=turn.turn_id,
+            session_id=turn.identity.session_id,
+            id_source=turn.identity.id_source,
+            kind=turn.kind,
+            model=self.engine.model_name,
+            policy_version=result.policy_version,
+            messages=turn.messages,
+            tools=turn.tools,
+            sampling={
+                "temperature": turn.sampling.temperature,
+                "top_p": turn.sampling.top_p,
+                "max_tokens": turn.sampling.max_tokens,
+                "stop": turn.stop,
+                "seed": turn.sampling.seed,
+            },
+            prompt_token_ids=turn.prompt_token_ids,
+            response_token_ids=[step.token_id for step in result.steps],
+            response_logprobs=[step.logprob for step in result.steps],
+            response_text=result.content,
+            tool_calls=result.tool_calls or None,
+            finish_reason=result.finish_reason,
+            answer_fingerprint=answer_fingerprint(result.content, result.tool_calls) if received else None,
+            message_hashes=conversation_hashes(turn.messages),
+            latency_s=time.perf_counter() - turn.started_at,
+            continues_turn_id=turn.identity.continues_turn_id,
+            next_state=turn.identity.next_state,
+            session_done=turn.done,
+        )
+        await asyncio.to_thread(self.store.record_turn, new_turn)
+        self.metrics.turns.labels(turn.kind).inc()
+        if turn.identity.continues_turn_id:
+            self.metrics.next_states.inc()
+
+    def _record_cancelled(self, generation: Generation) -> None:
+        """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
+        text = generation.decoder.text
+        result = FinishedTurn(text, [], "cancelled", generation.steps, generation.stream.policy_version)
+        task = asyncio.get_running_loop().create_task(self.record(generation.turn, result))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """Wait for background writes (used at shutdown)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # --- answering ------------------------------------------------------------------------------
+    def headers(self, generation: Generation) -> dict[str, str]:
+        return {
+            "X-Clawrl-Turn": generation.turn.turn_id,
+            "X-Clawrl-Session": generation.turn.identity.session_id,
+            "X-Clawrl-Policy-Version": str(generation.stream.policy_version),
+            "X-Clawrl-Turn-Kind": generation.turn.kind,
+        }
+
+    async def complete(self, generation: Generation) -> schemas.ChatCompletion:
+        turn = generation.turn
+        async for _delta, _steps in self._deltas(generation):
+            pass
+        result = generation.result
+        assert result is not None
+        await self.record(turn, result)
+        logprobs = schemas.Logprobs(content=self._logprob_entries(result.steps, turn)) if turn.request.logprobs else None
+        return schemas.ChatCompletion(
+            id=turn.turn_id,
+            created=int(time.time()),
+            model=turn.request.model,
+            choices=[
+                schemas.Choice(
+                    message=schemas.ResponseMessage(
+                        content=result.content if (result.content or not result.tool_calls) else None,
+                        tool_calls=result.tool_calls or None,
+                    ),
+                    logprobs=logprobs,
+                    finish_reason=result.finish_reason,
+                )
+            ],
+            usage=self._usage(turn, result),
+        )
+
+    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+        turn = generation.turn
+        created = int(time.time())
+
+        def chunk(delta: schemas.Delta, steps: list[TokenStep] | None = None, finish: str | None = None) -> str:
+            logprobs = None
+            if turn.request.logprobs and steps:
+                logprobs = schemas.Logprobs(content=self._logprob_entries(steps, turn))
+            body = schemas.ChatCompletionChunk(
+                id=turn.turn_id,
+                created=created,
+                model=turn.request.model,
+                choices=[schemas.ChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)],
+            )
+            return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+        try:
+            yield chunk(schemas.Delta(role="assistant", content=""))
+            tail, tail_steps = "", []
+            async for delta, steps in self._deltas(generation):
+                if generation.result is not None:  # the tail: sent after the turn is recorded
+                    tail, tail_steps = delta, steps
+                    continue
+                yield chunk(schemas.Delta(content=delta), steps)
+            result = generation.result
+            assert result is not None
+            await self.record(turn, result)
+            if tail or tail_steps:
+                yield chunk(schemas.Delta(content=tail or None), tail_steps)
+            if result.tool_calls:
+                calls = [{"index": i, **call} for i, call in enumerate(result.tool_calls)]
+                yield chunk(schemas.Delta(tool_calls=calls))
+            yield chunk(schemas.Delta(), finish=result.finish_reason)
+            if turn.request.stream_options and turn.request.stream_options.include_usage:
+                usage = schemas.ChatCompletionChunk(
+                    id=turn.turn_id, created=created, model=turn.request.model, choices=[], usage=self._usage(turn, result)
+                )
+                yield f"data: {usage.model_dump_json()}\n\n"
+            yield "data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            if generation.result is None:
+                self._record_cancelled(generation)
+            raise
+        except Exception as error:  # the engine failed mid-stream: say so in-band, then end the stream
+            log.exception("generation failed mid-stream")
+            yield f"data: {json.dumps(error_body(500, f'generation failed: {error}', 'engine_error'))}\n\n"
+            yield "data: [DONE]\n\n"
+
+    def _usage(self, turn: PreparedTurn, result: FinishedTurn) -> schemas.Usage:
+        prompt, completion = len(turn.prompt_token_ids), len(result.steps)
+        return schemas.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def _logprob_entries(self, steps: list[TokenStep], turn: PreparedTurn) -> list[schemas.TokenLogprob]:
+        decode = self.engine.tokenizer.decode
+
+        def entry(token_id: int, logprob: float) -> schemas.TopLogprob:
+            text = decode([token_id])
+            return schemas.TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+        return [
+            schemas.TokenLogprob(
+                **entry(step.token_id, step.logprob).model_dump(),
+                top_logprobs=[entry(token_id, logprob) for token_id, logprob in step.top_logprobs[: turn.sampling.top_logprobs]],
+            )
+            for step in steps
+        ]

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the serving loop, on a registry of its own (one per app, so tests can
+run several servers in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ServeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "clawrl_request_latency_seconds",
+            "Time from request to last byte of chat completions",
+            ["stream"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "clawrl_time_to_first_token_seconds",
+            "Time from request to the first generated token",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter("clawrl_prompt_tokens", "Prompt tokens fed to the engine", registry=self.registry)
+        self.generated_tokens = Counter("clawrl_generated_tokens", "Tokens generated", registry=self.registry)
+        self.turns = Counter("clawrl_turns_recorded", "Turns committed to the store", ["kind"], registry=self.registry)
+        self.sessions = Counter(
+            "clawrl_session_resolutions", "How requests were assigned to sessions", ["source"], registry=self.registry
+        )
+        self.next_states = Counter("clawrl_next_states", "Next states attached to earlier turns", registry=self.registry)
+        self.feedback = Counter("clawrl_feedback", "Explicit feedback received", ["score"], registry=self.registry)
+        self.active = Gauge("clawrl_active_requests", "Chat completions in flight", registry=self.registry)
+        self.policy_version = Gauge("clawrl_policy_version", "Policy version new requests get", registry=self.registry)

@@ -1,0 +1,181 @@
+"""Wire schemas of the OpenAI-compatible API (pydantic), kept apart from the serving logic.
+
+Unknown request fields are ignored rather than rejected: real agents send many optional
+parameters (`parallel_tool_calls`, `store`, `metadata`, ...) that do not change generation here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Lenient):
+    type: Literal["text", "input_text"]
+    text: str
+
+
+class FunctionCall(_Lenient):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> ChatMessage:
+        if self.role == "assistant":
+            if self.content is None and not self.tool_calls:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages may carry tool_calls")
+        return self
+
+
+class FunctionDefinition(_Lenient):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Lenient):
+    model: Annotated[str, Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = None
+    seed: int | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    user: Annotated[str, Field(max_length=256)] | None = None
+    # clawrl extensions (the same as headers, for clients that cannot set headers)
+    session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    turn_type: Literal["main", "side"] | None = None
+    session_done: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_as_list(cls, value: str | list[str] | None) -> list[str] | None:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+
+class FeedbackRequest(_Lenient):
+    session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    turn: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    score: Literal[1, -1]
+    text: Annotated[str, Field(max_length=10_000)] | None = None
+
+    @model_validator(mode="after")
+    def _needs_target(self) -> FeedbackRequest:
+        if self.session_id is None and self.turn is None:
+            raise ValueError("feedback needs a turn (the X-Clawrl-Turn of the answer) or a session_id")
+        return self
+
+
+# --- responses -------------------------------------------------------------------------------
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class Logprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: Logprobs | None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: Logprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None

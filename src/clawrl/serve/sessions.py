@@ -1,0 +1,136 @@
+"""Which session a request belongs to, what kind of turn it is, and what it tells about the last one.
+
+Identity, in order (DESIGN §3): header `X-Session-Id`, body `session_id`, the OpenAI `user`
+field, else inferred from the answers this server gave. Inference never assumes request k+1
+starts with request k: agents drop ephemeral context messages between requests. Instead it
+looks for an assistant message that equals a recorded answer and checks that the messages
+before it come from that turn's conversation (the last one must, and at least half of all).
+The newest matching turn wins; its next state is whatever the request adds after the answer.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from clawrl.engines.chat import answer_fingerprint, content_text, message_hash
+from clawrl.serve.errors import APIError
+from clawrl.store import Store
+from clawrl.store.schema import TurnRow
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+
+
+@dataclass
+class SessionIdentity:
+    session_id: str
+    id_source: str  # header | body | user | inferred | new
+    continues_turn_id: str | None = None
+    next_state: list[dict[str, Any]] | None = None
+
+
+def explicit_session(headers: dict[str, str], body_session_id: str | None, user: str | None) -> tuple[str, str] | None:
+    """(session id, where it came from) when the client named the session."""
+    header = headers.get("x-session-id", "").strip()
+    if len(header) > 256:
+        raise APIError(400, "X-Session-Id is longer than 256 characters", "invalid_session_id")
+    if header:
+        return header, "header"
+    if body_session_id:
+        return body_session_id, "body"
+    if user:
+        return f"user:{user}", "user"
+    return None
+
+
+def turn_kind(headers: dict[str, str], body_turn_type: str | None, messages: list[dict[str, Any]], side_regex: re.Pattern[str] | None) -> str:
+    """`main` unless the client or a configured rule says `side` (DESIGN §3: main by default)."""
+    header = headers.get("x-turn-type", "").strip().lower()
+    if header and header not in ("main", "side"):
+        raise APIError(400, "X-Turn-Type must be 'main' or 'side'", "invalid_turn_type", "X-Turn-Type")
+    if header:
+        return header
+    if body_turn_type:
+        return body_turn_type
+    if side_regex is not None:
+        system_text = "\n".join(content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer"))
+        if side_regex.search(system_text):
+            return "side"
+    return "main"
+
+
+def session_done(headers: dict[str, str], body_done: bool) -> bool:
+    return body_done or headers.get("x-session-done", "").strip().lower() in TRUE_WORDS
+
+
+def resolve_session(
+    store: Store, explicit: tuple[str, str] | None, messages: list[dict[str, Any]], kind: str
+) -> SessionIdentity:
+    """Find the session and, for a main turn, the earlier turn it continues and that turn's next state.
+
+    Side turns (titles, summaries) often quote the whole conversation; they are grouped with
+    their session but never supply a next state.
+    """
+    if explicit is not None:
+        session_id, source = explicit
+        identity = SessionIdentity(session_id, source)
+        previous = store.last_main_turn(session_id) if kind == "main" else None
+        if previous is not None:
+            position = _answer_position(messages, previous.answer_fingerprint)
+            next_state = messages[position + 1 :] if position is not None else _trailing_messages(messages)
+            if next_state:
+                identity.continues_turn_id, identity.next_state = previous.id, next_state
+        return identity
+
+    positions = _answer_positions(messages)
+    for candidate in store.turns_with_answer(list(positions)):
+        position = positions[candidate.answer_fingerprint]
+        if _follows_conversation(messages[:position], candidate):
+            next_state = messages[position + 1 :] if kind == "main" else None
+            return SessionIdentity(
+                candidate.session_id,
+                "inferred",
+                continues_turn_id=candidate.id if next_state else None,
+                next_state=next_state or None,
+            )
+    return SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+
+
+def _assistant_fingerprint(message: dict[str, Any]) -> str | None:
+    return answer_fingerprint(content_text(message.get("content")), message.get("tool_calls"))
+
+
+def _answer_positions(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """Fingerprint of every assistant message -> its last position in the request."""
+    return {
+        fingerprint: position
+        for position, message in enumerate(messages)
+        if message["role"] == "assistant" and (fingerprint := _assistant_fingerprint(message))
+    }
+
+
+def _answer_position(messages: list[dict[str, Any]], fingerprint: str | None) -> int | None:
+    return _answer_positions(messages).get(fingerprint) if fingerprint else None
+
+
+def _trailing_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a client that names its session but does not echo answers: what follows the last assistant."""
+    last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    return [m for m in messages[last_assistant + 1 :] if m["role"] not in ("system", "developer")]
+
+
+def _follows_conversation(prefix: list[dict[str, Any]], turn: TurnRow) -> bool:
+    """Do the messages before the echoed answer come from the conversation that produced it?"""
+    hashes = [message_hash(m) for m in prefix if m["role"] not in ("system", "developer")]
+    if not hashes:
+        return not turn.message_hashes
+    known = set(turn.message_hashes)
+    found = sum(h in known for h in hashes)
+    return hashes[-1] in known and 2 * found >= len(hashes)
+
+
+def conversation_hashes(messages: list[dict[str, Any]]) -> list[str]:
+    """What a turn stores so that later requests can be checked against its conversation."""
+    return [message_hash(m) for m in messages if m["role"] not in ("system", "developer")]

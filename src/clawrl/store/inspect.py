@@ -1,0 +1,117 @@
+"""Read-only views of the store for people and tools: session summaries, turn details, JSONL export.
+
+Export rows have the same keys and value types on every line (messages normalised, tool schemas
+as a JSON string), so `datasets.load_dataset("json", ...)` can infer one schema for the file.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from clawrl.engines.chat import content_text
+from clawrl.store.repository import Store
+from clawrl.store.schema import FeedbackRow, NextStateRow, SessionRow, TurnRow
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
+
+
+def flat_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with a fixed set of keys and string content."""
+    return {
+        "role": message["role"],
+        "content": content_text(message.get("content")),
+        "tool_calls": [
+            {"id": call.get("id"), "name": call["function"]["name"], "arguments": _arguments_text(call["function"].get("arguments"))}
+            for call in message.get("tool_calls") or []
+        ],
+        "tool_call_id": message.get("tool_call_id"),
+    }
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
+
+
+def next_state_view(row: NextStateRow | None) -> dict[str, Any] | None:
+    """The next state as one role and text (the role of what came first), plus the messages."""
+    if row is None or not row.messages:
+        return None
+    messages = [flat_message(m) for m in row.messages]
+    return {
+        "role": messages[0]["role"],
+        "content": "\n".join(m["content"] for m in messages if m["content"]),
+        "messages": messages,
+    }
+
+
+def session_summary(session: SessionRow) -> dict[str, Any]:
+    return {
+        "id": session.id,
+        "id_source": session.id_source,
+        "turns": session.num_turns,
+        "done": session.done,
+        "done_reason": session.done_reason,
+        "created_at": _iso(session.created_at),
+        "updated_at": _iso(session.updated_at),
+    }
+
+
+def turn_view(turn: TurnRow, next_state: NextStateRow | None, feedback: list[FeedbackRow]) -> dict[str, Any]:
+    return {
+        "id": turn.id,
+        "index": turn.index,
+        "kind": turn.kind,
+        "trainable": turn.trainable,
+        "created_at": _iso(turn.created_at),
+        "policy_version": turn.policy_version,
+        "finish_reason": turn.finish_reason,
+        "response_text": turn.response_text,
+        "tool_calls": turn.tool_calls,
+        "prompt_token_ids": turn.prompt_token_ids,
+        "response_token_ids": turn.response_token_ids,
+        "response_logprobs": turn.response_logprobs,
+        "next_state": next_state_view(next_state),
+        "feedback": [{"score": f.score, "text": f.text, "created_at": _iso(f.created_at)} for f in feedback],
+    }
+
+
+def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
+    session = store.session(session_id)
+    if session is None:
+        return None
+    turns = [turn_view(*entry) for entry in store.session_turns(session_id)]
+    return {**session_summary(session), "turns": turns}
+
+
+def export_jsonl(store: Store, out: Path) -> int:
+    """Write one line per main turn, in arrival order; returns the number of lines."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with out.open("w", encoding="utf-8") as handle:
+        for turn, next_state in store.iter_main_turns():
+            view = next_state_view(next_state)
+            row = {
+                "turn_id": turn.id,
+                "session_id": turn.session_id,
+                "index": turn.index,
+                "policy_version": turn.policy_version,
+                "created_at": _iso(turn.created_at),
+                "model": turn.model,
+                "messages": [flat_message(m) for m in turn.messages],
+                "tools_json": json.dumps(turn.tools) if turn.tools else None,
+                "prompt_token_ids": turn.prompt_token_ids,
+                "response_token_ids": turn.response_token_ids,
+                "response_logprobs": turn.response_logprobs,
+                "response_text": turn.response_text,
+                "finish_reason": turn.finish_reason,
+                "next_state_role": view["role"] if view else None,
+                "next_state": view["messages"] if view else [],
+            }
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count

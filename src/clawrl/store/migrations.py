@@ -1,0 +1,36 @@
+"""Schema versioning: create a fresh store, or upgrade an older one step by step.
+
+Each entry of `MIGRATIONS` upgrades from version N-1 to N; new tables that later issues add are
+created by `create_all` (which never touches existing tables), column changes go here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection, Engine, select
+
+from clawrl.store.schema import Base, Meta
+
+SCHEMA_VERSION = 1
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+
+class SchemaTooNewError(RuntimeError):
+    """The database was written by a newer clawrl; refusing to touch it."""
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the database to SCHEMA_VERSION and return the version it was at before."""
+    with engine.begin() as connection:
+        Base.metadata.create_all(connection)
+        row = connection.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
+        found = int(row) if row is not None else SCHEMA_VERSION
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNewError(f"database schema v{found} is newer than this clawrl (v{SCHEMA_VERSION})")
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            MIGRATIONS[version](connection)
+        connection.execute(Meta.__table__.delete().where(Meta.key == "schema_version"))
+        connection.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+    return found

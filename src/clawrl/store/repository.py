@@ -1,0 +1,237 @@
+"""The store's functions: every loop reads and writes shared state only through here.
+
+SQLite runs in WAL mode with `synchronous=FULL`, so a committed turn survives a SIGKILL or a
+power cut, and readers never block the writer. Write transactions start with `BEGIN IMMEDIATE`:
+a deferred transaction that reads and then writes can fail with SQLITE_BUSY when another process
+(the judge, the trainer) wrote in between, and the busy timeout cannot help it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, select, tuple_, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from clawrl.store.migrations import migrate
+from clawrl.store.schema import FeedbackRow, NextStateRow, SessionRow, TurnRow
+
+
+@dataclass
+class NewTurn:
+    """Everything serving knows about a finished turn, written in one transaction."""
+
+    turn_id: str
+    session_id: str
+    id_source: str
+    kind: str
+    model: str
+    policy_version: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    sampling: dict[str, Any]
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    response_text: str
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: str
+    answer_fingerprint: str | None
+    message_hashes: list[str]
+    latency_s: float
+    continues_turn_id: str | None = None  # the earlier main turn this request's messages continue
+    next_state: list[dict[str, Any]] | None = None  # what this request added after that turn's answer
+    session_done: bool = False
+
+
+class Store:
+    """A handle on one trajectory store (SQLite file or PostgreSQL URL)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        if self.is_sqlite and parsed.database:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(url, pool_pre_ping=not self.is_sqlite)
+        if self.is_sqlite:
+            _configure_sqlite(self.engine)
+        migrate(self.engine)
+        self._reader = sessionmaker(self.engine, expire_on_commit=False)
+        self._writer = sessionmaker(self.engine.execution_options(clawrl_write=True), expire_on_commit=False)
+
+    @classmethod
+    def for_run_dir(cls, run_dir: Path) -> Store:
+        return cls(f"sqlite:///{(Path(run_dir) / 'clawrl.db').resolve()}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction: committed on exit, rolled back on error."""
+        with self._writer.begin() as session:
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._reader() as session:
+            yield session
+
+    # --- serving ------------------------------------------------------------------------------
+    def record_turn(self, turn: NewTurn, now: float | None = None) -> int:
+        """Write a turn, attach the next state it carries to the turn it continues, and commit.
+
+        Returns the turn's index within its session."""
+        now = time.time() if now is None else now
+        with self.write() as db:
+            session = db.get(SessionRow, turn.session_id, with_for_update=True)
+            if session is None:
+                session = SessionRow(id=turn.session_id, id_source=turn.id_source, created_at=now, num_turns=0)
+                db.add(session)
+            session.done, session.done_reason = turn.session_done, ("client" if turn.session_done else None)
+            session.updated_at = now
+            index = session.num_turns
+            session.num_turns = index + 1
+            row = TurnRow(
+                id=turn.turn_id,
+                session_id=turn.session_id,
+                index=index,
+                kind=turn.kind,
+                created_at=now,
+                model=turn.model,
+                policy_version=turn.policy_version,
+                messages=turn.messages,
+                tools=turn.tools,
+                sampling=turn.sampling,
+                prompt_token_ids=turn.prompt_token_ids,
+                response_token_ids=turn.response_token_ids,
+                response_logprobs=turn.response_logprobs,
+                response_text=turn.response_text,
+                tool_calls=turn.tool_calls,
+                finish_reason=turn.finish_reason,
+                answer_fingerprint=turn.answer_fingerprint,
+                message_hashes=turn.message_hashes,
+                latency_s=turn.latency_s,
+            )
+            db.add(row)
+            if turn.continues_turn_id is not None and turn.next_state is not None:
+                # the first continuation wins: a regenerated or branched request never overwrites it
+                if db.get(NextStateRow, turn.continues_turn_id) is None:
+                    db.add(
+                        NextStateRow(
+                            turn_id=turn.continues_turn_id,
+                            messages=turn.next_state,
+                            source_turn_id=row.id,
+                            created_at=now,
+                        )
+                    )
+            return index
+
+    def turns_with_answer(self, fingerprints: list[str]) -> list[TurnRow]:
+        """Main turns whose answer has one of these fingerprints, newest first, open sessions only."""
+        if not fingerprints:
+            return []
+        with self.read() as db:
+            query = (
+                select(TurnRow)
+                .join(SessionRow, SessionRow.id == TurnRow.session_id)
+                .where(TurnRow.answer_fingerprint.in_(fingerprints), TurnRow.kind == "main", ~SessionRow.done)
+                .order_by(TurnRow.created_at.desc())
+                .limit(64)
+            )
+            return list(db.scalars(query))
+
+    def last_main_turn(self, session_id: str) -> TurnRow | None:
+        with self.read() as db:
+            query = (
+                select(TurnRow)
+                .where(TurnRow.session_id == session_id, TurnRow.kind == "main")
+                .order_by(TurnRow.index.desc())
+                .limit(1)
+            )
+            return db.scalars(query).first()
+
+    def close_idle_sessions(self, idle_s: float, now: float | None = None) -> int:
+        """Mark sessions with no request for `idle_s` seconds as done; returns how many."""
+        cutoff = (time.time() if now is None else now) - idle_s
+        with self.write() as db:
+            result = db.execute(
+                update(SessionRow)
+                .where(~SessionRow.done, SessionRow.updated_at < cutoff)
+                .values(done=True, done_reason="idle")
+            )
+            return result.rowcount
+
+    def add_feedback(self, turn_id: str, score: int, text: str | None) -> int:
+        with self.write() as db:
+            row = FeedbackRow(turn_id=turn_id, score=score, text=text, created_at=time.time())
+            db.add(row)
+            db.flush()
+            return row.id
+
+    # --- inspection ---------------------------------------------------------------------------
+    def turn(self, turn_id: str) -> TurnRow | None:
+        with self.read() as db:
+            return db.get(TurnRow, turn_id)
+
+    def session(self, session_id: str) -> SessionRow | None:
+        with self.read() as db:
+            return db.get(SessionRow, session_id)
+
+    def list_sessions(self, limit: int = 100) -> list[SessionRow]:
+        with self.read() as db:
+            return list(db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)))
+
+    def session_turns(self, session_id: str) -> list[tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]]:
+        """A session's turns in order, each with its next state and feedback."""
+        with self.read() as db:
+            turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.index)))
+            ids = [turn.id for turn in turns]
+            next_states = {row.turn_id: row for row in db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(ids)))}
+            feedback: dict[str, list[FeedbackRow]] = {}
+            for row in db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id.in_(ids)).order_by(FeedbackRow.id)):
+                feedback.setdefault(row.turn_id, []).append(row)
+            return [(turn, next_states.get(turn.id), feedback.get(turn.id, [])) for turn in turns]
+
+    def iter_main_turns(self, batch: int = 500) -> Iterator[tuple[TurnRow, NextStateRow | None]]:
+        """Every main turn in arrival order with its next state, read in batches."""
+        after: tuple[float, str] = (-1.0, "")
+        while True:
+            with self.read() as db:
+                rows = db.execute(
+                    select(TurnRow, NextStateRow)
+                    .outerjoin(NextStateRow, NextStateRow.turn_id == TurnRow.id)
+                    .where(TurnRow.kind == "main", tuple_(TurnRow.created_at, TurnRow.id) > after)
+                    .order_by(TurnRow.created_at, TurnRow.id)
+                    .limit(batch)
+                ).all()
+            if not rows:
+                return
+            yield from ((turn, next_state) for turn, next_state in rows)
+            after = (rows[-1][0].created_at, rows[-1][0].id)
+
+
+def _configure_sqlite(engine: Any) -> None:
+    """WAL, full fsync on commit, a generous busy timeout, and BEGIN IMMEDIATE for writers."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves (below)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        write = connection.get_execution_options().get("clawrl_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

@@ -1,0 +1,95 @@
+"""Tables of the trajectory store (DESIGN §2, loop 2).
+
+Token ids and log-probs are kept exactly as the engine produced them (JSON arrays), so training
+never has to re-tokenize. Times are UNIX seconds (float): cheap to compare, same on every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    """Key/value facts about the database itself, e.g. `schema_version`."""
+
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class SessionRow(Base):
+    """One conversation. `id_source` says how it was identified: header, body, user, inferred or new."""
+
+    __tablename__ = "sessions"
+    id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    id_source: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float, index=True)
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+    done_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)  # client | idle
+    num_turns: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TurnRow(Base):
+    """One request/answer pair: the exact prompt the engine was fed and what it produced."""
+
+    __tablename__ = "turns"
+    # The id is chosen when the request arrives (it is also the OpenAI response id and the
+    # X-Clawrl-Turn header), because a streamed response sends its headers before the turn exists.
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
+    index: Mapped[int] = mapped_column(Integer)  # position within the session, from 0
+    kind: Mapped[str] = mapped_column(String(8))  # main | side
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+    model: Mapped[str] = mapped_column(String(256))
+    policy_version: Mapped[int] = mapped_column(Integer, index=True)
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # the request's messages, normalised
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, stop, seed
+    prompt_token_ids: Mapped[list[int]] = mapped_column(JSON)
+    response_token_ids: Mapped[list[int]] = mapped_column(JSON)
+    response_logprobs: Mapped[list[float]] = mapped_column(JSON)
+    response_text: Mapped[str] = mapped_column(Text)
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    # sha256 of the answer as a client would echo it back (text + tool calls): how an unmodified
+    # client's next request is matched to this turn. Null for answers no client ever received.
+    answer_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    # per-message hashes of the non-system prompt messages, to check that a continuation really
+    # follows this turn's conversation (DESIGN §3, session inference)
+    message_hashes: Mapped[list[str]] = mapped_column(JSON)
+    latency_s: Mapped[float] = mapped_column(Float)
+    __table_args__ = (UniqueConstraint("session_id", "index"),)
+
+    @property
+    def trainable(self) -> bool:
+        return self.kind == "main" and self.finish_reason != "cancelled"
+
+
+class NextStateRow(Base):
+    """What the next request of the session added after a main turn's answer, with roles."""
+
+    __tablename__ = "next_states"
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), primary_key=True)
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    source_turn_id: Mapped[str] = mapped_column(String(64))  # the turn whose request carried it
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class FeedbackRow(Base):
+    """Explicit 👍/👎 (and optional text) from a UI for one turn (DESIGN §3)."""
+
+    __tablename__ = "feedback"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), index=True)
+    score: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+

@@ -1,0 +1,112 @@
+"""The official `openai` SDK against the real server: what an unmodified client sees."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from clawrl.serve.runner import ServerThread
+from clawrl.store import Store
+from clawrl.store.inspect import session_detail
+from tests.conftest import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, weather_conversations
+
+
+@pytest.fixture
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def model_id(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def test_plain_chat_is_answered_and_recorded(client: openai.OpenAI, store: Store) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=model_id(client), messages=[{"role": "user", "content": "hello there"}], max_tokens=12, temperature=0
+    )
+    completion = raw.parse()
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage.completion_tokens >= 1
+    turn = store.turn(raw.headers["x-clawrl-turn"])
+    assert turn is not None and turn.id == completion.id
+    assert turn.response_text == completion.choices[0].message.content
+    assert len(turn.response_token_ids) == completion.usage.completion_tokens == len(turn.response_logprobs)
+    assert len(turn.prompt_token_ids) == completion.usage.prompt_tokens
+    assert raw.headers["x-clawrl-policy-version"] == "0"
+
+
+def test_streaming_sends_several_content_chunks(client: openai.OpenAI, store: Store) -> None:
+    stream = client.chat.completions.create(
+        model=model_id(client), messages=[{"role": "user", "content": "tell me a story"}], max_tokens=40, stream=True, temperature=1.0, seed=3
+    )
+    chunks = list(stream)
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(contents) >= 3
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    turn = store.turn(chunks[0].id)
+    assert turn is not None and turn.response_text == "".join(contents)
+
+
+def test_logprobs_match_recorded_turn(client: openai.OpenAI, store: Store) -> None:
+    completion = client.chat.completions.create(
+        model=model_id(client),
+        messages=[{"role": "user", "content": "count to five"}],
+        max_tokens=10,
+        logprobs=True,
+        top_logprobs=3,
+        temperature=0,
+    )
+    entries = completion.choices[0].logprobs.content
+    turn = store.turn(completion.id)
+    assert turn is not None
+    assert [e.logprob for e in entries] == pytest.approx(turn.response_logprobs)
+    for entry in entries:
+        assert len(entry.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.logprob <= 0
+
+
+def test_tool_round_trip_records_tool_next_state(client: openai.OpenAI, store: Store) -> None:
+    model = model_id(client)
+    messages: list[dict] = [{"role": "user", "content": WEATHER_QUESTION}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Lyon"}'
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": WEATHER_RESULT})
+    second = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40)
+    assert second.choices[0].message.content == WEATHER_ANSWER
+
+    turn = store.turn(first.id)
+    assert turn is not None and turn.tool_calls[0]["function"]["name"] == "get_weather"
+    detail = session_detail(store, turn.session_id)
+    assert detail is not None and [t["id"] for t in detail["turns"]] == [first.id, second.id]
+    assert detail["turns"][0]["next_state"]["role"] == "tool"
+    assert detail["turns"][0]["next_state"]["content"] == WEATHER_RESULT
+
+
+def test_streamed_tool_call_arrives_as_tool_call_delta(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=model_id(client), messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=[WEATHER_TOOL], temperature=0, max_tokens=40, stream=True
+    )
+    chunks = [c for c in stream if c.choices]
+    assert not any("<tool_call>" in (c.choices[0].delta.content or "") for c in chunks)
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert calls and calls[0].function.name == "get_weather"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_stop_string_cuts_the_answer(client: openai.OpenAI, server: ServerThread) -> None:
+    messages = weather_conversations()[1][0]
+    completion = client.chat.completions.create(
+        model=model_id(client), messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40, stop=["cloudy"]
+    )
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.choices[0].message.content == WEATHER_ANSWER.split("cloudy")[0]
+    # the server keeps serving normally afterwards
+    assert httpx.get(server.base_url.removesuffix("/v1") + "/healthz").status_code == 200

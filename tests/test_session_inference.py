@@ -1,0 +1,119 @@
+"""Session inference over a real SQLite store, including cases a live model cannot be steered into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from clawrl.engines.chat import answer_fingerprint
+from clawrl.serve.sessions import conversation_hashes, resolve_session
+from clawrl.store import NewTurn, Store
+
+
+def record(store: Store, turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: str, **extra: Any) -> None:
+    store.record_turn(
+        NewTurn(
+            turn_id=turn_id,
+            session_id=session_id,
+            id_source="new",
+            kind="main",
+            model="m",
+            policy_version=0,
+            messages=messages,
+            tools=None,
+            sampling={},
+            prompt_token_ids=[1, 2],
+            response_token_ids=[3],
+            response_logprobs=[-0.1],
+            response_text=answer,
+            tool_calls=None,
+            finish_reason="stop",
+            answer_fingerprint=answer_fingerprint(answer, None),
+            message_hashes=conversation_hashes(messages),
+            latency_s=0.01,
+            **extra,
+        )
+    )
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+def test_same_answer_in_two_sessions_goes_to_the_one_whose_conversation_precedes_it(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t-apples", "s-apples", [user("tell me about apples")], "Sure!")
+    record(store, "t-pears", "s-pears", [user("tell me about pears")], "Sure!")  # newer, same answer
+    request = [user("tell me about apples"), assistant("Sure!"), user("more please")]
+    identity = resolve_session(store, None, request, "main")
+    assert identity.session_id == "s-apples"
+    assert identity.continues_turn_id == "t-apples"
+    assert identity.next_state == [user("more please")]
+
+
+def test_identical_conversations_newest_wins(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t-old", "s-old", [user("hi")], "Hello!")
+    record(store, "t-new", "s-new", [user("hi")], "Hello!")
+    identity = resolve_session(store, None, [user("hi"), assistant("Hello!"), user("bye")], "main")
+    assert identity.session_id == "s-new"
+
+
+def test_client_reformatting_is_tolerated(tmp_path: Path) -> None:
+    """Agents strip whitespace, send content parts, and re-serialise tool-call arguments."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("question")], "  An answer.\n")
+    request = [
+        {"role": "user", "content": [{"type": "text", "text": "question"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "An answer."}]},
+        user("next"),
+    ]
+    assert resolve_session(store, None, request, "main").session_id == "s1"
+
+
+def test_unknown_answer_starts_a_new_session(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("question")], "An answer.")
+    identity = resolve_session(store, None, [user("question"), assistant("Something else"), user("next")], "main")
+    assert identity.id_source == "new" and identity.session_id != "s1"
+    assert identity.continues_turn_id is None
+
+
+def test_answer_echoed_after_a_different_conversation_is_not_a_continuation(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("question one")], "Okay.")
+    identity = resolve_session(store, None, [user("a totally different question"), assistant("Okay."), user("next")], "main")
+    assert identity.id_source == "new"
+
+
+def test_next_state_is_attached_once(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    first = resolve_session(store, None, [user("q"), assistant("A."), user("retry 1")], "main")
+    record(store, "t2", first.session_id, [user("q"), assistant("A."), user("retry 1")], "B.",
+           continues_turn_id=first.continues_turn_id, next_state=first.next_state)
+    second = resolve_session(store, None, [user("q"), assistant("A."), user("retry 2")], "main")
+    record(store, "t3", second.session_id, [user("q"), assistant("A."), user("retry 2")], "C.",
+           continues_turn_id=second.continues_turn_id, next_state=second.next_state)
+    turns = store.session_turns("s1")
+    assert [t.id for t, _, _ in turns] == ["t1", "t2", "t3"]
+    assert turns[0][1].messages == [user("retry 1")]
+
+
+def test_side_turn_never_carries_a_next_state(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    identity = resolve_session(store, None, [user("q"), assistant("A."), user("title please")], "side")
+    assert identity.session_id == "s1" and identity.next_state is None and identity.continues_turn_id is None
+
+
+def test_explicit_session_without_echoed_answer_uses_trailing_messages(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    identity = resolve_session(store, ("s1", "header"), [user("only the new message")], "main")
+    assert identity.continues_turn_id == "t1"
+    assert identity.next_state == [user("only the new message")]
