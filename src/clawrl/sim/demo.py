@@ -9,7 +9,7 @@ users and training.
 
 from __future__ import annotations
 
-import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -52,20 +52,26 @@ def _play(client: httpx.Client, model: str, user_lines: list[str]) -> None:
         print(f"  user: {line}\n  assistant: {(answer['content'] or '')[:70]!r}")
 
 
-def _play_tool_round_trip(client: httpx.Client, model: str) -> None:
-    """The model (random weights) cannot be relied on to call the tool, so the script plays the
-    agent's side of a round trip with a tool call in the history, exactly as an agent would send it."""
+def _play_tool_conversation(client: httpx.Client, model: str) -> None:
+    """Offer a tool; send back a tool result if the model calls it, else a user reply.
+
+    Either way the second request echoes the first answer exactly as received, as an agent does.
+    """
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Lyon?"}]
     answer = _chat(client, model, messages, tools=[WEATHER_TOOL])
-    call = {"id": "call_demo", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Lyon"})}}
-    messages.append({"role": "assistant", "content": answer["content"] or "", "tool_calls": answer.get("tool_calls") or [call]})
-    call_id = messages[-1]["tool_calls"][0]["id"]
-    messages.append({"role": "tool", "tool_call_id": call_id, "content": '{"temp_c": 14, "sky": "cloudy"}'})
-    _chat(client, model, messages, tools=[WEATHER_TOOL], stream=False)
-    print("  tool round trip: call -> result -> answer")
+    messages.append({key: value for key, value in answer.items() if value is not None})
+    if answer.get("tool_calls"):
+        call = answer["tool_calls"][0]
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 14, "sky": "cloudy"}'})
+        print(f"  tool call: {call['function']['name']}({call['function']['arguments']}) -> tool result sent back")
+    else:
+        messages.append({"role": "user", "content": "Please use the weather tool."})
+        print("  the model answered in text instead of calling the tool (untrained weights)")
+    _chat(client, model, messages, tools=[WEATHER_TOOL])
 
 
 def run_demo(engine_config: EngineConfig, run_dir: Path) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     print(f"[1/3] model: {engine_config.model} (the tiny model is built locally on first use)")
@@ -77,11 +83,11 @@ def run_demo(engine_config: EngineConfig, run_dir: Path) -> int:
             model = client.get("/models").json()["data"][0]["id"]
             for script in SCRIPTS:
                 _play(client, model, script)
-            _play_tool_round_trip(client, model)
+            _play_tool_conversation(client, model)
             side = [{"role": "user", "content": "Summarise this chat in five words."}]
             client.post("/chat/completions", json={"model": model, "messages": side, "max_tokens": 8}, headers={"X-Turn-Type": "side"})
     print("[3/3] what the store recorded:")
-    for session in store.list_sessions():
+    for session in sorted(store.list_sessions(), key=lambda row: row.created_at):
         detail = session_detail(store, session.id)
         assert detail is not None
         print(f"\n  session {session.id} ({session.id_source}, {session.num_turns} turns)")
