@@ -1,0 +1,1 @@
+"""Simulation: a tiny locally built model, its corpus, and simulated users."""
