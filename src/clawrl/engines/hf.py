@@ -1,0 +1,668 @@
+"""The `hf` engine: transformers in-process, on a CPU or one CUDA device, with continuous batching.
+
+Threading model
+---------------
+All model work (prefill, decode, scoring, installing versions) happens on ONE dedicated worker
+thread; only reading a full-weight version from disk runs beside it.
+The asyncio side only enqueues work and awaits results, so the event loop that serves HTTP never
+runs a forward pass; torch releases the GIL inside its kernels, so the loop stays responsive while
+the worker computes. Owning the model from a single thread also means no lock is needed around
+PEFT's adapter switching or the KV caches: nothing else ever touches them.
+
+Batching
+--------
+Requests decode together. Each worker iteration:
+
+1. runs queued tasks (`score`, adapter/weight installs) between decode steps;
+2. admits waiting requests while fewer than `max_batch_size` rows are active: each new prompt is
+   prefilled on its own (no padding waste on long prompts), its first token sampled, and its KV
+   cache merged into the running batch of its policy version by left-padding the shorter caches
+   with zero columns;
+3. runs ONE decode forward per batch (normally one batch; two for a while after a weight swap),
+   with a 2-D attention mask that hides each row's padding columns and per-row position ids that
+   count only real tokens, so RoPE sees exactly the positions a solo decode would;
+4. drops finished and cancelled rows from the cache, and trims the leading columns that have
+   become padding for every remaining row.
+
+Padding only ever sits to the left of a row's real tokens, so relative distances between real
+tokens are those of a solo decode (sliding-window masks stay correct too; their caches are simply
+not truncated, since rows are kept in full-attention `DynamicLayer`s).
+
+Log-probs
+---------
+Every reported log-prob (`TokenStep.logprob`, `TokenStep.top_logprobs`, `score`) is taken from the
+RAW model distribution, `log_softmax(logits)` at temperature 1, before temperature and top-p
+reshape it for sampling. That is the distribution the trainer recomputes for the same tokens
+(pi_behaviour in the importance ratio, DESIGN §6), so the two are directly comparable.
+
+Policy versions
+---------------
+Every request is pinned to the policy version that was current when it was submitted
+(`GenerationStream.policy_version`) and all its tokens come from that version. LoRA versions are
+PEFT adapters named `v{N}` on the base model; a decode step for a version selects its adapter (or
+disables adapters for version 0). Full-weight versions are separate model copies. A version is
+released once it is neither current nor used by any queued or running request; version 0, the
+base model, stays loaded as the frame LoRA adapters attach to and the frozen reference policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from clawrl.config import EngineConfig
+from clawrl.engines.base import Engine, GenerationStream, SamplingParams, ScoredResponse, TokenStep
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
+_ADAPTER_UNKNOWN = "<unknown>"
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed (or never started) while a request or task needed it."""
+
+
+# --- small pure helpers -----------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` means the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` means float32 on a CPU (bf16 matmuls are slow there) and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def validate_sampling(sampling: SamplingParams) -> None:
+    """Reject parameters the sampler cannot honour, before anything is queued."""
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+    if sampling.top_logprobs < 0:
+        raise ValueError(f"top_logprobs must be >= 0, got {sampling.top_logprobs}")
+
+
+def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A private RNG per request, so its samples do not depend on what it is batched with.
+
+    Greedy requests need none. Without a seed the request gets a fresh random one.
+    """
+    if sampling.temperature == 0:
+        return None
+    seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def pick_token(logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """Choose one token id (a 0-d tensor) from one row of raw log-probs.
+
+    Temperature 0 is greedy. Otherwise the raw distribution is sharpened/flattened by the
+    temperature and cut to the smallest set of most likely tokens whose mass reaches `top_p`.
+    """
+    if generator is None:
+        return logprobs.argmax()
+    probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
+    if sampling.top_p >= 1:
+        return torch.multinomial(probs, 1, generator=generator)[0]
+    sorted_probs, order = probs.sort(descending=True)
+    # Keep a token while the mass of the tokens before it is below top_p: the first always stays.
+    keep = (sorted_probs.cumsum(-1) - sorted_probs) < sampling.top_p
+    return order[torch.multinomial(sorted_probs * keep, 1, generator=generator)[0]]
+
+
+def sample_steps(
+    logits: torch.Tensor, requests: Sequence[tuple[SamplingParams, torch.Generator | None]]
+) -> list[TokenStep]:
+    """Sample one token per row of `logits` ([rows, vocab]) and describe it as a `TokenStep`.
+
+    Log-probs come from the raw distribution (see the module docstring). Everything is computed on
+    the model's device and copied to the host once, with one synchronisation per step.
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tokens = torch.stack([pick_token(logprobs[i], params, gen) for i, (params, gen) in enumerate(requests)])
+    token_logprobs = logprobs.gather(1, tokens[:, None])[:, 0]
+    k = min(max(params.top_logprobs for params, _ in requests), logprobs.shape[-1])
+    if k:
+        top_values, top_ids = logprobs.topk(k, dim=-1)  # sorted, best first
+        tops = list(zip(top_ids.tolist(), top_values.tolist()))
+    else:
+        tops = [([], [])] * len(requests)
+    steps = []
+    for (params, _), token, logprob, (ids, values) in zip(requests, tokens.tolist(), token_logprobs.tolist(), tops):
+        alternatives = list(zip(ids[: params.top_logprobs], values[: params.top_logprobs]))
+        steps.append(TokenStep(token_id=token, logprob=logprob, top_logprobs=alternatives))
+    return steps
+
+
+def _left_pad(states: torch.Tensor, columns: int) -> torch.Tensor:
+    """Prepend `columns` zero positions to KV states shaped [batch, heads, seq, head_dim]."""
+    return F.pad(states, (0, 0, columns, 0)) if columns else states
+
+
+# --- worker-side state ------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    """A submitted generation, waiting for or holding a batch row."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stream: GenerationStream
+    max_new_tokens: int  # sampling.max_tokens, cut so that prompt + response fits the context
+
+    @property
+    def version(self) -> int:
+        return self.stream.policy_version
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded inside a `_Batch`."""
+
+    request: _Request
+    generator: torch.Generator | None
+    next_token: int = -1  # the last sampled token: the input of the next decode step
+    generated: int = 0
+    pad: int = 0  # leading padding columns of this row in the batch's KV cache
+
+
+class _Batch:
+    """Rows of one policy version decoded together over one left-padded `DynamicCache`.
+
+    Invariants: every layer's keys/values are [len(rows), heads, width, head_dim]; row i's real
+    tokens occupy columns [rows[i].pad, width); at least one row has pad 0 (no wasted column).
+    """
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.rows: list[_Row] = []
+        self.cache: DynamicCache | None = None
+
+    @property
+    def width(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def add(self, joining: list[tuple[_Row, DynamicCache]]) -> None:
+        """Merge freshly prefilled rows (each with its own single-row cache) into the batch."""
+        caches = ([self.cache] if self.cache is not None else []) + [cache for _, cache in joining]
+        width = max(cache.get_seq_length() for cache in caches)
+        shifts = [width - cache.get_seq_length() for cache in caches]
+        if self.cache is not None:
+            for row in self.rows:
+                row.pad += shifts[0]
+        for (row, _), shift in zip(joining, shifts[len(caches) - len(joining) :]):
+            row.pad = shift
+        merged = caches[0]
+        if len(caches) > 1:
+            for index, layer in enumerate(merged.layers):
+                layer.keys = torch.cat([_left_pad(c.layers[index].keys, s) for c, s in zip(caches, shifts)])
+                layer.values = torch.cat([_left_pad(c.layers[index].values, s) for c, s in zip(caches, shifts)])
+        self.cache = merged
+        self.rows.extend(row for row, _ in joining)
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only the rows at `indices`, then drop columns that are padding for all of them."""
+        if len(indices) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in indices]
+        if not self.rows:
+            self.cache = None
+            return
+        trim = min(row.pad for row in self.rows)
+        assert self.cache is not None
+        selected = torch.tensor(indices, device=self.cache.layers[0].keys.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[selected, :, trim:]
+            layer.values = layer.values[selected, :, trim:]
+        for row in self.rows:
+            row.pad -= trim
+
+    def decode_inputs(self, device: torch.device) -> dict[str, Any]:
+        """Forward kwargs for one decode step: the last token of every row, masked and positioned."""
+        width = self.width
+        pads = torch.tensor([row.pad for row in self.rows], device=device)
+        return {
+            "input_ids": torch.tensor([[row.next_token] for row in self.rows], device=device),
+            # Columns [0, pad) are padding; the new token's own column (index `width`) is real.
+            "attention_mask": torch.arange(width + 1, device=device)[None, :] >= pads[:, None],
+            # A row's next position is the number of real tokens it already has.
+            "position_ids": (width - pads)[:, None],
+            "past_key_values": self.cache,
+            "use_cache": True,
+        }
+
+
+@dataclass
+class _Policy:
+    """What serves one version: a model, plus the LoRA adapter to switch on (None = plain model)."""
+
+    model: PreTrainedModel
+    adapter: str | None = None
+
+
+@dataclass
+class _Task:
+    """A function to run on the worker thread between decode steps, with its result future."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return  # the awaiting coroutine was cancelled
+        try:
+            result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - delivered to the caller, who decides
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+
+def _deliver(stream: GenerationStream, call: Callable[..., None], *args: Any) -> bool:
+    """Call a stream producer method; False when the consumer's event loop is gone."""
+    try:
+        call(*args)
+    except RuntimeError:  # "Event loop is closed": nobody will ever read this stream
+        stream.cancelled = True
+        return False
+    return True
+
+
+# --- the engine -------------------------------------------------------------------------------
+
+
+class HFEngine(Engine):
+    """Transformers in-process engine (DESIGN §7, `hf`); see the module docstring for the design.
+
+    The tokenizer and context size are available right after construction; weights are loaded by
+    `start()`. `generate` may be called from any running event loop; results are delivered to the
+    loop that called it.
+    """
+
+    def __init__(self, config: EngineConfig, model_path: str | Path | None = None) -> None:
+        """`model_path` overrides `config.model` as the place to load from (used for `tiny`)."""
+        self._source = str(model_path if model_path is not None else config.model)
+        self.model_name = config.model
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.max_batch_size = config.max_batch_size
+        self.tokenizer = AutoTokenizer.from_pretrained(self._source)
+        text_config = AutoConfig.from_pretrained(self._source).get_text_config()
+        self._vocab_size: int = text_config.vocab_size
+        context = config.max_context_tokens or getattr(text_config, "max_position_embeddings", None)
+        if context is None:
+            raise ValueError(f"{self._source} does not declare its context size; set max_context_tokens")
+        self.max_context_tokens = int(context)
+        self.policy_version = 0
+
+        # Written by the worker thread only (after start()).
+        self._base: PreTrainedModel | None = None
+        self._peft: PeftModel | None = None  # wraps _base once the first LoRA version is loaded
+        self._selected_adapter: str | None = _ADAPTER_UNKNOWN
+        self._policies: dict[int, _Policy] = {}
+        self._batches: dict[int, _Batch] = {}
+        self._end_ids: frozenset[int] = frozenset()
+
+        # Shared with the asyncio side, guarded by _cond: the inbox and the lifecycle flags.
+        # policy_version is also only changed under _cond, so a request always gets a version
+        # that the worker still has loaded (see _retire_unused_versions).
+        self._cond = threading.Condition()
+        self._pending: deque[_Request] = deque()
+        self._tasks: deque[_Task] = deque()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the weights (off the event loop) and start the worker thread. Idempotent."""
+        if self._thread is not None:
+            return
+        base = await asyncio.to_thread(self._load_model, self._source)
+        self._base = base
+        self._policies = {0: _Policy(base)}
+        self._end_ids = self._end_of_turn_ids(base)
+        self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Stop the worker; streams and tasks still in flight fail with `EngineClosedError`."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def _load_model(self, source: str | Path) -> PreTrainedModel:
+        # device_map puts the weights straight on the device, without a full copy in host memory.
+        # Caveat: from_pretrained briefly sets torch's process-wide default dtype while a full-weight
+        # version loads beside the worker; the worker's own code always passes explicit dtypes, and
+        # the decoder code it runs casts explicitly (masks, RoPE, norms), so decoding is unaffected.
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.dtype, device_map=str(self.device))
+        return model.eval()
+
+    def _end_of_turn_ids(self, model: PreTrainedModel) -> frozenset[int]:
+        """The tokenizer's eos plus every eos id of the generation config (e.g. <|im_end|>, <|endoftext|>)."""
+        ids = {self.tokenizer.eos_token_id}
+        configured = model.generation_config.eos_token_id if model.generation_config is not None else None
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return frozenset(i for i in ids if i is not None)
+
+    def _check_running(self) -> None:
+        if self._thread is None or self._stopping:
+            raise EngineClosedError("the engine is not running (call start(), and not after close())")
+
+    # --- public API -------------------------------------------------------------------------
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
+        """Queue a generation and return its stream at once; see `TokenStep` for what it yields.
+
+        The stream's last step has finish_reason "stop" (an end-of-turn token, included as that
+        step) or "length" (`max_tokens`, or the context limit, reached). Raises ValueError for
+        inputs the model cannot take.
+        """
+        self._check_running()
+        validate_sampling(sampling)
+        prompt = self._validated_ids(prompt_token_ids, "prompt")
+        if not 0 < len(prompt) < self.max_context_tokens:
+            raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
+        room = self.max_context_tokens - len(prompt)
+        with self._cond:
+            stream = GenerationStream(self.policy_version)
+            self._pending.append(_Request(prompt, sampling, stream, min(sampling.max_tokens, room)))
+            self._cond.notify()
+        return stream
+
+    async def score(
+        self,
+        prompt_token_ids: list[int],
+        response_token_ids: list[int],
+        top_k: int = 0,
+        version: int | None = None,
+    ) -> ScoredResponse:
+        """Teacher-forced raw log-probs of the response, under `version` (None = the current one).
+
+        One forward pass on the worker thread. A specific version must still be loaded: 0 (the
+        base), the current one, or one that requests in flight still use.
+        """
+        self._check_running()
+        prompt = self._validated_ids(prompt_token_ids, "prompt")
+        response = self._validated_ids(response_token_ids, "response")
+        if not prompt:
+            raise ValueError("the prompt must not be empty")
+        if len(prompt) + len(response) > self.max_context_tokens:
+            raise ValueError(f"prompt + response exceed the context of {self.max_context_tokens} tokens")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        if not response:
+            return ScoredResponse(logprobs=[], top_token_ids=[], top_logprobs=[])
+        return await self._call(lambda: self._score(prompt, response, top_k, version))
+
+    async def load_version(self, version: int, path: Path) -> None:
+        """Make `version` the one new requests get; requests in flight keep theirs.
+
+        A directory with `adapter_config.json` is a PEFT LoRA adapter for the base model; anything
+        else is a full set of weights, loaded as a second model copy off the worker thread, so
+        decoding goes on while it loads. Loading a version that is still loaded just makes it
+        current again. Calls should not overlap: when they do, the last one to finish wins.
+        """
+        self._check_running()
+        path = Path(path)
+        if (path / "adapter_config.json").is_file():
+            await self._call(lambda: self._load_adapter(version, path))
+        else:
+            model = await asyncio.to_thread(self._load_model, path)
+            await self._call(lambda: self._install(version, _Policy(model)))
+
+    def _validated_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        ids = [int(i) for i in ids]  # a private copy: the caller may reuse its list
+        if any(not 0 <= i < self._vocab_size for i in ids):
+            raise ValueError(f"the {what} has token ids outside the vocabulary [0, {self._vocab_size})")
+        return ids
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the worker thread between decode steps and await its result."""
+        task = _Task(fn)
+        with self._cond:
+            if self._stopping:
+                raise EngineClosedError("the engine is closed")
+            self._tasks.append(task)
+            self._cond.notify()
+        return await asyncio.wrap_future(task.future)
+
+    # --- worker thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        """The worker loop: tasks, admissions, one decode step per batch; until close()."""
+        try:
+            while (work := self._next_work()) is not None:
+                tasks, admitted = work
+                for task in tasks:
+                    task.run()
+                with torch.inference_mode():
+                    self._admit(admitted)
+                    for batch in list(self._batches.values()):
+                        self._decode_step(batch)
+                self._retire_unused_versions()
+        finally:
+            self._shutdown()
+
+    def _active_rows(self) -> int:
+        return sum(len(batch.rows) for batch in self._batches.values())
+
+    def _next_work(self) -> tuple[list[_Task], list[_Request]] | None:
+        """Block until there is something to do; take all tasks and the requests that fit."""
+        with self._cond:
+            while not (self._stopping or self._tasks or self._pending or self._batches):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            tasks = list(self._tasks)
+            self._tasks.clear()
+            room = self.max_batch_size - self._active_rows()
+            admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+            return tasks, admitted
+
+    def _admit(self, requests: list[_Request]) -> None:
+        """Prefill each new request alone, then merge the survivors into their version's batch."""
+        joining: dict[int, list[tuple[_Row, DynamicCache]]] = {}
+        for request in requests:
+            if request.stream.cancelled:
+                _deliver(request.stream, request.stream.finish)
+                continue
+            try:
+                prefilled = self._prefill(request)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory: fail this request only
+                logger.warning("prefill failed: %r", exc)
+                _deliver(request.stream, request.stream.fail, exc)
+                continue
+            if prefilled is not None:
+                joining.setdefault(request.version, []).append(prefilled)
+        for version, rows in joining.items():
+            batch = self._batches.setdefault(version, _Batch(version))
+            try:
+                batch.add(rows)
+            except Exception as exc:  # noqa: BLE001 - the merged state is unusable: fail its rows
+                for row, _ in rows:
+                    _deliver(row.request.stream, row.request.stream.fail, exc)
+                self._fail_batch(batch, exc)
+
+    def _prefill(self, request: _Request) -> tuple[_Row, DynamicCache] | None:
+        """Run the prompt, emit the first token; return the row and its cache unless already done."""
+        row = _Row(request, new_generator(request.sampling, self.device))
+        cache = DynamicCache()  # no config: plain full-attention layers, which merge by padding
+        model = self._model_for(request.version)
+        logits = model(
+            input_ids=torch.tensor([request.prompt_ids], device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        done = self._advance([row], logits)[0]
+        return None if done else (row, cache)
+
+    def _decode_step(self, batch: _Batch) -> None:
+        """One forward for all rows of `batch`; emit a token per row; drop rows that are done."""
+        cancelled = [row.request.stream for row in batch.rows if row.request.stream.cancelled]
+        for stream in cancelled:
+            _deliver(stream, stream.finish)  # ends the consumer's iteration, should it still be reading
+        if cancelled:
+            batch.keep([i for i, row in enumerate(batch.rows) if not row.request.stream.cancelled])
+        if not batch.rows:
+            del self._batches[batch.version]
+            return
+        try:
+            model = self._model_for(batch.version)
+            logits = model(**batch.decode_inputs(self.device)).logits[:, -1]
+            done = self._advance(batch.rows, logits)
+            batch.keep([i for i, finished in enumerate(done) if not finished])
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory: fail this batch only
+            self._fail_batch(batch, exc)
+            return
+        if not batch.rows:
+            del self._batches[batch.version]
+
+    def _advance(self, rows: list[_Row], logits: torch.Tensor) -> list[bool]:
+        """Sample each row's next token and push it; True for rows that are finished (or unread)."""
+        steps = sample_steps(logits, [(row.request.sampling, row.generator) for row in rows])
+        done = []
+        for row, step in zip(rows, steps):
+            row.generated += 1
+            row.next_token = step.token_id
+            if step.token_id in self._end_ids:
+                step.finish_reason = "stop"
+            elif row.generated >= row.request.max_new_tokens:
+                step.finish_reason = "length"
+            stream = row.request.stream
+            delivered = _deliver(stream, stream.push, step)
+            if delivered and step.finish_reason is not None:
+                _deliver(stream, stream.finish)
+            done.append(step.finish_reason is not None or not delivered)
+        return done
+
+    def _fail_batch(self, batch: _Batch, exc: BaseException) -> None:
+        logger.warning("decode step failed for %d rows of version %d: %r", len(batch.rows), batch.version, exc)
+        for row in batch.rows:
+            _deliver(row.request.stream, row.request.stream.fail, exc)
+        self._batches.pop(batch.version, None)
+
+    def _score(self, prompt: list[int], response: list[int], top_k: int, version: int | None) -> ScoredResponse:
+        with torch.inference_mode():
+            model = self._model_for(self.policy_version if version is None else version)
+            ids = torch.tensor([prompt + response], device=self.device)
+            # Logits at positions len(prompt)-1 .. end-1 predict the response tokens; the last
+            # position (predicting past the response) is computed by logits_to_keep and dropped.
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(response) + 1).logits[0, :-1]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            targets = torch.tensor(response, device=self.device)
+            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+            if not top_k:
+                return ScoredResponse(chosen, [[] for _ in response], [[] for _ in response])
+            top_values, top_ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+            return ScoredResponse(chosen, top_ids.tolist(), top_values.tolist())
+
+    # --- policy versions (worker thread) ----------------------------------------------------
+
+    def _model_for(self, version: int) -> PreTrainedModel:
+        """The model serving `version`, with the right LoRA adapter switched on."""
+        policy = self._policies.get(version)
+        if policy is None:
+            raise ValueError(f"policy version {version} is not loaded")
+        if self._peft is not None and policy.model is self._base and self._selected_adapter != policy.adapter:
+            if policy.adapter is None:
+                self._peft.base_model.disable_adapter_layers()
+            else:
+                self._peft.base_model.enable_adapter_layers()
+                self._peft.set_adapter(policy.adapter, inference_mode=True)
+            self._selected_adapter = policy.adapter
+        return policy.model
+
+    def _load_adapter(self, version: int, path: Path) -> None:
+        """Attach the LoRA adapter at `path` to the base model as `v{version}` and make it current."""
+        if version in self._policies:
+            self._install(version, self._policies[version])
+            return
+        name = f"v{version}"
+        if self._peft is None:
+            # Injecting LoRA layers leaves the base model's outputs unchanged while the adapter
+            # is disabled, so rows of version 0 decoding right now are unaffected.
+            self._peft = PeftModel.from_pretrained(
+                self._base, str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device)
+            )
+        else:
+            self._peft.load_adapter(str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device))
+        self._selected_adapter = _ADAPTER_UNKNOWN
+        assert self._base is not None
+        self._install(version, _Policy(self._base, name))
+
+    def _install(self, version: int, policy: _Policy) -> None:
+        """Register `policy` for `version` (an already loaded one wins) and point new requests at it."""
+        self._policies.setdefault(version, policy)
+        with self._cond:
+            self.policy_version = version
+
+    def _retire_unused_versions(self) -> None:
+        """Release versions that are not current and that no queued or running request uses."""
+        with self._cond:
+            keep = {0, self.policy_version, *self._batches, *(request.version for request in self._pending)}
+        for version in [v for v in self._policies if v not in keep]:
+            policy = self._policies.pop(version)
+            if policy.adapter is not None:
+                try:
+                    self._delete_adapter(policy.adapter)
+                except Exception:  # noqa: BLE001 - a leaked adapter costs memory, not correctness
+                    logger.exception("could not delete adapter %s", policy.adapter)
+            logger.info("released policy version %d", version)
+
+    def _delete_adapter(self, name: str) -> None:
+        assert self._peft is not None
+        others = [adapter for adapter in self._peft.peft_config if adapter != name]
+        if self._peft.active_adapter == name and others:
+            # Move off it first: PEFT warns when the active adapter is deleted under it.
+            self._peft.set_adapter(others[-1], inference_mode=True)
+        self._selected_adapter = _ADAPTER_UNKNOWN
+        self._peft.delete_adapter(name)
+
+    def _shutdown(self) -> None:
+        """Fail everything still in flight: running rows, queued requests, queued tasks."""
+        closed = EngineClosedError("the engine was closed")
+        with self._cond:
+            self._stopping = True
+            pending, tasks = list(self._pending), list(self._tasks)
+            self._pending.clear()
+            self._tasks.clear()
+        streams = [row.request.stream for batch in self._batches.values() for row in batch.rows]
+        streams += [request.stream for request in pending]
+        for stream in streams:
+            _deliver(stream, stream.fail, closed)
+        for task in tasks:
+            if task.future.set_running_or_notify_cancel():
+                task.future.set_exception(closed)
+        self._batches.clear()
