@@ -88,7 +88,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def start_server(model_dir: Path, run_dir: Path, **serve_options: Any) -> ServerThread:
-    engine = build_engine(EngineConfig(model=str(model_dir), device="cpu"))
+    engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
     store = Store.for_run_dir(run_dir)
     return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options))
 

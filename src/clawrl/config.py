@@ -45,6 +45,13 @@ class EngineConfig(_Settings):
     max_batch_size: int = Field(
         32, ge=1, validation_alias=_env("max_batch_size"), description="Most sequences decoded in one batch."
     )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        validation_alias=_env("cpu_threads"),
+        description="torch intra-op threads when running on the CPU (process-wide); unset keeps torch's "
+        "default. Tiny models run fastest with 1: their matrices are too small to split.",
+    )
     max_context_tokens: int | None = Field(
         None,
         ge=16,

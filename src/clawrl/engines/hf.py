@@ -313,6 +313,7 @@ class HFEngine(Engine):
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_batch_size = config.max_batch_size
+        self.cpu_threads = config.cpu_threads
         self.tokenizer = AutoTokenizer.from_pretrained(self._source)
         text_config = AutoConfig.from_pretrained(self._source).get_text_config()
         self._vocab_size: int = text_config.vocab_size
@@ -345,6 +346,8 @@ class HFEngine(Engine):
         """Load the weights (off the event loop) and start the worker thread. Idempotent."""
         if self._thread is not None:
             return
+        if self.device.type == "cpu" and self.cpu_threads:
+            torch.set_num_threads(self.cpu_threads)
         base = await asyncio.to_thread(self._load_model, self._source)
         self._base = base
         self._policies = {0: _Policy(base)}
