@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -110,3 +112,22 @@ def test_stop_string_cuts_the_answer(client: openai.OpenAI, server: ServerThread
     assert completion.choices[0].message.content == WEATHER_ANSWER.split("cloudy")[0]
     # the server keeps serving normally afterwards
     assert httpx.get(server.base_url.removesuffix("/v1") + "/healthz").status_code == 200
+
+
+def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(server: ServerThread, store: Store) -> None:
+    body = {"model": server.app.state.service.engine.model_name, "messages": [{"role": "user", "content": "go on forever"}],
+            "max_tokens": 4000, "stream": True, "temperature": 1.0}
+    with httpx.Client(timeout=60) as http, http.stream("POST", server.base_url + "/chat/completions", json=body) as response:
+        turn_id = response.headers["x-clawrl-turn"]
+        events = (line for line in response.iter_lines() if line.startswith("data: "))
+        for _ in range(3):  # the role chunk, then two content chunks
+            next(events)
+    deadline = time.monotonic() + 30
+    while (turn := store.turn(turn_id)) is None:
+        assert time.monotonic() < deadline, "the hung-up turn was never recorded"
+        time.sleep(0.05)
+    assert turn.finish_reason == "cancelled" and not turn.trainable
+    assert 0 < len(turn.response_token_ids) < 4000
+    # the engine slot was freed: the server still answers promptly
+    quick = httpx.post(server.base_url + "/chat/completions", json=body | {"stream": False, "max_tokens": 4}, timeout=30)
+    assert quick.status_code == 200
