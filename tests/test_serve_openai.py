@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -131,3 +132,24 @@ def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(server:
     # the engine slot was freed: the server still answers promptly
     quick = httpx.post(server.base_url + "/chat/completions", json=body | {"stream": False, "max_tokens": 4}, timeout=30)
     assert quick.status_code == 200
+
+
+def test_stream_with_include_usage_ends_with_a_usage_chunk_then_done(server: ServerThread, store: Store) -> None:
+    body = {"model": server.app.state.service.engine.model_name, "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 8, "stream": True, "stream_options": {"include_usage": True}, "tool_choice": "auto",
+            "tools": [WEATHER_TOOL]}
+    response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    usage_chunk = json.loads(events[-2])
+    assert usage_chunk["choices"] == []
+    turn = store.turn(usage_chunk["id"])
+    assert turn is not None
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": len(turn.prompt_token_ids),
+        "completion_tokens": len(turn.response_token_ids),
+        "total_tokens": len(turn.prompt_token_ids) + len(turn.response_token_ids),
+    }
+    finish_chunks = [json.loads(e) for e in events[:-2] if json.loads(e)["choices"][0].get("finish_reason")]
+    assert len(finish_chunks) == 1
