@@ -6,6 +6,7 @@ Bad input gets a 4xx with a sentence a person can act on, never a 500 and never 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,14 +38,27 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def describe_validation_error(error: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    """The first problem of a validation error as (sentence, parameter path)."""
-    first = error.errors()[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    # drop pydantic's union-branch names ("str", "list[TextPart]", "function-after[...]") from the path
-    location = [part for part in location if "[" not in part and part not in _TYPE_NAMES]
-    param = ".".join(location) or None
+    """The first invalid field's most telling problem, as (sentence, parameter path)."""
+    errors = error.errors()
+    first_path = _path(errors[0])
+    # A union field reports one error per branch, in declaration order, so the first is often
+    # "Input should be a valid string" for a list that was fine as a list (5 stop strings, an
+    # image content part). The branch that got furthest into the value explains it best; among
+    # equals, one that accepted the type (its error is not a `*_type` mismatch).
+    same_field = [e for e in errors if _path(e)[: len(first_path)] == first_path]
+    first = max(same_field, key=lambda e: (len(_path(e)), not str(e.get("type", "")).endswith("_type")))
+    param = ".".join(_path(first)) or None
     message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    if first.get("type") in ("model_type", "model_attributes_type", "dict_type"):
+        message = "Input should be a JSON object"  # pydantic's wording names our Python classes
     return (f"{param}: {message}" if param else message), param
+
+
+def _path(error: Any) -> list[str]:
+    """An error's location as request parameter names, without pydantic's union-branch names."""
+    location = [str(part) for part in error.get("loc", ()) if part != "body"]
+    # drop pydantic's union-branch names ("str", "list[TextPart]", "function-after[...]") from the path
+    return [part for part in location if "[" not in part and part not in _TYPE_NAMES]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -60,7 +74,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
-        return JSONResponse(error_body(error.status_code, str(error.detail), code), status_code=error.status_code)
+        # keep the exception's headers: a 405 must say which methods are allowed (`Allow`)
+        return JSONResponse(
+            error_body(error.status_code, str(error.detail), code), status_code=error.status_code, headers=error.headers
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, error: Exception) -> JSONResponse:

@@ -81,7 +81,8 @@ class ChatCompletionRequest(_Lenient):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = None
-    seed: int | None = None
+    # int64, as OpenAI documents it; torch's generator raises (a 500) on seeds beyond 64 bits
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     user: Annotated[str, Field(max_length=256)] | None = None
     # clawrl extensions (the same as headers, for clients that cannot set headers)

@@ -1,0 +1,288 @@
+"""What the OpenAI-compatible server costs on top of the engine, and what it sustains.
+
+1. **Overhead.** The same requests (same prompts, greedy, fixed `max_tokens`, non-streaming) are
+   answered twice, one at a time: through the HTTP server, and by calling the engine in-process
+   (render the prompt, consume `engine.generate` fully). Both use ONE engine instance, the one the
+   server runs, so the model, its threads and its batch are identical; the difference is what
+   the server adds per request: HTTP and JSON, validation, session resolution, incremental
+   detokenization and the durable store write that precedes every answer. The two modes alternate
+   request by request so that drift (CPU frequency, other load) hits both equally.
+2. **Throughput.** 1, 8 and 32 concurrent clients send requests back to back through the server;
+   requests/s and generated tokens/s are measured over the wall time of each level.
+
+    python benchmarks/serve_overhead.py --requests 100 --max-tokens 32
+
+Prints a markdown table and writes the figures as JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from clawrl.config import EngineConfig, ServeConfig
+from clawrl.engines import build_engine
+from clawrl.engines.base import Engine, SamplingParams
+from clawrl.engines.chat import render_prompt
+from clawrl.serve.runner import ServerThread, free_port
+from clawrl.sim.tiny import build_tiny_model
+from clawrl.store import Store
+
+SERVED_NAME = "bench"
+CONCURRENCY_LEVELS = (1, 8, 32)
+WARMUP_REQUESTS = 5
+
+
+@dataclass
+class LatencySummary:
+    requests: int
+    median_ms: float
+    p99_ms: float
+    mean_ms: float
+    completion_tokens: int  # summed over the requests
+
+
+@dataclass
+class ThroughputLevel:
+    concurrency: int
+    requests: int
+    wall_s: float
+    requests_per_s: float
+    tokens_per_s: float
+    median_latency_ms: float
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile: a value that was really observed (no interpolation)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def summarize(latencies_s: list[float], tokens: int) -> LatencySummary:
+    ms = [latency * 1000 for latency in latencies_s]
+    return LatencySummary(len(ms), statistics.median(ms), percentile(ms, 0.99), statistics.fmean(ms), tokens)
+
+
+def prompts(count: int) -> list[list[dict[str, str]]]:
+    """Distinct one-message conversations, so no request can reuse another's session."""
+    return [[{"role": "user", "content": f"Request {i}: tell me about the {i}th city on your list."}] for i in range(count)]
+
+
+def chat_body(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    return {"model": SERVED_NAME, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+
+
+async def in_process(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, int]:
+    """One request without the server: render, generate, consume every token."""
+    started = time.perf_counter()
+    prompt_ids = render_prompt(engine.tokenizer, messages, None)
+    tokens = 0
+    async for _step in engine.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens)):
+        tokens += 1
+    return time.perf_counter() - started, tokens
+
+
+async def over_http(client: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, int]:
+    """The same request through the server, as an OpenAI client sends it (non-streaming)."""
+    started = time.perf_counter()
+    response = await client.post("/v1/chat/completions", json=chat_body(messages, max_tokens))
+    elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed, response.json()["usage"]["completion_tokens"]
+
+
+async def measure_overhead(
+    engine: Engine, client: httpx.AsyncClient, conversations: list[list[dict[str, str]]], max_tokens: int
+) -> dict[str, Any]:
+    for messages in conversations[:WARMUP_REQUESTS]:  # first calls pay for lazy initialisation
+        await in_process(engine, messages, max_tokens)
+        await over_http(client, messages, max_tokens)
+    direct: list[float] = []
+    served: list[float] = []
+    direct_tokens = served_tokens = mismatched = 0
+    for index, messages in enumerate(conversations):
+        # alternate which mode goes first, so neither always runs right after the other
+        if index % 2 == 0:
+            direct_s, direct_n = await in_process(engine, messages, max_tokens)
+            served_s, served_n = await over_http(client, messages, max_tokens)
+        else:
+            served_s, served_n = await over_http(client, messages, max_tokens)
+            direct_s, direct_n = await in_process(engine, messages, max_tokens)
+        direct.append(direct_s)
+        served.append(served_s)
+        direct_tokens += direct_n
+        served_tokens += served_n
+        mismatched += direct_n != served_n  # greedy: both modes should generate the same tokens
+    paired = [(s - d) * 1000 for s, d in zip(served, direct)]
+    direct_summary, served_summary = summarize(direct, direct_tokens), summarize(served, served_tokens)
+    return {
+        "in_process": asdict(direct_summary),
+        "http": asdict(served_summary),
+        "overhead_median_ms": served_summary.median_ms - direct_summary.median_ms,
+        "overhead_p99_ms": served_summary.p99_ms - direct_summary.p99_ms,
+        # per request (same prompt, back to back): the overhead a client actually pays
+        "overhead_paired_median_ms": statistics.median(paired),
+        "overhead_paired_p99_ms": percentile(paired, 0.99),
+        "token_count_mismatches": mismatched,
+    }
+
+
+async def measure_throughput(
+    client: httpx.AsyncClient, conversations: list[list[dict[str, str]]], concurrency: int, total: int, max_tokens: int
+) -> ThroughputLevel:
+    """`concurrency` clients take requests from one queue until `total` have been answered."""
+    queue: asyncio.Queue[list[dict[str, str]]] = asyncio.Queue()
+    for index in range(total):
+        queue.put_nowait(conversations[index % len(conversations)])
+    latencies: list[float] = []
+    tokens = 0
+
+    async def client_loop() -> None:
+        nonlocal tokens
+        while True:
+            try:
+                messages = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            elapsed, generated = await over_http(client, messages, max_tokens)
+            latencies.append(elapsed)
+            tokens += generated
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    return ThroughputLevel(
+        concurrency=concurrency,
+        requests=total,
+        wall_s=wall,
+        requests_per_s=total / wall,
+        tokens_per_s=tokens / wall,
+        median_latency_ms=statistics.median(latencies) * 1000,
+    )
+
+
+async def run(engine: Engine, root: str, args: argparse.Namespace) -> dict[str, Any]:
+    conversations = prompts(args.requests)
+    limits = httpx.Limits(max_connections=max(CONCURRENCY_LEVELS) + 4, max_keepalive_connections=max(CONCURRENCY_LEVELS) + 4)
+    async with httpx.AsyncClient(base_url=root, timeout=300, limits=limits) as client:
+        overhead = await measure_overhead(engine, client, conversations, args.max_tokens)
+        levels = []
+        for concurrency in CONCURRENCY_LEVELS:
+            # every client sends several requests, so ramp-up and the tail are a small part of the wall time
+            total = max(args.requests, concurrency * 4)
+            await measure_throughput(client, conversations, concurrency, concurrency, args.max_tokens)  # warm-up
+            levels.append(await measure_throughput(client, conversations, concurrency, total, args.max_tokens))
+    return {"overhead": overhead, "throughput": [asdict(level) for level in levels]}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    overhead = results["overhead"]
+    direct, served = overhead["in_process"], overhead["http"]
+    lines = [
+        (
+            f"Latency, one request at a time ({served['requests']} requests, greedy, "
+            f"max_tokens={results['args']['max_tokens']}, non-streaming):"
+        ),
+        "",
+        "| path | median (ms) | p99 (ms) | mean (ms) | tokens generated |",
+        "|---|---:|---:|---:|---:|",
+        f"| engine in-process | {direct['median_ms']:.1f} | {direct['p99_ms']:.1f} | {direct['mean_ms']:.1f} | {direct['completion_tokens']} |",
+        f"| HTTP server | {served['median_ms']:.1f} | {served['p99_ms']:.1f} | {served['mean_ms']:.1f} | {served['completion_tokens']} |",
+        (
+            f"| difference | {overhead['overhead_median_ms']:.1f} | {overhead['overhead_p99_ms']:.1f} | "
+            f"{served['mean_ms'] - direct['mean_ms']:.1f} | |"
+        ),
+        (
+            "| **server overhead per request** (HTTP minus in-process, same prompt) | "
+            f"**{overhead['overhead_paired_median_ms']:.1f}** | **{overhead['overhead_paired_p99_ms']:.1f}** | | |"
+        ),
+        "",
+        "Throughput through the server (greedy, non-streaming, clients send back to back):",
+        "",
+        "| concurrent clients | requests | wall (s) | requests/s | generated tokens/s | median latency (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for level in results["throughput"]:
+        lines.append(
+            f"| {level['concurrency']} | {level['requests']} | {level['wall_s']:.2f} | {level['requests_per_s']:.1f} | "
+            f"{level['tokens_per_s']:.0f} | {level['median_latency_ms']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100, help="requests per latency mode and per throughput level")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request (greedy)")
+    parser.add_argument(
+        "--model", default="tiny", help="'tiny' (built locally into a temp dir) or a Hugging Face model directory"
+    )
+    parser.add_argument("--device", default="cpu", help="engine device: cpu, cuda or auto")
+    parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads on the CPU (1 is fastest for the tiny model)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_overhead.json"), help="JSON results")
+    args = parser.parse_args(argv)
+    if args.requests < WARMUP_REQUESTS or args.max_tokens < 1:
+        parser.error(f"--requests must be >= {WARMUP_REQUESTS} and --max-tokens >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as scratch:
+        model_dir = build_tiny_model(Path(scratch) / "model", seed=0) if args.model == "tiny" else Path(args.model)
+        engine = build_engine(EngineConfig(model=str(model_dir), device=args.device, cpu_threads=args.cpu_threads))
+        store = Store.for_run_dir(Path(scratch) / "run")
+        config = ServeConfig(port=free_port(), served_model_name=SERVED_NAME)
+        started = time.perf_counter()
+        # The server starts the engine; the in-process measurements then share it from this thread's loop.
+        with ServerThread(engine, store, config) as server:
+            results = asyncio.run(run(engine, server.base_url.removesuffix("/v1"), args))
+        store.close()
+    results = {
+        "benchmark": "serve_overhead",
+        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "args": {
+            "requests": args.requests,
+            "max_tokens": args.max_tokens,
+            "model": args.model,
+            "device": args.device,
+            "cpu_threads": args.cpu_threads,
+        },
+        "machine": machine(),
+        "elapsed_s": time.perf_counter() - started,
+        **results,
+    }
+    print(markdown(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
