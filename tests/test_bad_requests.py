@@ -215,6 +215,8 @@ BAD_REQUESTS = [
     BadRequest("session-id-header-too-long", 400, "invalid_session_id", body=chat(), headers={"X-Session-Id": "s" * 300}),
     # --- feedback ------------------------------------------------------------------------------
     BadRequest("feedback-bad-score", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 5}, param="score"),
+    BadRequest("feedback-score-true", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": True}, param="score"),
+    BadRequest("feedback-score-float", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 1.0}, param="score"),
     BadRequest("feedback-without-target", 400, "invalid_value", path=FEEDBACK, body={"score": 1}, says="session_id"),
     BadRequest(
         "feedback-unknown-turn", 404, "turn_not_found", path=FEEDBACK, body={"turn": "chatcmpl-nope", "score": 1}, param="turn"

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import TemplateError
 from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
@@ -97,7 +98,10 @@ class ChatService:
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
         explicit = explicit_session(headers, request.session_id, request.user)
-        prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
+        try:
+            prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
+        except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
+            raise APIError(400, f"The model's chat template refused these messages: {error}", "invalid_messages", "messages") from None
         max_tokens = self._response_budget(request, len(prompt_token_ids))
         identity = await asyncio.to_thread(resolve_session, self.store, explicit, messages, kind)
         self.metrics.sessions.labels(identity.id_source).inc()

@@ -105,8 +105,15 @@ class ChatCompletionRequest(_Lenient):
 class FeedbackRequest(_Lenient):
     session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     turn: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    score: Literal[1, -1]
+    score: Annotated[int, Field(strict=True)]  # strict: `true` or `1.0` are not a thumbs up
     text: Annotated[str, Field(max_length=10_000)] | None = None
+
+    @field_validator("score")
+    @classmethod
+    def _thumbs(cls, value: int) -> int:
+        if value not in (1, -1):
+            raise ValueError("score must be 1 (thumbs up) or -1 (thumbs down)")
+        return value
 
     @model_validator(mode="after")
     def _needs_target(self) -> FeedbackRequest:
