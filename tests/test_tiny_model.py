@@ -19,15 +19,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from clawrl.sim import tiny
 from clawrl.sim.corpus import TARGET_CHARS, build_corpus
 from clawrl.sim.tiny import build_tiny_model, tiny_model_path
+from tests.conftest import WEATHER_TOOL
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 # Odd spacing on purpose: string arguments must be rendered verbatim, not re-encoded.
 STRING_ARGUMENTS = '{"city":"Lyon" }'
 CONVERSATION = [
