@@ -12,9 +12,14 @@ from sqlalchemy import Connection, Engine, select
 
 from clawrl.store.schema import Base, Meta
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+def _judging_tables(_connection: Connection) -> None:
+    """v2 adds `judgments` and `judge_leases`: new tables only, which `create_all` has made."""
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables}
 
 
 class SchemaTooNewError(RuntimeError):

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, select, tuple_, update
+from sqlalchemy import create_engine, delete, event, exists, or_, select, tuple_, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from clawrl.store.migrations import migrate
-from clawrl.store.schema import FeedbackRow, NextStateRow, SessionRow, TurnRow
+from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
 
 
 @dataclass
@@ -48,6 +49,21 @@ class NewTurn:
     continues_turn_id: str | None = None  # the earlier main turn this request's messages continue
     next_state: list[dict[str, Any]] | None = None  # what this request added after that turn's answer
     session_done: bool = False
+
+
+@dataclass
+class NewJudgment:
+    """A judge's verdict on one turn, as the judge worker writes it."""
+
+    turn_id: str
+    score: int
+    votes: list[int | None]
+    rationale: str | None
+    hint: str | None
+    hint_candidates: list[dict[str, Any]]
+    source: str
+    judge_model: str
+    latency_s: float
 
 
 class Store:
@@ -175,6 +191,58 @@ class Store:
             db.add(row)
             db.flush()
             return row.id
+
+    # --- judging ------------------------------------------------------------------------------
+    def claim_turns_to_judge(self, worker_id: str, limit: int, lease_s: float, now: float | None = None) -> list[str]:
+        """Lease up to `limit` judgeable turns to `worker_id`, oldest first; returns their ids.
+
+        Judgeable: a main turn the client received, with a next state or explicit feedback, not
+        judged yet, and not leased to a worker whose lease is still running. A lease left behind
+        by a killed worker expires after `lease_s` and the turn is claimed again.
+        """
+        now = time.time() if now is None else now
+        has_next_state = exists().where(NextStateRow.turn_id == TurnRow.id)
+        has_feedback = exists().where(FeedbackRow.turn_id == TurnRow.id)
+        judged = exists().where(JudgmentRow.turn_id == TurnRow.id)
+        leased = exists().where(JudgeLeaseRow.turn_id == TurnRow.id, JudgeLeaseRow.expires_at >= now)
+        query = (
+            select(TurnRow.id)
+            .where(TurnRow.kind == "main", TurnRow.finish_reason != "cancelled")
+            .where(or_(has_next_state, has_feedback), ~judged, ~leased)
+            .order_by(TurnRow.created_at, TurnRow.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        with self.write() as db:
+            turn_ids = list(db.scalars(query))
+            for turn_id in turn_ids:
+                lease = db.get(JudgeLeaseRow, turn_id)
+                if lease is None:
+                    db.add(JudgeLeaseRow(turn_id=turn_id, worker_id=worker_id, expires_at=now + lease_s, attempts=1))
+                else:
+                    lease.worker_id, lease.expires_at, lease.attempts = worker_id, now + lease_s, lease.attempts + 1
+            return turn_ids
+
+    def record_judgment(self, judgment: NewJudgment) -> bool:
+        """Write a verdict and drop the turn's lease. False if the turn already had one (judged once)."""
+        try:
+            with self.write() as db:
+                if db.get(JudgmentRow, judgment.turn_id) is not None:
+                    return False
+                db.add(JudgmentRow(**vars(judgment), created_at=time.time()))
+                db.execute(delete(JudgeLeaseRow).where(JudgeLeaseRow.turn_id == judgment.turn_id))
+                return True
+        except IntegrityError:  # a concurrent writer on a server database inserted it first
+            return False
+
+    def release_lease(self, turn_id: str, worker_id: str) -> None:
+        """Give a turn back early (the judge failed) so another attempt need not wait for expiry."""
+        with self.write() as db:
+            db.execute(delete(JudgeLeaseRow).where(JudgeLeaseRow.turn_id == turn_id, JudgeLeaseRow.worker_id == worker_id))
+
+    def judgment(self, turn_id: str) -> JudgmentRow | None:
+        with self.read() as db:
+            return db.get(JudgmentRow, turn_id)
 
     # --- inspection ---------------------------------------------------------------------------
     def turn(self, turn_id: str) -> TurnRow | None:

@@ -93,3 +93,30 @@ class FeedbackRow(Base):
     text: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
+
+
+class JudgmentRow(Base):
+    """The verdict on one main turn (DESIGN §5). One row per turn: the primary key is what makes
+    judging idempotent when several workers share a store."""
+
+    __tablename__ = "judgments"
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), primary_key=True)
+    score: Mapped[int] = mapped_column(Integer)  # +1, -1 or 0
+    votes: Mapped[list[int | None]] = mapped_column(JSON)  # each PRM vote; None = unparseable
+    rationale: Mapped[str | None] = mapped_column(Text, nullable=True)  # one representative reasoning
+    hint: Mapped[str | None] = mapped_column(Text, nullable=True)  # the chosen directive hint
+    hint_candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{"hint", "overlap"}]
+    source: Mapped[str] = mapped_column(String(16))  # prm | rule | feedback
+    judge_model: Mapped[str] = mapped_column(String(256))
+    latency_s: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class JudgeLeaseRow(Base):
+    """A worker's claim on a turn it is judging. Expires, so a killed worker's turns are retried."""
+
+    __tablename__ = "judge_leases"
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[float] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)

@@ -1,0 +1,67 @@
+"""The store side of judging: which turns can be claimed, exclusive expiring leases, one verdict per turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clawrl.store import NewJudgment, Store
+from tests.test_session_inference import record, user
+
+
+def judgment(turn_id: str, score: int = 1) -> NewJudgment:
+    return NewJudgment(
+        turn_id=turn_id, score=score, votes=[score], rationale="r", hint=None, hint_candidates=[],
+        source="rule", judge_model="rule", latency_s=0.0,
+    )
+
+
+def store_with_conversation(tmp_path: Path) -> Store:
+    """s1: t1 -> t2 (t1 has a next state), t3 -> t4 (t3 has one); t4 is the session's last turn."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q1")], "a1")
+    record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
+    record(store, "t3", "s1", [user("q3")], "a3", continues_turn_id="t2", next_state=[user("q3")])
+    record(store, "t4", "s1", [user("q4")], "a4", continues_turn_id="t3", next_state=[user("q4")])
+    return store
+
+
+def test_only_turns_with_a_next_state_or_feedback_are_claimed(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t1", "t2", "t3"]
+    store.add_feedback("t4", -1, "wrong")
+    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t4"]
+
+
+def test_leases_are_exclusive_and_expire(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    first = store.claim_turns_to_judge("a", limit=2, lease_s=60, now=1000.0)
+    second = store.claim_turns_to_judge("b", limit=10, lease_s=60, now=1001.0)
+    assert first == ["t1", "t2"] and second == ["t3"]
+    # worker a was killed: after its lease runs out, its turns are claimed again
+    assert store.claim_turns_to_judge("c", limit=10, lease_s=60, now=1100.0) == ["t1", "t2", "t3"]
+
+
+def test_a_turn_is_judged_once(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    store.claim_turns_to_judge("a", limit=1, lease_s=60)
+    assert store.record_judgment(judgment("t1", 1)) is True
+    assert store.record_judgment(judgment("t1", -1)) is False
+    assert store.judgment("t1").score == 1
+    assert "t1" not in store.claim_turns_to_judge("b", limit=10, lease_s=60)
+
+
+def test_released_lease_is_claimable_at_once(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    assert store.claim_turns_to_judge("a", limit=1, lease_s=600) == ["t1"]
+    store.release_lease("t1", "a")
+    assert store.claim_turns_to_judge("b", limit=1, lease_s=600) == ["t1"]
+
+
+def test_two_stores_on_one_file_never_claim_the_same_turn(tmp_path: Path) -> None:
+    """Two worker processes share the SQLite file; each opens its own connection pool."""
+    store_with_conversation(tmp_path)
+    a, b = Store.for_run_dir(tmp_path), Store.for_run_dir(tmp_path)
+    claims = [a.claim_turns_to_judge("a", limit=1, lease_s=60), b.claim_turns_to_judge("b", limit=1, lease_s=60),
+              a.claim_turns_to_judge("a", limit=1, lease_s=60), b.claim_turns_to_judge("b", limit=1, lease_s=60)]
+    flat = [turn for claim in claims for turn in claim]
+    assert sorted(flat) == ["t1", "t2", "t3"]
