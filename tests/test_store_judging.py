@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawrl.store import NewJudgment, Store
+from clawrl.store.inspect import session_detail
 from tests.test_session_inference import record, user
 
 
@@ -65,3 +66,11 @@ def test_two_stores_on_one_file_never_claim_the_same_turn(tmp_path: Path) -> Non
               a.claim_turns_to_judge("a", limit=1, lease_s=60), b.claim_turns_to_judge("b", limit=1, lease_s=60)]
     flat = [turn for claim in claims for turn in claim]
     assert sorted(flat) == ["t1", "t2", "t3"]
+
+
+def test_session_detail_shows_each_turns_judgment(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    store.record_judgment(judgment("t1", -1))
+    turns = session_detail(store, "s1")["turns"]
+    assert turns[0]["judgment"] == {"score": -1, "votes": [-1], "hint": None, "source": "rule"}
+    assert turns[1]["judgment"] is None

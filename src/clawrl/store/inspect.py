@@ -13,7 +13,7 @@ from typing import Any
 
 from clawrl.engines.chat import content_text
 from clawrl.store.repository import Store
-from clawrl.store.schema import FeedbackRow, NextStateRow, SessionRow, TurnRow
+from clawrl.store.schema import FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
 
 
 def _iso(timestamp: float) -> str:
@@ -61,7 +61,15 @@ def session_summary(session: SessionRow) -> dict[str, Any]:
     }
 
 
-def turn_view(turn: TurnRow, next_state: NextStateRow | None, feedback: list[FeedbackRow]) -> dict[str, Any]:
+def judgment_view(row: JudgmentRow | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {"score": row.score, "votes": row.votes, "hint": row.hint, "source": row.source}
+
+
+def turn_view(
+    turn: TurnRow, next_state: NextStateRow | None, feedback: list[FeedbackRow], judgment: JudgmentRow | None = None
+) -> dict[str, Any]:
     return {
         "id": turn.id,
         "index": turn.index,
@@ -76,6 +84,7 @@ def turn_view(turn: TurnRow, next_state: NextStateRow | None, feedback: list[Fee
         "response_token_ids": turn.response_token_ids,
         "response_logprobs": turn.response_logprobs,
         "next_state": next_state_view(next_state),
+        "judgment": judgment_view(judgment),
         "feedback": [{"score": f.score, "text": f.text, "created_at": _iso(f.created_at)} for f in feedback],
     }
 
@@ -84,7 +93,9 @@ def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
     session = store.session(session_id)
     if session is None:
         return None
-    turns = [turn_view(*entry) for entry in store.session_turns(session_id)]
+    entries = store.session_turns(session_id)
+    judgments = store.judgments_for([turn.id for turn, _, _ in entries])
+    turns = [turn_view(turn, next_state, feedback, judgments.get(turn.id)) for turn, next_state, feedback in entries]
     return {**session_summary(session), "turns": turns}
 
 

@@ -244,6 +244,10 @@ class Store:
         with self.read() as db:
             return db.get(JudgmentRow, turn_id)
 
+    def judgments_for(self, turn_ids: list[str]) -> dict[str, JudgmentRow]:
+        with self.read() as db:
+            return {row.turn_id: row for row in db.scalars(select(JudgmentRow).where(JudgmentRow.turn_id.in_(turn_ids)))}
+
     # --- inspection ---------------------------------------------------------------------------
     def turn(self, turn_id: str) -> TurnRow | None:
         with self.read() as db:
@@ -258,7 +262,7 @@ class Store:
             return list(db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)))
 
     def session_turns(self, session_id: str) -> list[tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]]:
-        """A session's turns in order, each with its next state and feedback."""
+        """A session's turns in order, each with its next state and feedback (see `judgments_for`)."""
         with self.read() as db:
             turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.index)))
             ids = [turn.id for turn in turns]
