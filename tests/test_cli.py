@@ -101,3 +101,16 @@ def test_build_tiny_command(tmp_path: Path) -> None:
     assert (tmp_path / "tiny" / "config.json").exists()
     assert AutoTokenizer.from_pretrained(tmp_path / "tiny").chat_template
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "tiny").config.max_position_embeddings >= 16384
+
+
+def test_feedback_command_records_for_a_turn_or_a_session(recorded_run: tuple[Path, str]) -> None:
+    run_dir, session_id = recorded_run
+    by_session = clawrl("feedback", "--run-dir", str(run_dir), "--session", session_id, "--score", "-1", "--text", "use fewer words")
+    assert by_session.returncode == 0, by_session.stderr
+    listing = json.loads(clawrl("sessions", "show", session_id, "--run-dir", str(run_dir), "--json").stdout)
+    first, last = listing["turns"]
+    assert [(f["score"], f["text"]) for f in last["feedback"]] == [(-1, "use fewer words")]
+    by_turn = clawrl("feedback", "--run-dir", str(run_dir), "--turn", first["id"], "--score", "1")
+    assert by_turn.returncode == 0, by_turn.stderr
+    assert clawrl("feedback", "--run-dir", str(run_dir), "--turn", "chatcmpl-nope", "--score", "1").returncode == 1
+    assert clawrl("feedback", "--run-dir", str(run_dir), "--turn", first["id"], "--score", "3").returncode == 2

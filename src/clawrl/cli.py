@@ -139,6 +139,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_feedback(args: argparse.Namespace) -> int:
+    store = _store(args)
+    turn = store.turn(args.turn) if args.turn else store.last_main_turn(args.session)
+    if turn is None:
+        print(f"error: no turn {args.turn!r}" if args.turn else f"error: session {args.session!r} has no main turn", file=sys.stderr)
+        return 1
+    store.add_feedback(turn.id, args.score, args.text)
+    print(f"recorded {'+1' if args.score > 0 else '-1'} for turn {turn.id}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from clawrl.sim.demo import run_demo
 
@@ -175,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(export, StoreConfig)
     export.add_argument("--out", required=True, help="the .jsonl file to write")
     export.set_defaults(handler=cmd_export)
+
+    feedback = commands.add_parser("feedback", help="record a thumbs up or down (and a correction) for a turn")
+    add_config_flags(feedback, StoreConfig)
+    target = feedback.add_mutually_exclusive_group(required=True)
+    target.add_argument("--turn", help="the turn id (X-Clawrl-Turn, or the response id)")
+    target.add_argument("--session", help="a session id: the feedback is for its latest main turn")
+    feedback.add_argument("--score", type=int, choices=[1, -1], required=True, help="1 (good) or -1 (bad)")
+    feedback.add_argument("--text", help="what should have been different (a hint candidate)")
+    feedback.set_defaults(handler=cmd_feedback)
 
     demo = commands.add_parser("demo", help="the whole loop on the CPU with the tiny model and a simulated user")
     add_config_flags(demo, EngineConfig)
