@@ -1,0 +1,1 @@
+"""Loop 3: judging turns from their next state."""

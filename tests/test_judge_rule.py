@@ -1,0 +1,141 @@
+"""The `rule` judge backend on realistic next states (issue 3).
+
+Decision under test: an unrelated follow-up question, with no sign of complaint, is the user
+moving on and scores +1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clawrl.judge.rule import rule_hint, rule_score
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/tmp/run.py", line 3, in <module>
+    print(load("config.yaml"))
+  File "/tmp/run.py", line 2, in load
+    return open(path).read()
+FileNotFoundError: [Errno 2] No such file or directory: 'config.yaml'
+"""
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def tool(content: str) -> list[dict[str, str]]:
+    return [{"role": "tool", "tool_call_id": "call_1", "content": content}]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "thanks, perfect",
+        "Great, that works!",
+        "Thank you so much",
+        "No problem, that's what I needed. Thanks!",
+        "What's the capital of Australia?",  # an unrelated follow-up: moving on
+        "Now write a unit test for the parser.",
+    ],
+)
+def test_praise_and_moving_on_score_plus_one(reply: str) -> None:
+    assert rule_score(user(reply), previous_user_text="Summarise this article in three sentences.") == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "no, I meant the other file",
+        "too AI-like, rewrite it without the bold",
+        "That's wrong, the function returns a list.",
+        "Thanks, but that’s not what I asked for",  # a typographic apostrophe, and praise that a correction outranks
+        "It still doesn't work. Try again.",
+        "this looks too AI-like, rewrite it without the bold and the numbered list",
+    ],
+)
+def test_corrections_and_redo_requests_score_minus_one(reply: str) -> None:
+    assert rule_score(user(reply)) == -1
+
+
+def test_restating_the_same_request_scores_minus_one() -> None:
+    request = "Summarise this article in three sentences."
+    assert rule_score(user(request), previous_user_text=request) == -1
+    assert rule_score(user("summarise this article in three short sentences"), previous_user_text=request) == -1
+
+
+def test_a_reply_without_any_signal_scores_zero() -> None:
+    assert rule_score(user("The article is from 2019."), previous_user_text="Summarise this article.") == 0
+    assert rule_score([]) == 0
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        TRACEBACK,
+        "Error: connection refused",
+        "bash: jq: command not found",
+        "build failed, exit code 1",
+        json.dumps({"stdout": "", "stderr": "boom", "exit_code": 2}),
+        json.dumps({"error": "city not found"}),
+        json.dumps({"ok": False, "message": "rate limited"}),
+    ],
+)
+def test_errors_in_tool_results_score_minus_one(result: str) -> None:
+    assert rule_score(tool(result)) == -1
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        json.dumps({"city": "Paris", "temperature_c": 21, "conditions": "sunny", "error": None}),
+        json.dumps({"stdout": "3 passed", "exit_code": 0}),
+        "Wrote 120 bytes to notes.md",
+    ],
+)
+def test_successful_tool_results_score_plus_one(result: str) -> None:
+    assert rule_score(tool(result)) == 1
+
+
+def test_a_failed_call_among_several_results_scores_minus_one() -> None:
+    assert rule_score(tool('{"temperature_c": 21}') + tool(TRACEBACK)) == -1
+
+
+def test_hint_carries_the_users_directive() -> None:
+    assert "without the bold" in (rule_hint(user("too AI-like, rewrite it without the bold")) or "")
+
+
+def test_end_to_end_example_from_the_issue() -> None:
+    reply = user("this looks too AI-like, rewrite it without the bold and the numbered list")
+    assert rule_score(reply) == -1
+    hint = rule_hint(reply)
+    assert hint is not None and "without the bold and the numbered list" in hint
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("Please use metric units.", "Please use metric units."),
+        (
+            "Hmm. Don't use bullet points, italics or headings; keep it under 100 words",
+            "Don't use bullet points, italics or headings. Keep it under 100 words.",
+        ),
+        ("no, I meant the other file", "I meant the other file."),
+        (
+            "You should cite the source. Also, do not guess the year.",
+            "You should cite the source. Do not guess the year.",
+        ),
+    ],
+)
+def test_hint_joins_the_directive_clauses(reply: str, expected: str) -> None:
+    assert rule_hint(user(reply)) == expected
+
+
+@pytest.mark.parametrize("reply", ["thanks, perfect", "What's the capital of Australia?", "use it", ""])
+def test_no_directive_or_too_short_gives_no_hint(reply: str) -> None:
+    assert rule_hint(user(reply)) is None
+
+
+def test_tool_results_give_no_hint() -> None:
+    assert rule_hint(tool(TRACEBACK)) is None
