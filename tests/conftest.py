@@ -15,8 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.config import EngineConfig, ServeConfig
+from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
+from clawrl.judge.worker import JudgeWorker, build_backend
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
@@ -87,10 +88,12 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def start_server(model_dir: Path, run_dir: Path, **serve_options: Any) -> ServerThread:
+def start_server(model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, **serve_options: Any) -> ServerThread:
+    """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`."""
     engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
     store = Store.for_run_dir(run_dir)
-    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options))
+    worker = JudgeWorker(store, build_backend(judge), judge) if judge is not None else None
+    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker)
 
 
 @pytest.fixture

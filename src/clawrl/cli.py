@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from clawrl.config import EngineConfig, ServeConfig, StoreConfig
+from clawrl.config import EngineConfig, JudgeConfig, ServeConfig, StoreConfig
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
@@ -72,10 +72,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store_config = config_from_args(StoreConfig, args)
     serve_config = config_from_args(ServeConfig, args)
     store = Store(store_config.resolved_database_url())
-    app = create_app(build_engine(engine_config), store, serve_config)
+    app = create_app(build_engine(engine_config), store, serve_config, _judge_worker(store, config_from_args(JudgeConfig, args)))
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
     return 0
+
+
+def _judge_worker(store: Any, config: JudgeConfig) -> Any:
+    from clawrl.judge.worker import JudgeWorker, build_backend
+
+    return None if config.judge == "off" else JudgeWorker(store, build_backend(config), config)
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    config = config_from_args(JudgeConfig, args)
+    if config.judge == "off":
+        print("error: --judge off leaves nothing to run", file=sys.stderr)
+        return 2
+    worker = _judge_worker(_store(args), config)
+    if args.once:
+        print(f"judged {asyncio.run(_judge_until_done(worker))} turn(s)")
+        return 0
+    logging.getLogger("clawrl").info("judging with the %s backend as %s", config.judge, worker.worker_id)
+    asyncio.run(worker.run_forever())
+    return 0
+
+
+async def _judge_until_done(worker: Any) -> int:
+    """Judge in rounds until a round writes nothing (everything judged, or only failures left)."""
+    total = 0
+    while judged := await worker.judge_available():
+        total += judged
+    return total
 
 
 def cmd_build_tiny(args: argparse.Namespace) -> int:
@@ -161,8 +191,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible API and record every turn")
-    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig)
+    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig)
     serve.set_defaults(handler=cmd_serve)
+
+    judge = commands.add_parser("judge", help="judge recorded turns from their next state (standalone worker)")
+    add_config_flags(judge, StoreConfig, JudgeConfig)
+    judge.add_argument("--once", action="store_true", help="judge what is judgeable now, then exit")
+    judge.set_defaults(handler=cmd_judge)
 
     model = commands.add_parser("model", help="build models locally").add_subparsers(dest="model_command", required=True)
     tiny = model.add_parser("build-tiny", help="write a tiny Qwen2-architecture model and tokenizer (seconds, no download)")

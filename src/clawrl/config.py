@@ -116,3 +116,29 @@ class ServeConfig(_Settings):
         validation_alias=_env("side_turn_system_regex"),
         description="Requests whose system prompt matches this regex are side turns (served, never trained on).",
     )
+
+
+class JudgeConfig(_Settings):
+    """The judge loop (DESIGN §5): which backend scores turns, and how the worker paces itself."""
+
+    judge: Literal["rule", "off"] = Field(
+        "rule",
+        validation_alias=_env("judge"),
+        description="Judge backend: `rule` (deterministic rules over the next state; the CPU default) or "
+        "`off` (record only; run `clawrl judge` elsewhere).",
+    )
+    judge_concurrency: int = Field(
+        4, ge=1, validation_alias=_env("judge_concurrency"), description="Turns judged at the same time per worker."
+    )
+    judge_timeout_s: float = Field(
+        60.0, gt=0, validation_alias=_env("judge_timeout_s"), description="Limit on judging one turn; then it is retried."
+    )
+    judge_lease_s: float = Field(
+        300.0,
+        gt=0,
+        validation_alias=_env("judge_lease_s"),
+        description="How long a claimed turn stays reserved for its worker; a killed worker's turns are retried after it.",
+    )
+    judge_poll_s: float = Field(
+        0.5, gt=0, validation_alias=_env("judge_poll_s"), description="Pause between looks for new turns when idle."
+    )

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
 from clawrl.engines.base import Engine
+from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import schemas
 from clawrl.serve.completions import ChatService
 from clawrl.serve.errors import APIError, describe_validation_error, install_error_handlers
@@ -98,7 +99,8 @@ def _is_utf8_encodable(text: str) -> bool:
     return True
 
 
-def create_app(engine: Engine, store: Store, config: ServeConfig) -> FastAPI:
+def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None) -> FastAPI:
+    """The app; with `judge`, the judge loop runs as a background task of this process."""
     served_name = config.served_model_name or engine.model_name
     metrics = ServeMetrics()
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
@@ -107,11 +109,14 @@ def create_app(engine: Engine, store: Store, config: ServeConfig) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         metrics.policy_version.set(engine.policy_version)
-        housekeeping = asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s))
+        background = [asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s))]
+        if judge is not None:
+            background.append(asyncio.create_task(judge.run_forever()))
         try:
             yield
         finally:
-            housekeeping.cancel()
+            for task in background:
+                task.cancel()
             await service.drain()
             await engine.close()
 

@@ -15,6 +15,7 @@ import uvicorn
 
 from clawrl.config import ServeConfig
 from clawrl.engines.base import Engine
+from clawrl.judge.worker import JudgeWorker
 from clawrl.serve.app import create_app
 from clawrl.store import Store
 
@@ -28,12 +29,14 @@ def free_port() -> int:
 class ServerThread:
     """`with ServerThread(engine, store, config) as server:` serves at `server.base_url` until exit."""
 
-    def __init__(self, engine: Engine, store: Store, config: ServeConfig | None = None) -> None:
+    def __init__(
+        self, engine: Engine, store: Store, config: ServeConfig | None = None, judge: JudgeWorker | None = None
+    ) -> None:
         config = config or ServeConfig(port=free_port())
         if config.port == 0:
             config = config.model_copy(update={"port": free_port()})
         self.config = config
-        self.app = create_app(engine, store, config)
+        self.app = create_app(engine, store, config, judge)
         self._server = uvicorn.Server(uvicorn.Config(self.app, host=config.host, port=config.port, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, name="clawrl-server", daemon=True)
 

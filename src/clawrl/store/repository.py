@@ -244,6 +244,15 @@ class Store:
         with self.read() as db:
             return db.get(JudgmentRow, turn_id)
 
+    def turn_context(self, turn_id: str) -> tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]:
+        """A turn with its next state and explicit feedback (oldest first): what a judge needs."""
+        with self.read() as db:
+            turn = db.get(TurnRow, turn_id)
+            if turn is None:
+                raise KeyError(turn_id)
+            feedback = db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id == turn_id).order_by(FeedbackRow.id))
+            return turn, db.get(NextStateRow, turn_id), list(feedback)
+
     def judgments_for(self, turn_ids: list[str]) -> dict[str, JudgmentRow]:
         with self.read() as db:
             return {row.turn_id: row for row in db.scalars(select(JudgmentRow).where(JudgmentRow.turn_id.in_(turn_ids)))}

@@ -1,0 +1,99 @@
+"""The judge loop with the rule backend: inside the server, standalone, and under failure."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawrl.config import JudgeConfig
+from clawrl.judge.worker import BackendVerdict, JudgeCase, JudgeWorker, RuleJudge
+from clawrl.store import Store
+from clawrl.store.inspect import session_detail
+from tests.conftest import start_server
+from tests.test_session_inference import record, user
+
+CORRECTION = "this looks too AI-like, rewrite it without the bold and the numbered list"
+
+
+def converse(base_url: str, lines: list[str]) -> tuple[str, list[str]]:
+    """An unmodified client's conversation; returns the session id and the turn ids."""
+    messages: list[dict[str, Any]] = []
+    turn_ids = []
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        model = http.get("/models").json()["data"][0]["id"]
+        for line in lines:
+            messages.append({"role": "user", "content": line})
+            response = http.post("/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8})
+            messages.append(response.json()["choices"][0]["message"])
+            turn_ids.append(response.headers["x-clawrl-turn"])
+    return response.headers["x-clawrl-session"], turn_ids
+
+
+def wait_for_judgment(store: Store, turn_id: str) -> Any:
+    deadline = time.monotonic() + 30
+    while (judgment := store.judgment(turn_id)) is None:
+        assert time.monotonic() < deadline, f"turn {turn_id} was never judged"
+        time.sleep(0.05)
+    return judgment
+
+
+def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_dir: Path, run_dir: Path) -> None:
+    with start_server(tool_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05)) as server:
+        session_id, turn_ids = converse(server.base_url, ["Write a short note to my team about Friday.", CORRECTION, "thanks, perfect"])
+        store = Store.for_run_dir(run_dir)
+        first, second = wait_for_judgment(store, turn_ids[0]), wait_for_judgment(store, turn_ids[1])
+    assert first.score == -1 and first.source == "rule"
+    assert "without the bold and the numbered list" in first.hint
+    assert second.score == 1 and second.hint is None
+    assert store.judgment(turn_ids[2]) is None  # the last turn has no next state
+    shown = session_detail(store, session_id)["turns"][0]["judgment"]
+    assert shown["score"] == -1 and shown["source"] == "rule" and shown["votes"] == [-1]
+
+
+def test_explicit_feedback_outranks_the_judge_and_its_text_is_a_hint(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("write a poem")], "A poem.")
+    record(store, "t2", "s1", [user("thanks, perfect")], "You're welcome.", continues_turn_id="t1", next_state=[user("thanks, perfect")])
+    store.add_feedback("t1", -1, "Use rhymes and keep it to four lines.")
+    worker = JudgeWorker(store, RuleJudge(), JudgeConfig())
+    assert asyncio.run(worker.judge_available()) == 1
+    judgment = store.judgment("t1")
+    assert judgment.score == -1 and judgment.source == "feedback"
+    assert judgment.hint == "Use rhymes and keep it to four lines."
+
+
+class HangingJudge:
+    name = "hanging"
+
+    async def judge(self, case: JudgeCase) -> BackendVerdict:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+def test_a_hanging_judge_times_out_and_the_turn_is_judged_by_another_worker(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    record(store, "t2", "s1", [user("no, wrong")], "B.", continues_turn_id="t1", next_state=[user("no, wrong")])
+    stuck = JudgeWorker(store, HangingJudge(), JudgeConfig(judge_timeout_s=0.2))
+    assert asyncio.run(stuck.judge_available()) == 0
+    healthy = JudgeWorker(store, RuleJudge(), JudgeConfig())
+    assert asyncio.run(healthy.judge_available()) == 1
+    assert store.judgment("t1").score == -1
+
+
+def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
+    with start_server(tool_model_dir, run_dir) as server:  # judging off in the server
+        _session, turn_ids = converse(server.base_url, ["hello", "no, I meant the other file", "ok", "thanks", "done"])
+    command = [sys.executable, "-m", "clawrl.cli", "judge", "--run-dir", str(run_dir), "--once"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "judged 4 turn(s)" in result.stdout
+    store = Store.for_run_dir(run_dir)
+    assert store.judgment(turn_ids[0]).score == -1
+    assert all(store.judgment(turn_id) is not None for turn_id in turn_ids[:4])
