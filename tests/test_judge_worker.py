@@ -97,3 +97,16 @@ def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
     store = Store.for_run_dir(run_dir)
     assert store.judgment(turn_ids[0]).score == -1
     assert all(store.judgment(turn_id) is not None for turn_id in turn_ids[:4])
+
+
+def test_judge_figures_are_on_metrics(tool_model_dir: Path, run_dir: Path) -> None:
+    with start_server(tool_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05)) as server:
+        _session, turn_ids = converse(server.base_url, ["hi", CORRECTION, "thanks, perfect", "ok bye"])
+        store = Store.for_run_dir(run_dir)
+        for turn_id in turn_ids[:3]:
+            wait_for_judgment(store, turn_id)
+        text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
+    assert 'clawrl_judged_turns_total{policy_version="0"} 3.0' in text
+    assert 'clawrl_judge_mean_score{policy_version="0"} 0.333' in text  # -1, +1, +1
+    assert 'clawrl_judge_vote_agreement{policy_version="0"} 1.0' in text
+    assert 'clawrl_judge_invalid_votes_total{policy_version="0"} 0.0' in text

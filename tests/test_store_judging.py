@@ -11,7 +11,7 @@ from tests.test_session_inference import record, user
 
 def judgment(turn_id: str, score: int = 1) -> NewJudgment:
     return NewJudgment(
-        turn_id=turn_id, score=score, votes=[score], rationale="r", hint=None, hint_candidates=[],
+        turn_id=turn_id, score=score, votes=[score], vote_agreement=1.0, invalid_votes=0, rationale="r", hint=None, hint_candidates=[],
         source="rule", judge_model="rule", latency_s=0.0,
     )
 

@@ -80,6 +80,8 @@ def final_judgment(case: JudgeCase, verdict: BackendVerdict, judge_model: str, l
         turn_id=case.turn_id,
         score=score,
         votes=verdict.votes,
+        vote_agreement=sum(vote == verdict.score for vote in verdict.votes) / max(1, len(verdict.votes)),
+        invalid_votes=sum(vote is None for vote in verdict.votes),
         rationale=verdict.rationale,
         hint=hint,
         hint_candidates=[{"hint": text, "overlap": None} for text in candidates],

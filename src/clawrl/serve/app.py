@@ -102,7 +102,7 @@ def _is_utf8_encodable(text: str) -> bool:
 def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None) -> FastAPI:
     """The app; with `judge`, the judge loop runs as a background task of this process."""
     served_name = config.served_model_name or engine.model_name
-    metrics = ServeMetrics()
+    metrics = ServeMetrics(store)
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
 
     @contextlib.asynccontextmanager
@@ -141,7 +141,9 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.policy_version.set(engine.policy_version)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # the judge figures are a store query: keep it off the event loop
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

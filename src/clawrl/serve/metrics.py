@@ -3,12 +3,43 @@ run several servers in one process)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from clawrl.store import Store
+
+
+class JudgmentCollector:
+    """Judge figures read from the store at scrape time, so verdicts written by a standalone
+    `clawrl judge` on another machine show up here too. Per policy version: how many turns were
+    judged (its rate is judged turns per second), the mean score (the live "eval score"), vote
+    agreement, unparseable votes and total judge latency (divide by the count for the mean)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        judged = CounterMetricFamily("clawrl_judged_turns", "Turns judged", labels=["policy_version"])
+        score = GaugeMetricFamily("clawrl_judge_mean_score", "Mean judged score", labels=["policy_version"])
+        agreement = GaugeMetricFamily("clawrl_judge_vote_agreement", "Mean share of votes equal to the score", labels=["policy_version"])
+        invalid = CounterMetricFamily("clawrl_judge_invalid_votes", "Judge votes that could not be parsed", labels=["policy_version"])
+        latency = CounterMetricFamily("clawrl_judge_latency_seconds", "Total time spent judging", labels=["policy_version"])
+        for row in self.store.judgment_stats():
+            version = [str(row.policy_version)]
+            judged.add_metric(version, row.judged)
+            score.add_metric(version, row.mean_score)
+            agreement.add_metric(version, row.mean_vote_agreement)
+            invalid.add_metric(version, row.invalid_votes)
+            latency.add_metric(version, row.latency_s_total)
+        yield from (judged, score, agreement, invalid, latency)
 
 
 class ServeMetrics:
-    def __init__(self) -> None:
+    def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
+        self.registry.register(JudgmentCollector(store))
         self.requests = Counter(
             "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
         )

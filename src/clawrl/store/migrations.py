@@ -27,8 +27,12 @@ class SchemaTooNewError(RuntimeError):
 
 
 def migrate(engine: Engine) -> int:
-    """Bring the database to SCHEMA_VERSION and return the version it was at before."""
-    with engine.begin() as connection:
+    """Bring the database to SCHEMA_VERSION and return the version it was at before.
+
+    Runs as a write transaction from the start (BEGIN IMMEDIATE on SQLite): other processes may be
+    writing to the same store while this one opens it.
+    """
+    with engine.execution_options(clawrl_write=True).begin() as connection:
         Base.metadata.create_all(connection)
         row = connection.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
         found = int(row) if row is not None else SCHEMA_VERSION
@@ -36,6 +40,7 @@ def migrate(engine: Engine) -> int:
             raise SchemaTooNewError(f"database schema v{found} is newer than this clawrl (v{SCHEMA_VERSION})")
         for version in range(found + 1, SCHEMA_VERSION + 1):
             MIGRATIONS[version](connection)
-        connection.execute(Meta.__table__.delete().where(Meta.key == "schema_version"))
-        connection.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+        if row is None or found != SCHEMA_VERSION:
+            connection.execute(Meta.__table__.delete().where(Meta.key == "schema_version"))
+            connection.execute(Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
     return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, exists, or_, select, tuple_, update
+from sqlalchemy import create_engine, delete, event, exists, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -58,12 +58,24 @@ class NewJudgment:
     turn_id: str
     score: int
     votes: list[int | None]
+    vote_agreement: float
+    invalid_votes: int
     rationale: str | None
     hint: str | None
     hint_candidates: list[dict[str, Any]]
     source: str
     judge_model: str
     latency_s: float
+
+
+@dataclass
+class JudgmentStats:
+    policy_version: int
+    judged: int
+    mean_score: float
+    mean_vote_agreement: float
+    invalid_votes: int
+    latency_s_total: float
 
 
 class Store:
@@ -243,6 +255,24 @@ class Store:
     def judgment(self, turn_id: str) -> JudgmentRow | None:
         with self.read() as db:
             return db.get(JudgmentRow, turn_id)
+
+    def judgment_stats(self) -> list[JudgmentStats]:
+        """Aggregates of all verdicts per policy version (what `/metrics` exports)."""
+        query = (
+            select(
+                TurnRow.policy_version,
+                func.count(JudgmentRow.turn_id),
+                func.avg(JudgmentRow.score),
+                func.avg(JudgmentRow.vote_agreement),
+                func.sum(JudgmentRow.invalid_votes),
+                func.sum(JudgmentRow.latency_s),
+            )
+            .join(TurnRow, TurnRow.id == JudgmentRow.turn_id)
+            .group_by(TurnRow.policy_version)
+            .order_by(TurnRow.policy_version)
+        )
+        with self.read() as db:
+            return [JudgmentStats(*row) for row in db.execute(query)]
 
     def turn_context(self, turn_id: str) -> tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]:
         """A turn with its next state and explicit feedback (oldest first): what a judge needs."""

@@ -103,6 +103,8 @@ class JudgmentRow(Base):
     turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), primary_key=True)
     score: Mapped[int] = mapped_column(Integer)  # +1, -1 or 0
     votes: Mapped[list[int | None]] = mapped_column(JSON)  # each PRM vote; None = unparseable
+    vote_agreement: Mapped[float] = mapped_column(Float)  # share of votes equal to the score
+    invalid_votes: Mapped[int] = mapped_column(Integer)  # votes the parser could not read
     rationale: Mapped[str | None] = mapped_column(Text, nullable=True)  # one representative reasoning
     hint: Mapped[str | None] = mapped_column(Text, nullable=True)  # the chosen directive hint
     hint_candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{"hint", "overlap"}]
