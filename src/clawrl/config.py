@@ -121,10 +121,11 @@ class ServeConfig(_Settings):
 class JudgeConfig(_Settings):
     """The judge loop (DESIGN §5): which backend scores turns, and how the worker paces itself."""
 
-    judge: Literal["rule", "off"] = Field(
+    judge: Literal["rule", "openai", "off"] = Field(
         "rule",
         validation_alias=_env("judge"),
-        description="Judge backend: `rule` (deterministic rules over the next state; the CPU default) or "
+        description="Judge backend: `rule` (deterministic rules over the next state; the CPU default), "
+        "`openai` (a language model behind any OpenAI-compatible endpoint: --judge-url, --judge-model) or "
         "`off` (record only; run `clawrl judge` elsewhere).",
     )
     judge_concurrency: int = Field(
@@ -141,4 +142,50 @@ class JudgeConfig(_Settings):
     )
     judge_poll_s: float = Field(
         0.5, gt=0, validation_alias=_env("judge_poll_s"), description="Pause between looks for new turns when idle."
+    )
+    judge_url: str | None = Field(
+        None,
+        validation_alias=_env("judge_url"),
+        description="Base URL of the OpenAI-compatible judge endpoint, up to `/v1` (needed by --judge openai).",
+    )
+    judge_model: str | None = Field(
+        None,
+        validation_alias=_env("judge_model"),
+        description="Model id the judge endpoint serves (needed by --judge openai); stored as each judgment's source.",
+    )
+    judge_api_key: str | None = Field(
+        None,
+        validation_alias=_env("judge_api_key"),
+        description="Sent as `Authorization: Bearer <key>` to the judge endpoint when set.",
+    )
+    prm_m: int = Field(
+        1,
+        ge=1,
+        validation_alias=_env("prm_m"),
+        description="PRM votes (and hint-judge samples) per turn, run concurrently; the majority wins, a tie is 0.",
+    )
+    judge_temperature: float = Field(
+        0.6,
+        ge=0,
+        validation_alias=_env("judge_temperature"),
+        description="Sampling temperature of the judge calls; above 0 so that several votes can disagree.",
+    )
+    judge_max_tokens: int = Field(
+        512,
+        ge=1,
+        validation_alias=_env("judge_max_tokens"),
+        description="Response limit of one judge call: room for the reasoning before the boxed score.",
+    )
+    judge_retries: int = Field(
+        4,
+        ge=1,
+        validation_alias=_env("judge_retries"),
+        description="Attempts per judge call on transport errors, timeouts and 5xx (back-off 0.2 s, 0.4 s, ...); "
+        "4xx is never retried.",
+    )
+    judge_call_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        validation_alias=_env("judge_call_timeout_s"),
+        description="Limit on one judge call; a call that runs past it is retried (--judge-timeout-s bounds the turn).",
     )

@@ -63,8 +63,14 @@ class RuleJudge:
 
 
 def build_backend(config: JudgeConfig) -> JudgeBackend:
+    """The backend `--judge` names; raises ValueError when it cannot judge as configured."""
     if config.judge == "rule":
         return RuleJudge()
+    if config.judge == "openai":
+        # imported here, not at the top: the backend builds on this module's types
+        from clawrl.judge.openai_backend import OpenAIJudge
+
+        return OpenAIJudge.from_config(config)
     raise ValueError(f"judge backend {config.judge!r} cannot judge")
 
 

@@ -1,0 +1,112 @@
+"""The `openai` judge backend: a language model behind any OpenAI-compatible endpoint.
+
+For each turn it samples `prm_m` PRM outputs and `prm_m` hint-judge outputs, all at once, and
+reads them with the defensive parsers of `judge/parsing.py`: the score is the majority of the
+valid votes (0 on a tie or when none is valid) and every valid hint is a candidate.
+
+Remote endpoints fail in passing (dropped connections, overloaded servers answering 5xx, calls
+that hang), so each call has its own timeout and is retried with exponential back-off. A 4xx is
+the endpoint refusing this request (bad model id, bad key, prompt too long): asking again cannot
+help, so it fails the turn at once and the worker gives the turn back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from clawrl.config import JudgeConfig
+from clawrl.judge.parsing import parse_hint, prm_verdict
+from clawrl.judge.prompts import hint_messages, prm_messages
+from clawrl.judge.worker import BackendVerdict, JudgeCase
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIJudge:
+    """PRM votes and hint candidates from an OpenAI-compatible `/chat/completions` endpoint."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        votes: int = 1,
+        temperature: float = 0.6,
+        max_tokens: int = 512,
+        attempts: int = 4,
+        call_timeout_s: float = 20.0,
+        backoff_s: float = 0.2,
+    ) -> None:
+        self.name = model  # stored as the judgment's source and judge model
+        self.url = url.rstrip("/")
+        self.model = model
+        self.votes = votes
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.attempts = attempts
+        self.call_timeout_s = call_timeout_s
+        self.backoff_s = backoff_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    @classmethod
+    def from_config(cls, config: JudgeConfig) -> OpenAIJudge:
+        if not config.judge_url or not config.judge_model:
+            raise ValueError("--judge openai needs --judge-url and --judge-model")
+        return cls(
+            config.judge_url,
+            config.judge_model,
+            api_key=config.judge_api_key,
+            votes=config.prm_m,
+            temperature=config.judge_temperature,
+            max_tokens=config.judge_max_tokens,
+            attempts=config.judge_retries,
+            call_timeout_s=config.judge_call_timeout_s,
+        )
+
+    async def judge(self, case: JudgeCase) -> BackendVerdict:
+        """All 2·m calls concurrently; any call that finally fails fails the whole turn.
+
+        A verdict built from the surviving votes would quietly change what "majority of m" means,
+        so the turn is given back and judged again in full. The client lives for one turn because
+        a worker may be driven from different event loops (an httpx pool is bound to its loop).
+        """
+        prm_request = prm_messages(case.response_text, case.tool_calls, case.next_state)
+        hint_request = hint_messages(case.response_text, case.tool_calls, case.next_state)
+        async with httpx.AsyncClient(headers=self.headers, timeout=self.call_timeout_s) as client:
+            try:
+                async with asyncio.TaskGroup() as calls:  # the first failure cancels the other calls
+                    prm_calls = [calls.create_task(self._complete(client, prm_request)) for _ in range(self.votes)]
+                    hint_calls = [calls.create_task(self._complete(client, hint_request)) for _ in range(self.votes)]
+            except ExceptionGroup as failures:  # the first failure itself, for the worker's log and callers
+                raise failures.exceptions[0] from None
+        verdict = prm_verdict([call.result() for call in prm_calls])
+        hints = [parse_hint(call.result()) for call in hint_calls]
+        return BackendVerdict(
+            score=verdict.score,
+            votes=verdict.votes,
+            rationale=verdict.rationale,
+            hint_candidates=list(dict.fromkeys(hint for hint in hints if hint is not None)),  # in order, no repeats
+        )
+
+    async def _complete(self, client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> str:
+        """One sampled output, retried on transport errors, timeouts and 5xx; raises on 4xx or when out of attempts."""
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens}
+        for attempt in range(self.attempts):
+            try:
+                response = await client.post(f"{self.url}/chat/completions", json=body)
+                response.raise_for_status()
+            except (httpx.TransportError, httpx.HTTPStatusError) as error:  # timeouts are transport errors
+                retryable = not isinstance(error, httpx.HTTPStatusError) or error.response.is_server_error
+                if not retryable or attempt + 1 == self.attempts:
+                    raise
+                delay = self.backoff_s * 2**attempt
+                log.warning("judge call failed (%r); retrying in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            return response.json()["choices"][0]["message"]["content"] or ""
+        raise AssertionError("unreachable: the last attempt returns or raises")
