@@ -1,0 +1,50 @@
+"""The vocabulary shared by the trainer loop and the update math.
+
+A `Sample` is what the store yields for one judged main turn: the exact token ids the engine
+saw and produced, the log-probs it reported, and the training signal (reward, teacher
+log-probs). `StepMetrics` is what one optimizer step reports; every field is a plain number so
+that `dataclasses.asdict` gives a JSON-serialisable record for the store, `/metrics` and
+TensorBoard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Sample:
+    """One judged main turn turned into training signal (DESIGN §6)."""
+
+    turn_id: str
+    prompt_token_ids: list[int]  # exactly what the engine was fed (from the store)
+    response_token_ids: list[int]  # exactly what it produced
+    behaviour_logprobs: list[float]  # the engine's log-probs at `policy_version` (pi_behaviour)
+    policy_version: int  # the version that produced the turn
+    reward: float  # PRM/feedback score r in {-1, 0, +1}; 0 for OPD-only samples
+    teacher_logprobs: list[float] | None = None  # OPD: log pi_T of the same response tokens under the hinted prompt
+    teacher_topk_ids: list[list[int]] | None = None  # --opd-topk K: teacher's top-K ids per response position
+    teacher_topk_logprobs: list[list[float]] | None = None  # their log-probs, aligned with teacher_topk_ids
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step did. Means are over response tokens unless the name says samples."""
+
+    loss: float = 0.0  # the optimised objective (token mean over the whole batch)
+    clip_fraction: float = 0.0  # share of tokens whose ratio was clipped (gradient stopped)
+    approx_kl: float = 0.0  # k3 estimate of KL(pi_old || pi_theta) at the start of the step's last forward
+    entropy: float = 0.0  # mean entropy of the policy over response positions (nats)
+    kl_to_reference: float = 0.0  # k3 estimate of KL(pi_theta || pi_ref); 0 when kl_beta is 0 (not computed)
+    topk_reverse_kl: float = 0.0  # mean top-K reverse KL to the teacher; 0 unless opd_topk is set
+    mean_advantage: float = 0.0  # mean per-token advantage
+    mean_reward: float = 0.0  # mean reward over samples
+    opd_fraction: float = 0.0  # share of samples that carried teacher log-probs
+    logprob_drift: float = 0.0  # mean |log pi_old - log pi_behaviour| over response tokens
+    mean_is_weight: float = 0.0  # mean truncated importance weight min(pi_old / pi_behaviour, cap)
+    mean_staleness: float = 0.0  # trainer version minus behaviour version, mean over samples (set by the trainer)
+    num_samples: int = 0
+    num_tokens: int = 0  # response tokens trained on
+    grad_norm: float = 0.0  # global gradient norm before clipping
+    step_seconds: float = 0.0  # wall time of the whole update step
+    tokens_per_s: float = 0.0  # num_tokens / step_seconds
