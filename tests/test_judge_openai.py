@@ -8,6 +8,8 @@ hint calls (told apart by their system prompt): an output, an HTTP status, or a 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import json
 import threading
 import time
@@ -25,7 +27,8 @@ from clawrl.cli import build_parser, config_from_args
 from clawrl.config import JudgeConfig
 from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.judge.prompts import PRM_SYSTEM
-from clawrl.judge.worker import BackendVerdict, JudgeCase, JudgeWorker, build_backend
+from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.worker import JudgeWorker, build_backend
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
 from tests.test_session_inference import record, user
@@ -123,6 +126,9 @@ def case() -> JudgeCase:
     return JudgeCase(
         turn_id="t1",
         messages=[user("Write a short note to my team about Friday.")],
+        tools=None,
+        prompt_token_ids=[],  # only hint selection reads token ids, and these tests have no engine
+        response_token_ids=[],
         response_text="**Friday**\n1. Meeting at 10",
         tool_calls=None,
         next_state=[user("too AI-like, rewrite it without the bold")],
@@ -230,10 +236,10 @@ def test_the_worker_stores_votes_score_hint_and_judge_model(judge_server: Script
     judgment = store.judgment("t1")
     assert judgment.score == -1 and sorted_votes(judgment.votes) == [-1, -1, 1]
     assert judgment.hint == PLAIN_PROSE
-    assert judgment.source == MODEL and judgment.judge_model == MODEL
+    assert judgment.source == "prm" and judgment.judge_model == MODEL
     assert judgment.rationale.endswith("\\boxed{-1}")
     shown = session_detail(store, "s1")["turns"][0]["judgment"]
-    assert shown == {"score": -1, "votes": judgment.votes, "hint": PLAIN_PROSE, "source": MODEL}
+    assert shown == {"score": -1, "votes": judgment.votes, "hint": PLAIN_PROSE, "source": "prm"}
 
 
 def test_two_workers_on_one_store_judge_each_turn_once(judge_server: ScriptedJudge, tmp_path: Path) -> None:
@@ -278,3 +284,37 @@ def test_cli_flags_configure_the_openai_judge() -> None:
     judge_backend = build_backend(config_from_args(JudgeConfig, args))
     assert isinstance(judge_backend, OpenAIJudge)
     assert (judge_backend.name, judge_backend.url, judge_backend.votes) == (MODEL, "http://judge:8000/v1", 3)
+
+
+def test_a_worker_killed_mid_judgment_leaves_the_turn_to_a_restarted_worker(judge_server: ScriptedJudge, tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("Write a short note to my team about Friday.")], "**Friday**")
+    record(store, "t2", "s1", [user("no, rewrite it")], "Friday.", continues_turn_id="t1", next_state=[user("no, rewrite it")])
+    judge_server.script(prm=[Hang(30)])  # the first worker's call hangs: it is mid-judgment when killed
+    command = [sys.executable, "-m", "clawrl.cli", "judge", "--run-dir", str(tmp_path), "--judge", "openai",
+               "--judge-url", judge_server.url, "--judge-model", MODEL, "--judge-lease-s", "1", "--judge-poll-s", "0.05"]
+    worker_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not judge_server.prm_requests():  # the judge call is in flight
+            assert time.monotonic() < deadline and worker_process.poll() is None, "the worker never called the judge"
+            time.sleep(0.05)
+        worker_process.kill()  # SIGKILL: no chance to give the lease back
+        worker_process.wait(timeout=10)
+    finally:
+        worker_process.kill()
+    assert store.judgment("t1") is None
+    assert store.claim_turns_to_judge("early", 1, 60.0) == []  # still leased to the dead worker
+    config = JudgeConfig(judge="openai", judge_url=judge_server.url, judge_model=MODEL, judge_poll_s=0.05)
+    restarted = JudgeWorker(store, build_backend(config), config)
+    judge_server.script(prm=["The user asked for a rewrite. \\boxed{-1}"])
+
+    async def until_judged() -> None:
+        deadline = time.monotonic() + 10
+        while await asyncio.to_thread(store.judgment, "t1") is None:  # once the lease expires
+            assert time.monotonic() < deadline, "the turn was never judged"
+            if not await restarted.judge_available():
+                await asyncio.sleep(0.05)
+
+    asyncio.run(until_judged())
+    assert store.judgment("t1").score == -1

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 
 from clawrl.config import JudgeConfig
-from clawrl.judge.worker import BackendVerdict, JudgeCase, JudgeWorker, RuleJudge
+from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.worker import JudgeWorker, RuleJudge
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
 from tests.conftest import start_server

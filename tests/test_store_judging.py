@@ -74,3 +74,11 @@ def test_session_detail_shows_each_turns_judgment(tmp_path: Path) -> None:
     turns = session_detail(store, "s1")["turns"]
     assert turns[0]["judgment"] == {"score": -1, "votes": [-1], "hint": None, "source": "rule"}
     assert turns[1]["judgment"] is None
+
+
+def test_a_turn_is_no_longer_claimed_after_max_attempts(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    for attempt in range(3):  # three claims, each failing and given back
+        assert "t1" in store.claim_turns_to_judge(f"w{attempt}", 1, 60.0, max_attempts=3)
+        store.release_lease("t1", f"w{attempt}")
+    assert store.claim_turns_to_judge("w3", 10, 60.0, max_attempts=3) == ["t2", "t3"]  # t1 is given up, not the others

@@ -72,16 +72,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store_config = config_from_args(StoreConfig, args)
     serve_config = config_from_args(ServeConfig, args)
     store = Store(store_config.resolved_database_url())
-    app = create_app(build_engine(engine_config), store, serve_config, _judge_worker(store, config_from_args(JudgeConfig, args)))
+    engine = build_engine(engine_config)
+    judge = _judge_worker(store, config_from_args(JudgeConfig, args), engine, engine_config)
+    app = create_app(engine, store, serve_config, judge)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
     return 0
 
 
-def _judge_worker(store: Any, config: JudgeConfig) -> Any:
+def _judge_worker(store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None) -> Any:
+    """The judge loop as configured (None with --judge off).
+
+    Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
+    engine can read: inside `clawrl serve` it uses the serving engine; a standalone judge keeps
+    the longest hint.
+    """
+    from clawrl.judge.selection import OverlapSelector
     from clawrl.judge.worker import JudgeWorker, build_backend
 
-    return None if config.judge == "off" else JudgeWorker(store, build_backend(config), config)
+    if config.judge == "off":
+        return None
+    try:
+        backend = build_backend(config, serving_engine, engine_config)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    selector = OverlapSelector(serving_engine, config.hint_top_k) if serving_engine is not None else None
+    return JudgeWorker(store, backend, config, selector=selector)
 
 
 def cmd_judge(args: argparse.Namespace) -> int:

@@ -121,11 +121,12 @@ class ServeConfig(_Settings):
 class JudgeConfig(_Settings):
     """The judge loop (DESIGN §5): which backend scores turns, and how the worker paces itself."""
 
-    judge: Literal["rule", "openai", "off"] = Field(
+    judge: Literal["rule", "openai", "engine", "off"] = Field(
         "rule",
         validation_alias=_env("judge"),
         description="Judge backend: `rule` (deterministic rules over the next state; the CPU default), "
-        "`openai` (a language model behind any OpenAI-compatible endpoint: --judge-url, --judge-model) or "
+        "`openai` (a language model behind any OpenAI-compatible endpoint: --judge-url, --judge-model), "
+        "`engine` (the serving model itself, or a second local model named by --judge-model) or "
         "`off` (record only; run `clawrl judge` elsewhere).",
     )
     judge_concurrency: int = Field(
@@ -151,7 +152,8 @@ class JudgeConfig(_Settings):
     judge_model: str | None = Field(
         None,
         validation_alias=_env("judge_model"),
-        description="Model id the judge endpoint serves (needed by --judge openai); stored as each judgment's source.",
+        description="With --judge openai: the model id the endpoint serves (required). With --judge engine: a local "
+        "model directory or hub id to judge with instead of the serving model. Stored with each judgment.",
     )
     judge_api_key: str | None = Field(
         None,
@@ -188,4 +190,18 @@ class JudgeConfig(_Settings):
         gt=0,
         validation_alias=_env("judge_call_timeout_s"),
         description="Limit on one judge call; a call that runs past it is retried (--judge-timeout-s bounds the turn).",
+    )
+    judge_max_attempts: int = Field(
+        5,
+        ge=1,
+        validation_alias=_env("judge_max_attempts"),
+        description="Claims of one turn before judging it is given up (a turn whose judge prompt can never work, "
+        "say); such a turn stays unjudged and untrained, and the worker moves on.",
+    )
+    hint_top_k: int = Field(
+        4,
+        ge=1,
+        validation_alias=_env("hint_top_k"),
+        description="k of overlap-guided hint selection: top-k tokens per response position compared between the "
+        "student prompt and each hinted teacher prompt.",
     )

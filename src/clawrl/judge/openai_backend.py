@@ -1,8 +1,8 @@
 """The `openai` judge backend: a language model behind any OpenAI-compatible endpoint.
 
-For each turn it samples `prm_m` PRM outputs and `prm_m` hint-judge outputs, all at once, and
-reads them with the defensive parsers of `judge/parsing.py`: the score is the majority of the
-valid votes (0 on a tie or when none is valid) and every valid hint is a candidate.
+For each turn it samples `prm_m` PRM outputs and `prm_m` hint-judge outputs, all at once
+(`judge/sampled.py`): the score is the majority of the valid votes (0 on a tie or when none is
+valid) and every valid hint is a candidate.
 
 Remote endpoints fail in passing (dropped connections, overloaded servers answering 5xx, calls
 that hang), so each call has its own timeout and is retried with exponential back-off. A 4xx is
@@ -19,9 +19,8 @@ from typing import Any
 import httpx
 
 from clawrl.config import JudgeConfig
-from clawrl.judge.parsing import parse_hint, prm_verdict
-from clawrl.judge.prompts import hint_messages, prm_messages
-from clawrl.judge.worker import BackendVerdict, JudgeCase
+from clawrl.judge.sampled import judge_by_sampling
+from clawrl.judge.types import BackendVerdict, JudgeCase
 
 log = logging.getLogger(__name__)
 
@@ -69,29 +68,10 @@ class OpenAIJudge:
         )
 
     async def judge(self, case: JudgeCase) -> BackendVerdict:
-        """All 2·m calls concurrently; any call that finally fails fails the whole turn.
-
-        A verdict built from the surviving votes would quietly change what "majority of m" means,
-        so the turn is given back and judged again in full. The client lives for one turn because
-        a worker may be driven from different event loops (an httpx pool is bound to its loop).
-        """
-        prm_request = prm_messages(case.response_text, case.tool_calls, case.next_state)
-        hint_request = hint_messages(case.response_text, case.tool_calls, case.next_state)
+        # The client lives for one turn because a worker may be driven from different event loops
+        # (an httpx pool is bound to its loop).
         async with httpx.AsyncClient(headers=self.headers, timeout=self.call_timeout_s) as client:
-            try:
-                async with asyncio.TaskGroup() as calls:  # the first failure cancels the other calls
-                    prm_calls = [calls.create_task(self._complete(client, prm_request)) for _ in range(self.votes)]
-                    hint_calls = [calls.create_task(self._complete(client, hint_request)) for _ in range(self.votes)]
-            except ExceptionGroup as failures:  # the first failure itself, for the worker's log and callers
-                raise failures.exceptions[0] from None
-        verdict = prm_verdict([call.result() for call in prm_calls])
-        hints = [parse_hint(call.result()) for call in hint_calls]
-        return BackendVerdict(
-            score=verdict.score,
-            votes=verdict.votes,
-            rationale=verdict.rationale,
-            hint_candidates=list(dict.fromkeys(hint for hint in hints if hint is not None)),  # in order, no repeats
-        )
+            return await judge_by_sampling(case, self.votes, lambda messages: self._complete(client, messages))
 
     async def _complete(self, client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> str:
         """One sampled output, retried on transport errors, timeouts and 5xx; raises on 4xx or when out of attempts."""

@@ -12,41 +12,17 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Protocol
 
-from clawrl.config import JudgeConfig
+from clawrl.config import EngineConfig, JudgeConfig
+from clawrl.engines.base import Engine
 from clawrl.engines.chat import content_text
+from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import rule_hint, rule_score
+from clawrl.judge.selection import choose_hint
+from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend, JudgeCase
 from clawrl.store import NewJudgment, Store
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class JudgeCase:
-    """What a judge sees of one turn."""
-
-    turn_id: str
-    messages: list[dict[str, Any]]  # the request the answer was given to
-    response_text: str
-    tool_calls: list[dict[str, Any]] | None
-    next_state: list[dict[str, Any]]
-    feedback: list[tuple[int, str | None]]  # explicit (score, text), oldest first
-
-
-@dataclass
-class BackendVerdict:
-    score: int
-    votes: list[int | None]
-    rationale: str | None
-    hint_candidates: list[str]
-
-
-class JudgeBackend(Protocol):
-    name: str
-
-    async def judge(self, case: JudgeCase) -> BackendVerdict: ...
 
 
 class RuleJudge:
@@ -59,29 +35,46 @@ class RuleJudge:
         score = rule_score(case.next_state, previous_user_text=previous_user)
         # a directive inside praise ("thanks! please also add tests") is not a correction of this turn
         hint = rule_hint(case.next_state) if score <= 0 else None
-        return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=[hint] if hint else [])
+        return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=[hint] if hint else [], source="rule")
 
 
-def build_backend(config: JudgeConfig) -> JudgeBackend:
-    """The backend `--judge` names; raises ValueError when it cannot judge as configured."""
+def build_backend(
+    config: JudgeConfig, serving_engine: Engine | None = None, engine_config: EngineConfig | None = None
+) -> JudgeBackend:
+    """The backend `--judge` names; raises ValueError when it cannot judge as configured.
+
+    `serving_engine` is the engine of `clawrl serve`, which `--judge engine` uses unless
+    `--judge-model` names a second model (built from `engine_config` with that model).
+    """
+    # the language-model backends are imported here, not at the top: they build on this module's types
     if config.judge == "rule":
         return RuleJudge()
     if config.judge == "openai":
-        # imported here, not at the top: the backend builds on this module's types
         from clawrl.judge.openai_backend import OpenAIJudge
 
         return OpenAIJudge.from_config(config)
+    if config.judge == "engine":
+        from clawrl.judge.engine_backend import EngineJudge
+
+        return EngineJudge.from_config(config, serving_engine, engine_config or EngineConfig())
     raise ValueError(f"judge backend {config.judge!r} cannot judge")
 
 
-def final_judgment(case: JudgeCase, verdict: BackendVerdict, judge_model: str, latency_s: float) -> NewJudgment:
-    """The judge's verdict, with explicit feedback outranking its score and its text joining the hints."""
-    candidates = list(verdict.hint_candidates)
-    score, source = verdict.score, judge_model
+def hint_candidates(case: JudgeCase, verdict: BackendVerdict) -> list[str]:
+    """The judge's hints, then the texts of explicit feedback long enough to direct the teacher."""
+    feedback_texts = [text.strip() for _, text in case.feedback if text and len(text.strip()) >= MIN_HINT_CHARS]
+    return list(dict.fromkeys([*verdict.hint_candidates, *feedback_texts]))
+
+
+def final_judgment(
+    case: JudgeCase, verdict: BackendVerdict, judge_model: str, latency_s: float, overlaps: list[int | None] | None = None
+) -> NewJudgment:
+    """The judge's verdict, with explicit feedback outranking its score and the hint chosen by overlap."""
+    candidates = hint_candidates(case, verdict)
+    overlaps = overlaps if overlaps is not None else [None] * len(candidates)
+    score, source = verdict.score, verdict.source
     if case.feedback:
         score, source = case.feedback[-1][0], "feedback"
-        candidates += [text for _, text in case.feedback if text and len(text.strip()) >= 10]
-    hint = max(candidates, key=len) if candidates else None  # overlap-guided selection comes with the engine backend
     return NewJudgment(
         turn_id=case.turn_id,
         score=score,
@@ -89,8 +82,8 @@ def final_judgment(case: JudgeCase, verdict: BackendVerdict, judge_model: str, l
         vote_agreement=sum(vote == verdict.score for vote in verdict.votes) / max(1, len(verdict.votes)),
         invalid_votes=sum(vote is None for vote in verdict.votes),
         rationale=verdict.rationale,
-        hint=hint,
-        hint_candidates=[{"hint": text, "overlap": None} for text in candidates],
+        hint=choose_hint(candidates, overlaps),
+        hint_candidates=[{"hint": text, "overlap": overlap} for text, overlap in zip(candidates, overlaps, strict=True)],
         source=source,
         judge_model=judge_model,
         latency_s=latency_s,
@@ -98,8 +91,20 @@ def final_judgment(case: JudgeCase, verdict: BackendVerdict, judge_model: str, l
 
 
 class JudgeWorker:
-    def __init__(self, store: Store, backend: JudgeBackend, config: JudgeConfig, worker_id: str | None = None) -> None:
-        self.store, self.backend, self.config = store, backend, config
+    """Claims judgeable turns, judges them with `backend`, picks hints with `selector`, writes verdicts.
+
+    Without a selector (a standalone worker with no local model) the longest hint candidate wins.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        backend: JudgeBackend,
+        config: JudgeConfig,
+        worker_id: str | None = None,
+        selector: HintSelector | None = None,
+    ) -> None:
+        self.store, self.backend, self.config, self.selector = store, backend, config, selector
         self.worker_id = worker_id or f"judge-{uuid.uuid4().hex[:12]}"
         self.judged = 0
 
@@ -116,7 +121,11 @@ class JudgeWorker:
     async def judge_available(self) -> int:
         """Claim what is judgeable now and judge it; returns how many verdicts were written."""
         turn_ids = await asyncio.to_thread(
-            self.store.claim_turns_to_judge, self.worker_id, self.config.judge_concurrency, self.config.judge_lease_s
+            self.store.claim_turns_to_judge,
+            self.worker_id,
+            self.config.judge_concurrency,
+            self.config.judge_lease_s,
+            max_attempts=self.config.judge_max_attempts,
         )
         results = await asyncio.gather(*(self._judge_turn(turn_id) for turn_id in turn_ids))
         return sum(results)
@@ -125,15 +134,24 @@ class JudgeWorker:
         started = time.perf_counter()
         case = await asyncio.to_thread(_load_case, self.store, turn_id)
         try:
-            verdict = await asyncio.wait_for(self.backend.judge(case), self.config.judge_timeout_s)
+            async with asyncio.timeout(self.config.judge_timeout_s):
+                verdict = await self.backend.judge(case)
+                overlaps = await self._overlaps(case, verdict)
         except Exception:  # timed out or failed: give the turn back for another attempt
             log.exception("judging turn %s failed", turn_id)
             await asyncio.to_thread(self.store.release_lease, turn_id, self.worker_id)
             return False
-        judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started)
+        judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps)
         written = await asyncio.to_thread(self.store.record_judgment, judgment)
         self.judged += written
         return written
+
+    async def _overlaps(self, case: JudgeCase, verdict: BackendVerdict) -> list[int | None] | None:
+        """Overlap of each hint candidate, when there is a choice to make and an engine to make it."""
+        candidates = hint_candidates(case, verdict)
+        if self.selector is None or len(candidates) < 2:
+            return None
+        return list(await self.selector.overlaps(case, candidates))
 
 
 def _load_case(store: Store, turn_id: str) -> JudgeCase:
@@ -141,6 +159,9 @@ def _load_case(store: Store, turn_id: str) -> JudgeCase:
     return JudgeCase(
         turn_id=turn.id,
         messages=turn.messages,
+        tools=turn.tools,
+        prompt_token_ids=turn.prompt_token_ids,
+        response_token_ids=turn.response_token_ids,
         response_text=turn.response_text,
         tool_calls=turn.tool_calls,
         next_state=next_state.messages if next_state is not None else [],

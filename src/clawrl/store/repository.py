@@ -205,12 +205,15 @@ class Store:
             return row.id
 
     # --- judging ------------------------------------------------------------------------------
-    def claim_turns_to_judge(self, worker_id: str, limit: int, lease_s: float, now: float | None = None) -> list[str]:
+    def claim_turns_to_judge(
+        self, worker_id: str, limit: int, lease_s: float, now: float | None = None, max_attempts: int | None = None
+    ) -> list[str]:
         """Lease up to `limit` judgeable turns to `worker_id`, oldest first; returns their ids.
 
         Judgeable: a main turn the client received, with a next state or explicit feedback, not
-        judged yet, and not leased to a worker whose lease is still running. A lease left behind
-        by a killed worker expires after `lease_s` and the turn is claimed again.
+        judged yet, not leased to a worker whose lease is still running, and (with `max_attempts`)
+        not already claimed that many times. A lease left behind by a killed worker expires after
+        `lease_s` and the turn is claimed again.
         """
         now = time.time() if now is None else now
         has_next_state = exists().where(NextStateRow.turn_id == TurnRow.id)
@@ -225,6 +228,9 @@ class Store:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
+        if max_attempts is not None:
+            exhausted = exists().where(JudgeLeaseRow.turn_id == TurnRow.id, JudgeLeaseRow.attempts >= max_attempts)
+            query = query.where(~exhausted)
         with self.write() as db:
             turn_ids = list(db.scalars(query))
             for turn_id in turn_ids:
@@ -247,10 +253,18 @@ class Store:
         except IntegrityError:  # a concurrent writer on a server database inserted it first
             return False
 
-    def release_lease(self, turn_id: str, worker_id: str) -> None:
-        """Give a turn back early (the judge failed) so another attempt need not wait for expiry."""
+    def release_lease(self, turn_id: str, worker_id: str, now: float | None = None) -> None:
+        """Give a turn back early (the judge failed) so another attempt need not wait for expiry.
+
+        The lease is expired rather than deleted: its attempt count is what lets claims stop
+        retrying a turn that can never be judged (`max_attempts`)."""
+        expired = (time.time() if now is None else now) - 1.0
         with self.write() as db:
-            db.execute(delete(JudgeLeaseRow).where(JudgeLeaseRow.turn_id == turn_id, JudgeLeaseRow.worker_id == worker_id))
+            db.execute(
+                update(JudgeLeaseRow)
+                .where(JudgeLeaseRow.turn_id == turn_id, JudgeLeaseRow.worker_id == worker_id)
+                .values(expires_at=expired)
+            )
 
     def judgment(self, turn_id: str) -> JudgmentRow | None:
         with self.read() as db:

@@ -1,0 +1,57 @@
+"""Overlap-guided hint selection (DESIGN §5).
+
+When the judge offers several hints for one turn, the useful one is the hint that changes what the
+teacher would have said *at the tokens the student actually produced*. For each candidate h, the
+same recorded response is scored twice with the policy: under the student's prompt (the exact
+recorded prompt ids) and under the teacher prompt (the messages with h appended,
+`judge/hints.py`). At every response position we take the top-k token ids of both and count how
+many they share; the candidate with the largest total overlap wins.
+
+Why overlap rather than divergence: a hint that makes the teacher's distribution unrelated to the
+student's (off-topic, or one that asks for a different task) gives the distillation signal no
+footing, because the teacher's preferred tokens are not ones the student considers; a hint that
+keeps most of the student's candidates while re-ranking them is one the student can learn from.
+Ties go to the longer hint (more direction), which is also the fallback without a scoring engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clawrl.engines.base import Engine
+from clawrl.engines.chat import render_prompt
+from clawrl.judge.hints import teacher_messages
+from clawrl.judge.types import JudgeCase
+
+
+def topk_overlap(student_top_ids: list[list[int]], teacher_top_ids: list[list[int]]) -> int:
+    """Shared ids between the two top-k lists, summed over response positions."""
+    return sum(len(set(student) & set(teacher)) for student, teacher in zip(student_top_ids, teacher_top_ids, strict=True))
+
+
+def choose_hint(candidates: list[str], overlaps: list[int | None]) -> str | None:
+    """The candidate with the largest overlap, ties (and unknown overlaps) broken by length."""
+    if not candidates:
+        return None
+    ranked = zip(candidates, overlaps, strict=True)
+    return max(ranked, key=lambda pair: (pair[1] if pair[1] is not None else -1, len(pair[0])))[0]
+
+
+@dataclass
+class OverlapSelector:
+    """Scores hint candidates with an engine's teacher-forced top-k (`Engine.score`)."""
+
+    engine: Engine
+    top_k: int = 4
+
+    async def overlaps(self, case: JudgeCase, candidates: list[str]) -> list[int]:
+        """Each candidate's total top-k overlap with the student, over the recorded response."""
+        if not case.response_token_ids:
+            return [0 for _ in candidates]
+        student = await self.engine.score(case.prompt_token_ids, case.response_token_ids, top_k=self.top_k)
+        overlaps = []
+        for hint in candidates:
+            teacher_prompt_ids = render_prompt(self.engine.tokenizer, teacher_messages(case.messages, hint), case.tools)
+            teacher = await self.engine.score(teacher_prompt_ids, case.response_token_ids, top_k=self.top_k)
+            overlaps.append(topk_overlap(student.top_token_ids, teacher.top_token_ids))
+        return overlaps
