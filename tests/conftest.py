@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
-from clawrl.judge.worker import JudgeWorker, build_backend
+from clawrl.judge.worker import build_worker
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
@@ -41,14 +41,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
-def _fit(model_dir: Path, out_dir: Path, conversations: list[tuple[list[dict[str, Any]], str]], steps: int) -> Path:
-    """Overfit the tiny model so that each conversation's prompt is followed by its answer."""
+def _fit(
+    model_dir: Path,
+    out_dir: Path,
+    conversations: list[tuple[list[dict[str, Any]], str]],
+    steps: int,
+    tools: list[dict[str, Any]] | None = (WEATHER_TOOL,),  # type: ignore[assignment]
+) -> Path:
+    """Overfit the tiny model so that each conversation's prompt (rendered with `tools`) is followed by its answer."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(0)
     examples = []
     for messages, answer in conversations:
-        prompt = tokenizer.apply_chat_template(messages, tools=[WEATHER_TOOL], add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False)
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         answer_ids = tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
         ids = torch.tensor([prompt_ids + answer_ids])
@@ -90,9 +96,10 @@ def run_dir(tmp_path: Path) -> Path:
 
 def start_server(model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, **serve_options: Any) -> ServerThread:
     """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`."""
-    engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
+    engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
+    engine = build_engine(engine_config)
     store = Store.for_run_dir(run_dir)
-    worker = JudgeWorker(store, build_backend(judge), judge) if judge is not None else None
+    worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
     return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker)
 
 

@@ -11,29 +11,28 @@ from clawrl.store import NewTurn, Store
 
 
 def record(store: Store, turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: str, **extra: Any) -> None:
-    store.record_turn(
-        NewTurn(
-            turn_id=turn_id,
-            session_id=session_id,
-            id_source="new",
-            kind="main",
-            model="m",
-            policy_version=0,
-            messages=messages,
-            tools=None,
-            sampling={},
-            prompt_token_ids=[1, 2],
-            response_token_ids=[3],
-            response_logprobs=[-0.1],
-            response_text=answer,
-            tool_calls=None,
-            finish_reason="stop",
-            answer_fingerprint=answer_fingerprint(answer, None),
-            message_hashes=conversation_hashes(messages),
-            latency_s=0.01,
-            **extra,
-        )
-    )
+    """Record a main turn of `session_id`; `extra` sets or overrides any other `NewTurn` field."""
+    fields: dict[str, Any] = {
+        "turn_id": turn_id,
+        "session_id": session_id,
+        "id_source": "new",
+        "kind": "main",
+        "model": "m",
+        "policy_version": 0,
+        "messages": messages,
+        "tools": None,
+        "sampling": {},
+        "prompt_token_ids": [1, 2],
+        "response_token_ids": [3],
+        "response_logprobs": [-0.1],
+        "response_text": answer,
+        "tool_calls": None,
+        "finish_reason": "stop",
+        "answer_fingerprint": answer_fingerprint(answer, None),
+        "message_hashes": conversation_hashes(messages),
+        "latency_s": 0.01,
+    }
+    store.record_turn(NewTurn(**(fields | extra)))
 
 
 def user(text: str) -> dict[str, Any]:

@@ -81,23 +81,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _judge_worker(store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None) -> Any:
-    """The judge loop as configured (None with --judge off).
+    from clawrl.judge.worker import build_worker
 
-    Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
-    engine can read: inside `clawrl serve` it uses the serving engine; a standalone judge keeps
-    the longest hint.
-    """
-    from clawrl.judge.selection import OverlapSelector
-    from clawrl.judge.worker import JudgeWorker, build_backend
-
-    if config.judge == "off":
-        return None
     try:
-        backend = build_backend(config, serving_engine, engine_config)
+        return build_worker(store, config, serving_engine, engine_config)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    selector = OverlapSelector(serving_engine, config.hint_top_k) if serving_engine is not None else None
-    return JudgeWorker(store, backend, config, selector=selector)
 
 
 def cmd_judge(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from clawrl.engines.base import Engine
 from clawrl.engines.chat import content_text
 from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import rule_hint, rule_score
-from clawrl.judge.selection import choose_hint
+from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend, JudgeCase
 from clawrl.store import NewJudgment, Store
 
@@ -152,6 +152,22 @@ class JudgeWorker:
         if self.selector is None or len(candidates) < 2:
             return None
         return list(await self.selector.overlaps(case, candidates))
+
+
+def build_worker(
+    store: Store, config: JudgeConfig, serving_engine: Engine | None = None, engine_config: EngineConfig | None = None
+) -> JudgeWorker | None:
+    """The judge loop as configured (None with `--judge off`); ValueError when it cannot judge.
+
+    Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
+    engine can read: inside `clawrl serve` it uses the serving engine; a standalone judge keeps
+    the longest hint.
+    """
+    if config.judge == "off":
+        return None
+    backend = build_backend(config, serving_engine, engine_config)
+    selector = OverlapSelector(serving_engine, config.hint_top_k) if serving_engine is not None else None
+    return JudgeWorker(store, backend, config, selector=selector)
 
 
 def _load_case(store: Store, turn_id: str) -> JudgeCase:
