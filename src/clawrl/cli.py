@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from clawrl.config import EngineConfig, JudgeConfig, ServeConfig, StoreConfig
+from clawrl.config import EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
@@ -75,9 +75,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = build_engine(engine_config)
     judge = _judge_worker(store, config_from_args(JudgeConfig, args), engine, engine_config)
     app = create_app(engine, store, serve_config, judge)
+    trainer = _trainer_process(config_from_args(TrainConfig, args), engine_config, store_config)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
-    uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
+    try:
+        uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
+    finally:
+        if trainer is not None:
+            trainer.stop()
     return 0
+
+
+def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_config: StoreConfig) -> Any:
+    """With --method, the trainer runs beside the server as its own OS process (never inside it)."""
+    if config.method is None:
+        return None
+    from clawrl.train.process import TrainerProcess
+
+    return TrainerProcess(engine_config, store_config, config).start()
 
 
 def _judge_worker(store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None) -> Any:
@@ -111,6 +125,71 @@ async def _judge_until_done(worker: Any) -> int:
     while judged := await worker.judge_available():
         total += judged
     return total
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import signal
+
+    from clawrl.store import Store
+    from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
+
+    config = config_from_args(TrainConfig, args)
+    store_config = config_from_args(StoreConfig, args)
+    # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
+    # its samples stay ready, and nothing half-written is ever registered.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        with trainer_lock(store_config.run_dir):
+            trainer = Trainer(config, config_from_args(EngineConfig, args), Store(store_config.resolved_database_url()), store_config.run_dir)
+            try:
+                trainer.start()
+                made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s)
+            finally:
+                trainer.close()
+    except TrainerLockedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    logging.getLogger("clawrl").info("trainer stopped after %d step(s)", made)
+    return 0
+
+
+def cmd_versions_list(args: argparse.Namespace) -> int:
+    from clawrl.store.training import TrainingStore
+
+    training = TrainingStore(_store(args))
+    serving = training.serving_version()
+    versions = [
+        {"version": row.version, "created_at": row.created_at, "parent": row.parent, "metrics": row.metrics,
+         "step": row.step, "kind": row.kind, "serving": row.version == serving}
+        for row in training.versions()
+    ]  # fmt: skip
+    if args.json:
+        _print_json(versions)
+        return 0
+    print(f"{'version':>7} {'parent':>6} {'step':>5} {'samples':>7} {'loss':>9} {'reward':>7} created")
+    for item in versions:
+        metrics, marker = item["metrics"], "  <- serving" if item["serving"] else ""
+        print(f"{'v' + str(item['version']):>7} {'v' + str(item['parent']):>6} {item['step']:>5} {metrics.get('num_samples', 0):>7} "
+              f"{metrics.get('loss', 0.0):>9.4f} {metrics.get('mean_reward', 0.0):>7.3f} {item['created_at']:.3f}{marker}")
+    if serving == 0:
+        print("serving: v0 (the base model)")
+    return 0
+
+
+def cmd_versions_rollback(args: argparse.Namespace) -> int:
+    from clawrl.store.training import TrainingStore
+
+    text = args.version.lower().removeprefix("v")
+    if not text.isdigit():
+        print(f"error: {args.version!r} is not a version (write v3 or 3)", file=sys.stderr)
+        return 2
+    try:
+        TrainingStore(_store(args)).rollback(int(text))
+    except KeyError as error:
+        print(f"error: {error.args[0]}", file=sys.stderr)
+        return 1
+    print(f"serving v{int(text)}; the trainer continues from its weights")
+    return 0
 
 
 def cmd_build_tiny(args: argparse.Namespace) -> int:
@@ -196,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible API and record every turn")
-    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig)
+    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig, TrainConfig)
     serve.set_defaults(handler=cmd_serve)
 
     judge = commands.add_parser("judge", help="judge recorded turns from their next state (standalone worker)")
@@ -235,6 +314,22 @@ def build_parser() -> argparse.ArgumentParser:
     feedback.add_argument("--score", type=int, choices=[1, -1], required=True, help="1 (good) or -1 (bad)")
     feedback.add_argument("--text", help="what should have been different (a hint candidate)")
     feedback.set_defaults(handler=cmd_feedback)
+
+    train = commands.add_parser("train", help="train on judged turns and publish policy versions (standalone trainer)")
+    add_config_flags(train, EngineConfig, StoreConfig, TrainConfig)
+    train.add_argument("--steps", type=int, default=None, help="stop after this many published versions (default: run until stopped)")
+    train.add_argument("--idle-exit-s", type=float, default=None, help="stop after this many seconds without a step")
+    train.set_defaults(handler=cmd_train)
+
+    versions = commands.add_parser("versions", help="published policy versions").add_subparsers(dest="versions_command", required=True)
+    version_list = versions.add_parser("list", help="list published versions and the one serving uses")
+    add_config_flags(version_list, StoreConfig)
+    version_list.add_argument("--json", action="store_true", help="print JSON")
+    version_list.set_defaults(handler=cmd_versions_list)
+    rollback = versions.add_parser("rollback", help="serve an earlier version again (v0: the base model)")
+    rollback.add_argument("version", help="the version to serve, e.g. v3")
+    add_config_flags(rollback, StoreConfig)
+    rollback.set_defaults(handler=cmd_versions_rollback)
 
     demo = commands.add_parser("demo", help="the whole loop on the CPU with the tiny model and a simulated user")
     add_config_flags(demo, EngineConfig)

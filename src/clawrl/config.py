@@ -116,6 +116,12 @@ class ServeConfig(_Settings):
         validation_alias=_env("side_turn_system_regex"),
         description="Requests whose system prompt matches this regex are side turns (served, never trained on).",
     )
+    policy_poll_s: float = Field(
+        0.25,
+        gt=0,
+        validation_alias=_env("policy_poll_s"),
+        description="How often serving looks in the store for a newly published (or rolled back) policy version.",
+    )
 
 
 class JudgeConfig(_Settings):
@@ -185,12 +191,6 @@ class JudgeConfig(_Settings):
         description="Attempts per judge call on transport errors, timeouts and 5xx (back-off 0.2 s, 0.4 s, ...); "
         "4xx is never retried.",
     )
-    judge_call_timeout_s: float = Field(
-        20.0,
-        gt=0,
-        validation_alias=_env("judge_call_timeout_s"),
-        description="Limit on one judge call; a call that runs past it is retried (--judge-timeout-s bounds the turn).",
-    )
     judge_max_attempts: int = Field(
         5,
         ge=1,
@@ -205,3 +205,99 @@ class JudgeConfig(_Settings):
         description="k of overlap-guided hint selection: top-k tokens per response position compared between the "
         "student prompt and each hinted teacher prompt.",
     )
+    judge_call_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        validation_alias=_env("judge_call_timeout_s"),
+        description="Limit on one judge call; a call that runs past it is retried (--judge-timeout-s bounds the turn).",
+    )
+
+
+class TrainConfig(_Settings):
+    """The trainer loop (DESIGN §6): which update, on which parameters, how often, and how it publishes.
+
+    `clawrl serve --method ...` starts the trainer as a separate process with these settings;
+    `clawrl train` runs it alone.
+    """
+
+    method: Literal["rl", "opd", "combine"] | None = Field(
+        None,
+        validation_alias=_env("method"),
+        description="Update: `rl` (binary reward, A = r), `opd` (on-policy distillation from the hinted teacher) or "
+        "`combine` (both). On `clawrl serve`, unset means no trainer; `clawrl train` uses `combine` when unset.",
+    )
+    batch_size: int = Field(
+        16, ge=1, validation_alias=_env("batch_size"), description="Samples per optimizer step; a step fires when this many are ready."
+    )
+    micro_batch_size: int = Field(
+        4,
+        ge=1,
+        validation_alias=_env("micro_batch_size"),
+        description="Samples per forward/backward pass (gradients are accumulated over the batch): bounds the memory.",
+    )
+    lr: float | None = Field(
+        None, gt=0, validation_alias=_env("lr"), description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full."
+    )
+    grad_clip: float = Field(1.0, gt=0, validation_alias=_env("grad_clip"), description="Gradient norm clip per step.")
+    full: bool = Field(
+        False,
+        validation_alias=_env("full"),
+        description="Fine-tune every weight instead of a LoRA adapter (publishes full weights; needs a second copy "
+        "of the model in memory for the frozen teacher/reference).",
+    )
+    lora_rank: int = Field(16, ge=1, validation_alias=_env("lora_rank"), description="LoRA rank r.")
+    lora_alpha: float = Field(32.0, gt=0, validation_alias=_env("lora_alpha"), description="LoRA alpha (scale alpha / r).")
+    lora_target_modules: str = Field(
+        "all-linear",
+        validation_alias=_env("lora_target_modules"),
+        description="Modules that get LoRA adapters: `all-linear` (every linear projection except the output head) "
+        "or a comma-separated list of module names such as `q_proj,v_proj`.",
+    )
+    teacher: Literal["base", "policy"] = Field(
+        "base",
+        validation_alias=_env("teacher"),
+        description="OPD teacher: `base` (the frozen starting weights) or `policy` (the trainer's current weights), "
+        "each given the hint; its log-probs of the recorded response are computed when the sample is built.",
+    )
+    opd_topk: int = Field(
+        0,
+        ge=0,
+        validation_alias=_env("opd_topk"),
+        description="With K > 0, keep the teacher's top-K tokens per position and train OPD with the top-K reverse "
+        "KL (K + 1 bins) instead of the sampled-token advantage; 0 is off.",
+    )
+    max_staleness: int = Field(
+        8,
+        ge=0,
+        validation_alias=_env("max_staleness"),
+        description="Drop a sample when more than this many versions were published since the version that produced it.",
+    )
+    eps_low: float = Field(0.2, ge=0, validation_alias=_env("eps_low"), description="PPO clip below: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, validation_alias=_env("eps_high"), description="PPO clip above: ratio <= 1 + eps_high.")
+    kl_beta: float = Field(
+        0.0, ge=0, validation_alias=_env("kl_beta"), description="Weight of the k3 KL penalty to the frozen base policy (0: off)."
+    )
+    entropy_coef: float = Field(0.0, ge=0, validation_alias=_env("entropy_coef"), description="Entropy bonus weight (0: off).")
+    opd_clip: float = Field(
+        1.0, gt=0, validation_alias=_env("opd_clip"), description="C of the OPD advantage clip(log pi_T - log pi_old, -C, C)."
+    )
+    w_rl: float = Field(1.0, validation_alias=_env("w_rl"), description="Weight of the reward term in --method combine.")
+    w_opd: float = Field(1.0, validation_alias=_env("w_opd"), description="Weight of the teacher term in --method combine.")
+    is_cap: float = Field(
+        2.0,
+        gt=0,
+        validation_alias=_env("is_cap"),
+        description="Cap of the per-token importance weight min(pi_old / pi_behaviour, cap) for off-policy samples.",
+    )
+    train_seed: int = Field(
+        0, validation_alias=_env("train_seed"), description="Seed of the trainer (LoRA initialisation, any sampling)."
+    )
+    tensorboard: bool = Field(
+        False, validation_alias=_env("tensorboard"), description="Write TensorBoard event files to RUN_DIR/tensorboard/."
+    )
+    train_poll_s: float = Field(
+        1.0, gt=0, validation_alias=_env("train_poll_s"), description="Pause between looks for new judged turns when idle."
+    )
+
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (1e-5 if self.full else 1e-4)

@@ -434,11 +434,14 @@ class HFEngine(Engine):
         A directory with `adapter_config.json` is a PEFT LoRA adapter for the base model; anything
         else is a full set of weights, loaded as a second model copy off the worker thread, so
         decoding goes on while it loads. Loading a version that is still loaded just makes it
-        current again. Calls should not overlap: when they do, the last one to finish wins.
+        current again; version 0, the base model, always is (its `path` is not read). Calls should
+        not overlap: when they do, the last one to finish wins.
         """
         self._check_running()
         path = Path(path)
-        if (path / "adapter_config.json").is_file():
+        if version == 0:
+            await self._call(lambda: self._install(0, self._policies[0]))
+        elif (path / "adapter_config.json").is_file():
             await self._call(lambda: self._load_adapter(version, path))
         else:
             model = await asyncio.to_thread(self._load_model, path)

@@ -27,6 +27,7 @@ from clawrl.serve import schemas
 from clawrl.serve.completions import ChatService
 from clawrl.serve.errors import APIError, describe_validation_error, install_error_handlers
 from clawrl.serve.metrics import ServeMetrics
+from clawrl.serve.policy import PolicyFollower
 from clawrl.store import Store
 
 log = logging.getLogger(__name__)
@@ -104,12 +105,15 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     served_name = config.served_model_name or engine.model_name
     metrics = ServeMetrics(store)
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
+    policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        await policy.sync()  # a restarted server answers with the published version from its first request
         metrics.policy_version.set(engine.policy_version)
         background = [asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s))]
+        background.append(asyncio.create_task(policy.run_forever()))
         if judge is not None:
             background.append(asyncio.create_task(judge.run_forever()))
         try:

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from clawrl.store import Store
+from clawrl.store.training import TrainingStore
 
 
 class JudgmentCollector:
@@ -36,10 +37,41 @@ class JudgmentCollector:
         yield from (judged, score, agreement, invalid, latency)
 
 
+class TrainingCollector:
+    """Trainer figures read from the store at scrape time (the trainer is another process): samples
+    by status, published versions, and every StepMetrics field of the newest version's step as a
+    gauge `clawrl_train_<field>` (loss, clip fraction, KL, entropy, advantage, reward, OPD share,
+    staleness, log-prob drift, ...)."""
+
+    def __init__(self, store: Store) -> None:
+        self.training = TrainingStore(store)
+
+    def collect(self) -> Iterator[Metric]:
+        samples = GaugeMetricFamily("clawrl_train_samples", "Training samples by status", labels=["status"])
+        for status, count in sorted(self.training.sample_counts().items()):
+            samples.add_metric([status], count)
+        versions = self.training.versions()
+        published = CounterMetricFamily("clawrl_train_versions", "Policy versions published by the trainer")
+        published.add_metric([], len(versions))
+        yield from (samples, published)
+        if not versions:
+            return
+        newest = versions[-1]
+        step = GaugeMetricFamily("clawrl_train_step", "Optimizer steps behind the newest version")
+        step.add_metric([], newest.step)
+        yield step
+        for name, value in newest.metrics.items():
+            if isinstance(value, (int, float)):
+                gauge = GaugeMetricFamily(f"clawrl_train_{name}", f"{name} of the newest version's step")
+                gauge.add_metric([], value)
+                yield gauge
+
+
 class ServeMetrics:
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(JudgmentCollector(store))
+        self.registry.register(TrainingCollector(store))
         self.requests = Counter(
             "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
         )

@@ -12,14 +12,18 @@ from sqlalchemy import Connection, Engine, select
 
 from clawrl.store.schema import Base, Meta
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _judging_tables(_connection: Connection) -> None:
     """v2 adds `judgments` and `judge_leases`: new tables only, which `create_all` has made."""
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables}
+def _training_tables(_connection: Connection) -> None:
+    """v3 adds `samples`, `policy_versions` and `policy_pointers`: new tables only, which `create_all` has made."""
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables, 3: _training_tables}
 
 
 class SchemaTooNewError(RuntimeError):

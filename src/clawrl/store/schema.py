@@ -122,3 +122,64 @@ class JudgeLeaseRow(Base):
     worker_id: Mapped[str] = mapped_column(String(64))
     expires_at: Mapped[float] = mapped_column(Float)
     attempts: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class SampleRow(Base):
+    """What the trainer made of one judged main turn (DESIGN §6): a training sample, or why not.
+
+    `id` is the arrival order the trainer consumes samples in. A sample is `ready` until one
+    optimizer step uses it (`trained`, with the version that step published) or it is `dropped`
+    (`drop_reason`: no_signal, stale, ...). Marking samples trained happens in the same transaction
+    that registers the version they produced, so no sample is ever trained twice.
+    """
+
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), unique=True)
+    status: Mapped[str] = mapped_column(String(8), index=True)  # ready | trained | dropped
+    drop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    kind: Mapped[str] = mapped_column(String(16))  # combined | opd | rl | at_least_one | none
+    reward: Mapped[float] = mapped_column(Float)
+    hint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    behaviour_version: Mapped[int] = mapped_column(Integer)  # the turn's policy version, for staleness
+    teacher: Mapped[str | None] = mapped_column(String(16), nullable=True)  # "base" or "policy vN"
+    teacher_logprobs: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    teacher_topk_ids: Mapped[list[list[int]] | None] = mapped_column(JSON, nullable=True)
+    teacher_topk_logprobs: Mapped[list[list[float]] | None] = mapped_column(JSON, nullable=True)
+    trained_version: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # when trained or dropped
+
+
+class PolicyVersionRow(Base):
+    """A published policy version: one optimizer step's weights under RUN_DIR/policy/vN/.
+
+    Version 0 is the base model and has no row. `sha256` is the digest of the version's
+    manifest.json, which itself lists the digest of every weights file; serving checks both
+    before loading. `metrics` is the step's StepMetrics.
+    """
+
+    __tablename__ = "policy_versions"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    parent: Mapped[int] = mapped_column(Integer)  # the version it was trained from (0 = base)
+    kind: Mapped[str] = mapped_column(String(8))  # lora | full
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)  # optimizer steps from the base along its lineage
+    num_samples: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class PolicyPointerRow(Base):
+    """Which version a consumer should use: `serving` is what the server loads and answers with.
+
+    Publishing moves it to the new version; `clawrl versions rollback` moves it back, so a
+    rollback is one store write that the server and the trainer both follow.
+    """
+
+    __tablename__ = "policy_pointers"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(16))  # publish | rollback
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,256 @@
+"""The training side of the store: samples, published policy versions and the serving pointer.
+
+The trainer's exactly-once guarantee lives here. A version is registered, its samples are marked
+trained and the serving pointer is moved in ONE transaction, and only if the pointer still names
+the version the step started from and every sample is still `ready`. A trainer killed anywhere
+before that commit leaves its samples ready (they are trained again, once) and at most a version
+directory with no row, which the next trainer discards; killed after it, the step is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from clawrl.store.repository import Store
+from clawrl.store.schema import (
+    FeedbackRow,
+    JudgmentRow,
+    NextStateRow,
+    PolicyPointerRow,
+    PolicyVersionRow,
+    SampleRow,
+    SessionRow,
+    TurnRow,
+)
+
+SERVING = "serving"  # the pointer serving follows and the trainer trains from
+
+
+@dataclass
+class JudgedTurn:
+    """A judged main turn with no sample row yet: what the sample table of DESIGN §6 looks at."""
+
+    turn: TurnRow
+    judgment: JudgmentRow
+    has_next_state: bool
+    has_feedback: bool
+    first_judged_in_session: bool  # no earlier main turn of its session has a judgment
+
+
+@dataclass
+class NewSample:
+    """A sample row to insert: `status` ready, held (at-least-one pending) or dropped."""
+
+    turn_id: str
+    status: str
+    kind: str
+    reward: float
+    behaviour_version: int
+    hint: str | None = None
+    drop_reason: str | None = None
+    teacher: str | None = None
+    teacher_logprobs: list[float] | None = None
+    teacher_topk_ids: list[list[int]] | None = None
+    teacher_topk_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class HeldSample:
+    """A session's first judged turn with no signal, waiting for the at-least-one decision."""
+
+    turn_id: str
+    session_done: bool
+    session_has_sample: bool  # another turn of the session became a sample (ready or trained)
+
+
+@dataclass
+class NewVersion:
+    version: int
+    parent: int
+    kind: str
+    path: str
+    sha256: str
+    step: int
+    metrics: dict[str, Any]
+
+
+class PointerMovedError(RuntimeError):
+    """The serving pointer no longer names the version a step was trained from (a rollback)."""
+
+
+class SamplesTakenError(RuntimeError):
+    """Some of a step's samples are no longer ready; the step must not be registered."""
+
+
+class TrainingStore:
+    """Training records over a `Store` (same database, same transactions)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # --- building samples -----------------------------------------------------------------------
+    def judged_turns_without_sample(self, limit: int) -> list[JudgedTurn]:
+        """Judged main turns that have no sample row yet, in arrival order."""
+        query = (
+            select(TurnRow, JudgmentRow)
+            .join(JudgmentRow, JudgmentRow.turn_id == TurnRow.id)
+            .outerjoin(SampleRow, SampleRow.turn_id == TurnRow.id)
+            .where(SampleRow.id.is_(None), TurnRow.kind == "main")
+            .order_by(TurnRow.created_at, TurnRow.id)
+            .limit(limit)
+        )
+        with self.store.read() as db:
+            rows = db.execute(query).all()
+            ids = [turn.id for turn, _ in rows]
+            with_next = set(db.scalars(select(NextStateRow.turn_id).where(NextStateRow.turn_id.in_(ids))))
+            with_feedback = set(db.scalars(select(FeedbackRow.turn_id).where(FeedbackRow.turn_id.in_(ids))))
+            return [
+                JudgedTurn(turn, judgment, turn.id in with_next, turn.id in with_feedback, _first_judged(db, turn))
+                for turn, judgment in rows
+            ]
+
+    def add_samples(self, samples: list[NewSample]) -> None:
+        now = time.time()
+        with self.store.write() as db:
+            for sample in samples:
+                settled = now if sample.status == "dropped" else None
+                db.add(SampleRow(**vars(sample), created_at=now, settled_at=settled))
+
+    def held_samples(self) -> list[HeldSample]:
+        held = select(SampleRow.turn_id, TurnRow.session_id, SessionRow.done).join(TurnRow, TurnRow.id == SampleRow.turn_id)
+        held = held.join(SessionRow, SessionRow.id == TurnRow.session_id).where(SampleRow.status == "held")
+        with self.store.read() as db:
+            rows = db.execute(held.order_by(SampleRow.id)).all()
+            sessions = {session_id for _, session_id, _ in rows}
+            with_sample = set(
+                db.scalars(
+                    select(TurnRow.session_id)
+                    .join(SampleRow, SampleRow.turn_id == TurnRow.id)
+                    .where(TurnRow.session_id.in_(sessions), SampleRow.status.in_(("ready", "trained")))
+                )
+            )
+        return [HeldSample(turn_id, bool(done), session_id in with_sample) for turn_id, session_id, done in rows]
+
+    def release_held(self, turn_ids: list[str]) -> None:
+        """Held samples become ready (their session ended without any other sample)."""
+        with self.store.write() as db:
+            db.execute(
+                update(SampleRow)
+                .where(SampleRow.turn_id.in_(turn_ids), SampleRow.status == "held")
+                .values(status="ready", kind="at_least_one")
+            )
+
+    def drop_samples(self, turn_ids: list[str], reason: str, from_status: str = "ready") -> None:
+        with self.store.write() as db:
+            db.execute(
+                update(SampleRow)
+                .where(SampleRow.turn_id.in_(turn_ids), SampleRow.status == from_status)
+                .values(status="dropped", drop_reason=reason, settled_at=time.time())
+            )
+
+    # --- training -------------------------------------------------------------------------------
+    def ready_samples(self, limit: int) -> list[tuple[SampleRow, TurnRow]]:
+        """The oldest `limit` ready samples with their turns, in arrival order."""
+        query = (
+            select(SampleRow, TurnRow)
+            .join(TurnRow, TurnRow.id == SampleRow.turn_id)
+            .where(SampleRow.status == "ready")
+            .order_by(SampleRow.id)
+            .limit(limit)
+        )
+        with self.store.read() as db:
+            return [(sample, turn) for sample, turn in db.execute(query).all()]
+
+    def sample(self, turn_id: str) -> SampleRow | None:
+        with self.store.read() as db:
+            return db.scalars(select(SampleRow).where(SampleRow.turn_id == turn_id)).first()
+
+    def sample_counts(self) -> dict[str, int]:
+        with self.store.read() as db:
+            rows = db.execute(select(SampleRow.status, func.count()).group_by(SampleRow.status)).all()
+        return {status: count for status, count in rows}
+
+    def register_version(self, version: NewVersion, sample_turn_ids: list[str]) -> None:
+        """Register `version`, mark its samples trained and point serving at it, atomically.
+
+        Raises PointerMovedError when the serving pointer no longer names `version.parent` (a
+        rollback happened during the step) and SamplesTakenError when a sample is not ready any
+        more; nothing is written then.
+        """
+        now = time.time()
+        with self.store.write() as db:
+            if _pointer(db) != version.parent:
+                raise PointerMovedError(f"serving moved off v{version.parent} during the step")
+            marked = db.execute(
+                update(SampleRow)
+                .where(SampleRow.turn_id.in_(sample_turn_ids), SampleRow.status == "ready")
+                .values(status="trained", trained_version=version.version, settled_at=now)
+            ).rowcount
+            if marked != len(set(sample_turn_ids)):
+                raise SamplesTakenError(f"{len(sample_turn_ids) - marked} of the step's samples are not ready any more")
+            db.add(PolicyVersionRow(**vars(version), num_samples=marked, created_at=now))
+            _set_pointer(db, version.version, "publish", now)
+
+    # --- versions -------------------------------------------------------------------------------
+    def serving_version(self) -> int:
+        """The version serving should answer with (0, the base model, when nothing was published)."""
+        with self.store.read() as db:
+            return _pointer(db)
+
+    def serving_target(self) -> tuple[int, str, PolicyVersionRow | None]:
+        """The serving pointer, why it was last moved (publish | rollback) and its version row
+        (None for the base model), in one read."""
+        with self.store.read() as db:
+            pointer = db.get(PolicyPointerRow, SERVING)
+            if pointer is None or pointer.version == 0:
+                return 0, pointer.reason if pointer is not None else "publish", None
+            return pointer.version, pointer.reason, db.get(PolicyVersionRow, pointer.version)
+
+    def version(self, version: int) -> PolicyVersionRow | None:
+        with self.store.read() as db:
+            return db.get(PolicyVersionRow, version)
+
+    def versions(self) -> list[PolicyVersionRow]:
+        with self.store.read() as db:
+            return list(db.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.version)))
+
+    def newest_version(self) -> int:
+        """The highest version number registered (0 when none): the age reference for staleness."""
+        with self.store.read() as db:
+            return db.scalar(select(func.max(PolicyVersionRow.version))) or 0
+
+    def rollback(self, version: int) -> None:
+        """Point serving (and the trainer) at an earlier version; 0 is the base model."""
+        with self.store.write() as db:
+            if version != 0 and db.get(PolicyVersionRow, version) is None:
+                raise KeyError(f"no policy version v{version}")
+            _set_pointer(db, version, "rollback", time.time())
+
+
+def _pointer(db: Session) -> int:
+    row = db.get(PolicyPointerRow, SERVING)
+    return row.version if row is not None else 0
+
+
+def _set_pointer(db: Session, version: int, reason: str, now: float) -> None:
+    row = db.get(PolicyPointerRow, SERVING)
+    if row is None:
+        db.add(PolicyPointerRow(name=SERVING, version=version, reason=reason, updated_at=now))
+    else:
+        row.version, row.reason, row.updated_at = version, reason, now
+
+
+def _first_judged(db: Session, turn: TurnRow) -> bool:
+    """Whether no main turn of `turn`'s session that arrived before it has a judgment."""
+    earlier = (
+        select(func.count())
+        .select_from(TurnRow)
+        .join(JudgmentRow, JudgmentRow.turn_id == TurnRow.id)
+        .where(TurnRow.session_id == turn.session_id, TurnRow.kind == "main", TurnRow.index < turn.index)
+    )
+    return db.scalar(earlier) == 0

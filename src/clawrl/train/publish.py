@@ -1,0 +1,139 @@
+"""Policy version directories: RUN_DIR/policy/vN/, written atomically, verified before use.
+
+A version directory holds the weights serving loads (a PEFT LoRA adapter, or a full model, as
+safetensors), the trainer's state to resume from (`trainer_state.pt`: optimizer, RNG, step) and
+`manifest.json`: parent version, step, the turn ids of the samples it was trained on, the step's
+metrics, and the sha256 of every other file. The store keeps the sha256 of the manifest itself, so
+one digest in the store pins every byte of the version.
+
+Writing goes to a temporary directory that is renamed into place when complete (and fsynced), so
+a reader never sees half a version. The rename happens BEFORE the version is registered in the
+store; a trainer killed between the two leaves a directory with no row, which
+`discard_unregistered` removes on the next start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.pt"
+_VERSION_PREFIX = "v"
+_TEMP_PREFIX = ".tmp-"
+
+
+class ChecksumError(RuntimeError):
+    """A version directory does not match the digest registered for it."""
+
+
+@dataclass
+class Manifest:
+    version: int
+    parent: int
+    step: int
+    kind: str  # lora | full
+    sample_ids: list[str]  # turn ids of the samples this step trained on, in order
+    metrics: dict[str, Any]
+    created_at: float = field(default_factory=time.time)
+    weights: dict[str, str] = field(default_factory=dict)  # file name -> sha256: what serving loads
+    trainer_state: dict[str, str] = field(default_factory=dict)  # file name -> sha256: what resuming loads
+
+
+def policy_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "policy"
+
+
+def version_dir(run_dir: Path, version: int) -> Path:
+    return policy_root(run_dir) / f"{_VERSION_PREFIX}{version}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_version(
+    run_dir: Path,
+    manifest: Manifest,
+    save_weights: Callable[[Path], None],
+    save_trainer_state: Callable[[Path], None],
+) -> tuple[Path, str]:
+    """Write version `manifest.version` and return its directory and the manifest's sha256.
+
+    `save_weights(dir)` writes the weights files into `dir` (e.g. `model.save_pretrained`);
+    `save_trainer_state(path)` writes the resume state to `path`.
+    """
+    root = policy_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    temp = root / f"{_TEMP_PREFIX}{_VERSION_PREFIX}{manifest.version}-{uuid.uuid4().hex[:8]}"
+    temp.mkdir()
+    save_weights(temp)
+    manifest.weights = {path.name: file_sha256(path) for path in sorted(temp.iterdir()) if path.is_file()}
+    save_trainer_state(temp / TRAINER_STATE)
+    manifest.trainer_state = {TRAINER_STATE: file_sha256(temp / TRAINER_STATE)}
+    body = json.dumps(asdict(manifest), indent=2, sort_keys=True).encode()
+    (temp / MANIFEST).write_bytes(body)
+    for path in temp.iterdir():
+        _fsync(path)
+    _fsync(temp)
+    final = version_dir(run_dir, manifest.version)
+    if final.exists():  # left by a trainer killed before registering it: never registered, never served
+        shutil.rmtree(final)
+    os.rename(temp, final)
+    _fsync(root)
+    return final, hashlib.sha256(body).hexdigest()
+
+
+def verify_version(path: Path, sha256: str, *, trainer_state: bool = False) -> Manifest:
+    """The version's manifest, after checking it against `sha256` and its weights (and, when asked,
+    its trainer state) against the manifest. Raises ChecksumError on any mismatch."""
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.is_file():
+        raise ChecksumError(f"{path} has no {MANIFEST}")
+    body = manifest_path.read_bytes()
+    if hashlib.sha256(body).hexdigest() != sha256:
+        raise ChecksumError(f"{manifest_path} does not match the registered sha256")
+    manifest = Manifest(**json.loads(body))
+    files = {**manifest.weights, **(manifest.trainer_state if trainer_state else {})}
+    for name, expected in files.items():
+        target = Path(path) / name
+        if not target.is_file() or file_sha256(target) != expected:
+            raise ChecksumError(f"{target} is missing or does not match its manifest")
+    return manifest
+
+
+def discard_unregistered(run_dir: Path, registered: set[int]) -> list[Path]:
+    """Remove temporary directories and version directories the store has no row for."""
+    root = policy_root(run_dir)
+    removed = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        name = path.name
+        number = name[len(_VERSION_PREFIX) :]
+        orphan = name.startswith(_TEMP_PREFIX) or (
+            name.startswith(_VERSION_PREFIX) and number.isdigit() and int(number) not in registered
+        )
+        if orphan and path.is_dir():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or directory entry to disk, so a registered version survives a power cut."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

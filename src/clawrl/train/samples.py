@@ -1,0 +1,158 @@
+"""From judged main turns to training samples (DESIGN §6).
+
+Per judged main turn (hint accepted = the judgment carries a hint):
+
+| hint | score | sample                                  |
+|------|-------|-----------------------------------------|
+| yes  | ±1    | combined: teacher log-probs + reward    |
+| yes  | 0     | OPD only (reward 0)                     |
+| no   | ±1    | RL only (no teacher term)               |
+| no   | 0     | none, except the at-least-one rule      |
+
+The method then keeps what it can learn from: `rl` trains on rewards only (a hint-only turn gives
+it nothing), `opd` on teacher log-probs only (a reward-only turn gives it nothing), `combine` on
+everything.
+
+At-least-one rule: a session's first judged turn that would give no sample is *held* until the
+session either yields another sample (then it is dropped) or ends without one (then it becomes a
+sample after all, so every session that was judged contributes at least one). A turn with no next
+state (a session's last) is trained on only when it carries explicit feedback.
+
+Teacher log-probs are forced-decoding log-probs of the turn's recorded response token ids under the
+teacher prompt: the recorded request with the hint appended to its last user message
+(`judge.hints.teacher_messages`), rendered by the same chat template with the same tools as
+serving. The response is never re-tokenized; only the teacher's *prompt* is new text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from clawrl.engines.base import ScoredResponse
+from clawrl.engines.chat import render_prompt
+from clawrl.judge.hints import teacher_messages
+from clawrl.store.schema import SampleRow, TurnRow
+from clawrl.store.training import JudgedTurn, NewSample, TrainingStore
+from clawrl.train.types import Sample
+
+log = logging.getLogger(__name__)
+
+# (prompt ids, response ids, top_k) -> teacher-forced log-probs, as Engine.score returns them
+TeacherScorer = Callable[[list[int], list[int], int], ScoredResponse]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a judged turn becomes before the at-least-one rule: a sample kind, or none."""
+
+    kind: str  # combined | opd | rl | none
+    reward: float
+    needs_teacher: bool
+
+
+def decide(score: int, hint: str | None, method: str) -> Decision:
+    """The table above, filtered by what `method` can learn from."""
+    uses_reward, uses_teacher = method in ("rl", "combine"), method in ("opd", "combine")
+    reward = float(score) if uses_reward else 0.0  # `opd` distils only: every sample is OPD-only
+    teacher = hint is not None and uses_teacher
+    if reward != 0:
+        return Decision("combined" if teacher else "rl", reward, teacher)
+    if teacher:
+        return Decision("opd", 0.0, True)
+    return Decision("none", 0.0, False)
+
+
+class SampleBuilder:
+    """Turns newly judged turns into sample rows, and settles held ones."""
+
+    def __init__(
+        self,
+        training: TrainingStore,
+        tokenizer: PreTrainedTokenizerBase,
+        method: str,
+        teacher: TeacherScorer,
+        teacher_name: Callable[[], str],
+        topk: int = 0,
+        max_context_tokens: int | None = None,
+    ) -> None:
+        self.training, self.tokenizer, self.method = training, tokenizer, method
+        self.teacher, self.teacher_name, self.topk = teacher, teacher_name, topk
+        self.max_context_tokens = max_context_tokens
+
+    def build(self, limit: int = 64) -> int:
+        """Give every judged turn (up to `limit`, oldest first) its sample row; returns how many."""
+        judged = self.training.judged_turns_without_sample(limit)
+        if judged:
+            self.training.add_samples([self._sample_for(item) for item in judged])
+        self._settle_held()
+        return len(judged)
+
+    def _sample_for(self, item: JudgedTurn) -> NewSample:
+        turn, judgment = item.turn, item.judgment
+        decision = decide(judgment.score, judgment.hint, self.method)
+        base = NewSample(
+            turn_id=turn.id,
+            status="ready",
+            kind=decision.kind,
+            reward=decision.reward,
+            behaviour_version=turn.policy_version,
+            hint=judgment.hint,
+        )
+        if not (item.has_next_state or item.has_feedback):
+            return _dropped(base, "no_next_state")
+        if not turn.trainable or not turn.response_token_ids:
+            return _dropped(base, "untrainable")
+        if decision.kind == "none":
+            if item.first_judged_in_session:
+                base.status = "held"
+                return base
+            return _dropped(base, "no_signal")
+        if decision.needs_teacher:
+            assert judgment.hint is not None
+            scored = self._teacher_scores(turn, judgment.hint)
+            if scored is None:
+                return _dropped(base, "teacher_too_long")
+            base.teacher = self.teacher_name()
+            base.teacher_logprobs = scored.logprobs
+            if self.topk:
+                base.teacher_topk_ids, base.teacher_topk_logprobs = scored.top_token_ids, scored.top_logprobs
+        return base
+
+    def _teacher_scores(self, turn: TurnRow, hint: str) -> ScoredResponse | None:
+        prompt = render_prompt(self.tokenizer, teacher_messages(turn.messages, hint), turn.tools)
+        if self.max_context_tokens is not None and len(prompt) + len(turn.response_token_ids) > self.max_context_tokens:
+            return None
+        return self.teacher(prompt, list(turn.response_token_ids), self.topk)
+
+    def _settle_held(self) -> None:
+        held = self.training.held_samples()
+        superseded = [item.turn_id for item in held if item.session_has_sample]
+        if superseded:
+            self.training.drop_samples(superseded, "no_signal", from_status="held")
+        ended = [item.turn_id for item in held if item.session_done and not item.session_has_sample]
+        if ended:
+            self.training.release_held(ended)
+
+
+def _dropped(sample: NewSample, reason: str) -> NewSample:
+    sample.status, sample.drop_reason = "dropped", reason
+    return sample
+
+
+def to_sample(row: SampleRow, turn: TurnRow) -> Sample:
+    """The update's view of a ready sample: the engine's exact ids and log-probs, and the signal."""
+    return Sample(
+        turn_id=turn.id,
+        prompt_token_ids=list(turn.prompt_token_ids),
+        response_token_ids=list(turn.response_token_ids),
+        behaviour_logprobs=list(turn.response_logprobs),
+        policy_version=turn.policy_version,
+        reward=row.reward,
+        teacher_logprobs=row.teacher_logprobs,
+        teacher_topk_ids=row.teacher_topk_ids,
+        teacher_topk_logprobs=row.teacher_topk_logprobs,
+    )
