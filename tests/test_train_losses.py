@@ -170,7 +170,8 @@ def test_empty_responses_give_zero_loss() -> None:
     logits = torch.zeros(B, 0, V, requires_grad=True)
     loss, stats = ppo_clipped_loss(logp, logp.detach(), torch.zeros(B, 0), mask, token_weights=torch.ones(B, 0))
     total = loss + kl_k3(logp, logp.detach(), mask)
-    total = total + topk_reverse_kl(torch.log_softmax(logits, -1), torch.zeros(B, 0, K, dtype=torch.long), torch.zeros(B, 0, K), mask)
+    no_ids, no_logprobs = torch.zeros(B, 0, K, dtype=torch.long), torch.zeros(B, 0, K)
+    total = total + topk_reverse_kl(torch.log_softmax(logits, -1), no_ids, no_logprobs, mask)
     total.backward()
     assert total.item() == 0.0 and stats.clip_fraction.item() == 0.0
     assert logp.grad.shape == (B, 0) and logits.grad.shape == (B, 0, V)

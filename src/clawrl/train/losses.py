@@ -77,10 +77,11 @@ def ppo_clipped_loss(
         L   = −(1/N) Σ_t mask_t · w_t · min(ρ_t A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_t)
 
     w_t are the ``token_weights`` (the truncated importance weights of decoupled PPO; 1 when
-    None); they, ``old_logprobs`` and ``advantages`` are constants (no gradient). The wider upper clip (ε_high > ε_low) lets tokens with a positive
-    advantage gain more probability per step than tokens with a negative one can lose, which keeps
-    exploration alive. A token is *clipped* when the clipped branch is the minimum and strictly
-    smaller, i.e. A_t > 0 and ρ_t > 1 + ε_high, or A_t < 0 and ρ_t < 1 − ε_low: its gradient is 0.
+    None); they, ``old_logprobs`` and ``advantages`` are constants (no gradient). The wider upper
+    clip (ε_high > ε_low) lets tokens with a positive advantage gain more probability per step
+    than tokens with a negative one can lose, which keeps exploration alive. A token is *clipped*
+    when the clipped branch is the minimum and strictly smaller, i.e. A_t > 0 and ρ_t > 1 + ε_high,
+    or A_t < 0 and ρ_t < 1 − ε_low: its gradient is 0.
     """
     mask = _mask(mask)
     zeros = torch.zeros_like(logprobs)

@@ -33,7 +33,7 @@ class StepMetrics:
 
     loss: float = 0.0  # the optimised objective (token mean over the whole batch)
     clip_fraction: float = 0.0  # share of tokens whose ratio was clipped (gradient stopped)
-    approx_kl: float = 0.0  # k3 estimate of KL(pi_old || pi_theta) at the start of the step's last forward
+    approx_kl: float = 0.0  # k3 estimate of KL(pi_old || pi_theta): mean of (rho - 1) - log rho
     entropy: float = 0.0  # mean entropy of the policy over response positions (nats)
     kl_to_reference: float = 0.0  # k3 estimate of KL(pi_theta || pi_ref); 0 when kl_beta is 0 (not computed)
     topk_reverse_kl: float = 0.0  # mean top-K reverse KL to the teacher; 0 unless opd_topk is set
@@ -46,5 +46,6 @@ class StepMetrics:
     num_samples: int = 0
     num_tokens: int = 0  # response tokens trained on
     grad_norm: float = 0.0  # global gradient norm before clipping
+    skipped_step: int = 0  # 1 when the gradient was not finite and the weights were left unchanged
     step_seconds: float = 0.0  # wall time of the whole update step
     tokens_per_s: float = 0.0  # num_tokens / step_seconds

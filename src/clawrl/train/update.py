@@ -1,0 +1,368 @@
+"""One optimizer step on a batch of samples: the update of DESIGN §6.
+
+`update_step` packs the samples into micro-batches, runs the policy over each, builds the
+per-token advantage of the chosen method, accumulates the gradients of the PPO loss (plus the
+optional KL, entropy and top-K terms) and takes one optimizer step. The loss of every micro-batch
+is divided by the token count of the whole batch, so the accumulated gradient is exactly that of
+one token mean over the batch, and peak memory is set by `micro_batch_size` alone.
+
+π_old, the proximal policy of decoupled PPO, is the current weights' log-probs. Because there is
+one optimizer step per batch, the weights do not change while the micro-batches run, so each
+micro-batch's own forward pass already computes π_old: its detached log-probs *are* the no-grad
+forward a separate pass would give, and skipping that pass saves a third of the compute. The
+consequence is ρ = π_θ/π_old = 1 at every token, so the PPO clip never fires within one step
+(clip fraction and approximate KL read 0); the truncated importance weights
+min(π_old/π_behaviour, cap) carry the off-policy correction.
+
+Sequence layout, per micro-batch (why: bounded memory for long prompts):
+
+    [pad … pad | prompt | response | pad … pad]      prompts left-padded to end in one column
+
+Every response then starts in the same column, so the logits that predict response tokens are the
+last R columns and the model is asked for just those (`logits_to_keep`): the vocabulary-sized
+tensors are [micro-batch, R, V] however long the prompts are. Position ids are counted from each
+row's first real token, so padding changes nothing but the amount of work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from peft import PeftModel
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from torch import Tensor
+
+from clawrl.train.losses import (
+    combined_advantage,
+    entropy_from_logits,
+    kl_k3,
+    masked_mean,
+    opd_advantage,
+    ppo_clipped_loss,
+    topk_reverse_kl,
+    truncated_importance_weights,
+)
+from clawrl.train.types import Sample, StepMetrics
+
+
+class LossConfig(BaseSettings):
+    """The training objective (DESIGN §6): method, PPO clip, KL, entropy, OPD and off-policy knobs."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAWRL_", populate_by_name=True, extra="ignore")
+
+    method: Literal["rl", "opd", "combine"] = Field(
+        "combine",
+        description="Training signal: `rl` (advantage = reward), `opd` (advantage = clipped teacher-minus-policy "
+        "log-prob) or `combine` (w_rl * reward + w_opd * teacher term). A sample without teacher log-probs "
+        "contributes the RL term only, whatever the method.",
+    )
+    eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: the ratio is floored at 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="PPO clip above: the ratio is capped at 1 + eps_high.")
+    kl_beta: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the k3 KL to the reference policy (the adapter-free base for LoRA, the frozen "
+        "starting weights for full fine-tuning); 0 skips the reference forward pass entirely.",
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (subtracted from the loss).")
+    opd_clip: float = Field(1.0, gt=0, description="C in the OPD advantage clip(log pi_T - log pi_old, -C, C).")
+    w_rl: float = Field(1.0, description="Weight of the reward term in the advantage.")
+    w_opd: float = Field(1.0, description="Weight of the teacher term (OPD advantage or top-K reverse KL).")
+    is_cap: float = Field(
+        2.0, gt=0, description="Cap of the truncated importance weight min(pi_old / pi_behaviour, cap)."
+    )
+    opd_topk: int = Field(
+        0,
+        ge=0,
+        description="With K > 0, OPD distils the teacher's top-K distribution (reverse KL over K + 1 bins, the "
+        "last one the tail mass) instead of the sampled token's log-prob; 0 turns it off.",
+    )
+
+
+@dataclass
+class MicroBatch:
+    """Samples packed into tensors (layout in the module docstring); R = the longest response."""
+
+    input_ids: Tensor  # [B, P + R - 1]: the last response token is only ever a target
+    attention_mask: Tensor  # [B, P + R - 1]
+    position_ids: Tensor  # [B, P + R - 1]
+    response_ids: Tensor  # [B, R]
+    mask: Tensor  # [B, R] bool: a real response token
+    behaviour_logprobs: Tensor  # [B, R]
+    rewards: Tensor  # [B]
+    teacher_logprobs: Tensor  # [B, R], 0 where has_teacher is false
+    has_teacher: Tensor  # [B] bool: the token-level OPD term applies
+    topk_ids: Tensor | None  # [B, R, K] when any sample uses the top-K term
+    topk_logprobs: Tensor | None  # [B, R, K]
+    has_topk: Tensor  # [B] bool: the top-K term applies
+
+
+def _uses_topk(sample: Sample, config: LossConfig) -> bool:
+    return config.method != "rl" and config.opd_topk > 0 and sample.teacher_topk_ids is not None
+
+
+def _uses_teacher_logprobs(sample: Sample, config: LossConfig) -> bool:
+    return config.method != "rl" and sample.teacher_logprobs is not None and not _uses_topk(sample, config)
+
+
+def _check(sample: Sample, config: LossConfig) -> None:
+    length = len(sample.response_token_ids)
+    if length and not sample.prompt_token_ids:
+        raise ValueError(f"sample {sample.turn_id}: a response needs at least one prompt token to be predicted from")
+    if len(sample.behaviour_logprobs) != length:
+        count = len(sample.behaviour_logprobs)
+        raise ValueError(f"sample {sample.turn_id}: {count} behaviour log-probs for {length} response tokens")
+    if sample.teacher_logprobs is not None and len(sample.teacher_logprobs) != length:
+        raise ValueError(f"sample {sample.turn_id}: {len(sample.teacher_logprobs)} teacher log-probs, {length} tokens")
+    if _uses_topk(sample, config):
+        ids, logprobs = sample.teacher_topk_ids or [], sample.teacher_topk_logprobs or []
+        if len(ids) != length or len(logprobs) != length:
+            raise ValueError(f"sample {sample.turn_id}: teacher top-K lists do not cover its {length} tokens")
+        if any(len(row) < config.opd_topk for row in ids) or any(len(row) < config.opd_topk for row in logprobs):
+            raise ValueError(f"sample {sample.turn_id}: fewer than opd_topk={config.opd_topk} teacher entries")
+
+
+def pack_samples(samples: list[Sample], config: LossConfig, device: torch.device) -> MicroBatch:
+    """The tensors of one micro-batch (prompts left-padded, responses right-padded)."""
+    for sample in samples:
+        _check(sample, config)
+    prompt_width = max(len(sample.prompt_token_ids) for sample in samples)
+    response_width = max(len(sample.response_token_ids) for sample in samples)
+    rows, masks, response_ids, behaviour, teacher = [], [], [], [], []
+    for sample in samples:
+        left = prompt_width - len(sample.prompt_token_ids)
+        right = response_width - len(sample.response_token_ids)
+        rows.append([0] * left + sample.prompt_token_ids + sample.response_token_ids + [0] * right)
+        masks.append([0] * left + [1] * (len(sample.prompt_token_ids) + len(sample.response_token_ids)) + [0] * right)
+        response_ids.append(sample.response_token_ids + [0] * right)
+        behaviour.append(sample.behaviour_logprobs + [0.0] * right)
+        teacher_row = sample.teacher_logprobs if _uses_teacher_logprobs(sample, config) else None
+        teacher.append((teacher_row or [0.0] * len(sample.response_token_ids)) + [0.0] * right)
+    attention = torch.tensor(masks, device=device)[:, :-1]
+    response_ids_tensor = torch.tensor(response_ids, dtype=torch.long, device=device)
+    has_topk = [_uses_topk(sample, config) for sample in samples]
+    topk_ids, topk_logprobs = _pack_topk(samples, has_topk, config.opd_topk, response_width, device)
+    return MicroBatch(
+        input_ids=torch.tensor(rows, dtype=torch.long, device=device)[:, :-1],
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        response_ids=response_ids_tensor,
+        mask=torch.arange(response_width, device=device).unsqueeze(0)
+        < torch.tensor([len(sample.response_token_ids) for sample in samples], device=device).unsqueeze(1),
+        behaviour_logprobs=torch.tensor(behaviour, dtype=torch.float32, device=device),
+        rewards=torch.tensor([float(sample.reward) for sample in samples], dtype=torch.float32, device=device),
+        teacher_logprobs=torch.tensor(teacher, dtype=torch.float32, device=device),
+        has_teacher=torch.tensor([_uses_teacher_logprobs(sample, config) for sample in samples], device=device),
+        topk_ids=topk_ids,
+        topk_logprobs=topk_logprobs,
+        has_topk=torch.tensor(has_topk, dtype=torch.bool, device=device),
+    )
+
+
+def _pack_topk(
+    samples: list[Sample], has_topk: list[bool], k: int, width: int, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """[B, R, K] teacher ids and log-probs (each position's first K entries); None if no sample uses them."""
+    if not any(has_topk):
+        return None, None
+    ids = torch.zeros(len(samples), width, k, dtype=torch.long)
+    logprobs = torch.zeros(len(samples), width, k, dtype=torch.float32)
+    for row, (sample, used) in enumerate(zip(samples, has_topk)):
+        if used and sample.response_token_ids:
+            length = len(sample.response_token_ids)
+            ids[row, :length] = torch.tensor([position[:k] for position in sample.teacher_topk_ids or []])
+            logprobs[row, :length] = torch.tensor([position[:k] for position in sample.teacher_topk_logprobs or []])
+    return ids.to(device), logprobs.to(device)
+
+
+def response_logits(model: torch.nn.Module, batch: MicroBatch) -> Tensor:
+    """[B, R, V] logits, position t predicting response token t (float32 for the loss math)."""
+    output = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=batch.response_ids.shape[1],
+    )
+    return output.logits.float()
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """log softmax(logits)[token] without materialising the full log-softmax: z_token − logsumexp(z)."""
+    return logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _reference_logprobs(model: torch.nn.Module, reference_model: torch.nn.Module | None, batch: MicroBatch) -> Tensor:
+    """log π_ref of the response tokens: the adapter-free base of a PEFT model, else `reference_model`."""
+    if isinstance(model, PeftModel):
+        reference, context = model, model.disable_adapter()
+    elif reference_model is not None:
+        reference, context = reference_model, nullcontext()
+    else:
+        raise ValueError("kl_beta > 0 needs a reference: a PEFT model, or reference_model for full fine-tuning")
+    with torch.no_grad(), context:
+        return token_logprobs(response_logits(reference, batch), batch.response_ids)
+
+
+def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> Tensor:
+    """Per-token advantage [B, R] of the configured method (see `LossConfig.method`).
+
+    rl: w_rl·r. opd: w_opd·clip(teacher − old, ±C) for samples with teacher log-probs, 0 for
+    samples distilled through the top-K term, w_rl·r for the others (no teacher signal: RL term
+    only). combine: w_rl·r, plus w_opd·clip(teacher − old, ±C) where teacher log-probs exist.
+    """
+    rl_term = combined_advantage(batch.rewards, torch.zeros_like(old_logprobs), config.w_rl, 0.0)
+    if config.method == "rl":
+        return rl_term
+    has_teacher = batch.has_teacher.unsqueeze(1)
+    teacher_term = torch.where(
+        has_teacher, opd_advantage(batch.teacher_logprobs, old_logprobs, config.opd_clip), torch.zeros_like(rl_term)
+    )
+    if config.method == "combine":
+        return combined_advantage(batch.rewards, teacher_term, config.w_rl, config.w_opd)
+    without_teacher = torch.where(batch.has_topk.unsqueeze(1), torch.zeros_like(rl_term), rl_term)
+    return torch.where(has_teacher, config.w_opd * teacher_term, without_teacher)
+
+
+def micro_batches(samples: list[Sample], size: int) -> Iterator[list[Sample]]:
+    """Chunks of `size`, after sorting by length so that each chunk pads as little as possible."""
+    ordered = sorted(samples, key=lambda sample: (len(sample.prompt_token_ids), len(sample.response_token_ids)))
+    for start in range(0, len(ordered), size):
+        yield ordered[start : start + size]
+
+
+@dataclass
+class _Totals:
+    """Running sums over micro-batches, kept on the device (one synchronisation at the end)."""
+
+    loss: Tensor
+    clip_fraction: Tensor
+    approx_kl: Tensor
+    entropy: Tensor
+    kl_to_reference: Tensor
+    topk_reverse_kl: Tensor
+    mean_advantage: Tensor
+    logprob_drift: Tensor
+    mean_is_weight: Tensor
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> _Totals:
+        return cls(*(torch.zeros((), device=device) for _ in range(9)))
+
+
+def update_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    config: LossConfig,
+    *,
+    micro_batch_size: int,
+    grad_clip: float = 1.0,
+    reference_model: torch.nn.Module | None = None,
+) -> StepMetrics:
+    """One optimizer step on `samples`; returns what it did (`mean_staleness` is left to the caller).
+
+    The loss is the token mean over every response token in `samples` of
+
+        PPO(ρ, A, w) + kl_beta · k3(π_θ, π_ref) − entropy_coef · H(π_θ) + w_opd · topK-RKL
+
+    (the last term only for samples distilled through the top-K term). Gradients are clipped to
+    a global norm of `grad_clip` (math.inf: no clipping). With no response token at all, or a
+    non-finite gradient (the step is then skipped and `skipped_step` is 1), the weights are left
+    unchanged. Deterministic given the model, the samples and torch's RNG (dropout, if any).
+    """
+    if micro_batch_size < 1:
+        raise ValueError("micro_batch_size must be at least 1")
+    started = time.perf_counter()
+    device = next(model.parameters()).device
+    num_tokens = sum(len(sample.response_token_ids) for sample in samples)
+    topk_tokens = sum(len(sample.response_token_ids) for sample in samples if _uses_topk(sample, config))
+    metrics = StepMetrics(
+        num_samples=len(samples),
+        num_tokens=num_tokens,
+        mean_reward=sum(sample.reward for sample in samples) / max(len(samples), 1),
+        opd_fraction=sum(
+            sample.teacher_logprobs is not None or sample.teacher_topk_ids is not None for sample in samples
+        ) / max(len(samples), 1),
+    )
+    if num_tokens == 0:
+        return metrics
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    totals = _Totals.zeros(device)
+    was_training = model.training
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    try:
+        for chunk in micro_batches(samples, micro_batch_size):
+            batch = pack_samples(chunk, config, device)
+            if batch.response_ids.shape[1] == 0:
+                continue
+            _accumulate(model, reference_model, batch, config, num_tokens, topk_tokens, totals)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+        else:
+            metrics.skipped_step = 1
+        optimizer.zero_grad(set_to_none=True)
+    finally:
+        model.train(was_training)
+    for name, total in vars(totals).items():
+        setattr(metrics, name, total.item())
+    metrics.grad_norm = grad_norm.item()
+    metrics.step_seconds = time.perf_counter() - started
+    metrics.tokens_per_s = num_tokens / metrics.step_seconds
+    return metrics
+
+
+def _accumulate(
+    model: torch.nn.Module,
+    reference_model: torch.nn.Module | None,
+    batch: MicroBatch,
+    config: LossConfig,
+    num_tokens: int,
+    topk_tokens: int,
+    totals: _Totals,
+) -> None:
+    """Forward and backward one micro-batch, its loss scaled to its share of the batch token mean."""
+    reference = _reference_logprobs(model, reference_model, batch) if config.kl_beta > 0 else None
+    logits = response_logits(model, batch)
+    full_logprobs = torch.log_softmax(logits, dim=-1) if batch.topk_ids is not None else None
+    logprobs = (
+        full_logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        if full_logprobs is not None
+        else token_logprobs(logits, batch.response_ids)
+    )
+    old = logprobs.detach()  # π_old: the current weights (see the module docstring)
+    weights = truncated_importance_weights(old, batch.behaviour_logprobs, config.is_cap)
+    token_advantages = advantages(batch, old, config)
+    loss, stats = ppo_clipped_loss(
+        logprobs, old, token_advantages, batch.mask, config.eps_low, config.eps_high, weights, num_tokens
+    )
+    entropy_context: AbstractContextManager[None] = nullcontext() if config.entropy_coef > 0 else torch.no_grad()
+    with entropy_context:
+        entropy = masked_mean(entropy_from_logits(logits), batch.mask, num_tokens)
+    if config.entropy_coef > 0:
+        loss = loss - config.entropy_coef * entropy
+    if reference is not None:
+        kl = kl_k3(logprobs, reference, batch.mask, num_tokens)
+        loss = loss + config.kl_beta * kl
+        totals.kl_to_reference += kl.detach()
+    if full_logprobs is not None and batch.topk_ids is not None and batch.topk_logprobs is not None:
+        topk_mask = batch.mask & batch.has_topk.unsqueeze(1)
+        reverse_kl = topk_reverse_kl(full_logprobs, batch.topk_ids, batch.topk_logprobs, topk_mask, num_tokens)
+        loss = loss + config.w_opd * reverse_kl
+        totals.topk_reverse_kl += reverse_kl.detach() * (num_tokens / topk_tokens)
+    loss.backward()
+    totals.loss += loss.detach()
+    totals.clip_fraction += stats.clip_fraction
+    totals.approx_kl += stats.approx_kl
+    totals.mean_advantage += stats.mean_advantage
+    totals.entropy += entropy.detach()
+    totals.logprob_drift += masked_mean((old - batch.behaviour_logprobs).abs(), batch.mask, num_tokens)
+    totals.mean_is_weight += masked_mean(weights, batch.mask, num_tokens)

@@ -1,0 +1,269 @@
+"""`update_step` on the real tiny model, with a real PEFT LoRA adapter or full fine-tuning.
+
+What a user would observe: a rewarded response becomes likelier, a punished one less likely, a
+teacher that prefers the response pulls it up, micro-batching changes nothing but memory, the KL
+term pulls a drifted policy back to the reference, and top-K distillation moves the policy's
+distribution onto the teacher's. Gradients are also checked against an independent computation
+(one unpadded forward per sample).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.train.types import Sample
+from clawrl.train.update import LossConfig, advantages, pack_samples, update_step
+
+torch.set_num_threads(1)
+
+CONVERSATIONS = [
+    ("Hello there, how are you today?", "I am fine, thanks for asking."),
+    ("Write one short line about the sea.", "The sea hums softly at night."),
+    ("What is two plus two?", "Four."),
+]
+
+
+def load_policy(model_dir: Path, lora: bool = True) -> torch.nn.Module:
+    torch.manual_seed(0)  # the LoRA A matrices are initialised at random
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    return model
+
+
+def encode(model_dir: Path, user: str, answer: str) -> tuple[list[int], list[int]]:
+    """Prompt and response ids as the engine would have them (chat template, then the answer)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": user}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return (
+        tokenizer.encode(prompt, add_special_tokens=False),
+        tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False),
+    )
+
+
+def logprobs_of(model: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log π(response_t | prompt, response_<t) from one plain, unpadded forward pass."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+
+
+def on_policy_sample(model: torch.nn.Module, model_dir: Path, index: int, reward: float, **teacher) -> Sample:
+    """A sample whose behaviour log-probs are the model's own (as if it had just generated it)."""
+    prompt, response = encode(model_dir, *CONVERSATIONS[index])
+    behaviour = logprobs_of(model, prompt, response).tolist()
+    return Sample(f"turn-{index}", prompt, response, behaviour, policy_version=0, reward=reward, **teacher)
+
+
+def train(model: torch.nn.Module, samples: list[Sample], config: LossConfig, steps: int, lr: float = 1e-2, **options):
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    return [update_step(model, optimizer, samples, config, micro_batch_size=2, **options) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("reward", [1.0, -1.0])
+def test_reward_moves_the_response_log_prob_its_way(tiny_model_dir: Path, reward: float) -> None:
+    model = load_policy(tiny_model_dir)
+    sample = on_policy_sample(model, tiny_model_dir, 0, reward)
+    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    metrics = train(model, [sample], LossConfig(method="rl"), steps=3)
+    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    assert (after - before) * reward > 1.0
+    first = metrics[0]
+    assert first.num_samples == 1 and first.num_tokens == len(sample.response_token_ids)
+    assert first.mean_reward == reward and first.mean_advantage == pytest.approx(reward)
+    assert first.logprob_drift == pytest.approx(0.0, abs=1e-5) and first.mean_is_weight == pytest.approx(1.0, abs=1e-5)
+    assert first.grad_norm > 0 and first.tokens_per_s > 0 and first.skipped_step == 0
+    assert first.entropy > 0 and first.clip_fraction == 0.0 and first.kl_to_reference == 0.0
+
+
+@pytest.mark.parametrize("teacher_shift", [0.5, -0.5])
+def test_opd_follows_the_teacher(tiny_model_dir: Path, teacher_shift: float) -> None:
+    model = load_policy(tiny_model_dir)
+    probe = on_policy_sample(model, tiny_model_dir, 1, 0.0)
+    teacher = [logprob + teacher_shift for logprob in probe.behaviour_logprobs]
+    sample = on_policy_sample(model, tiny_model_dir, 1, 0.0, teacher_logprobs=teacher)
+    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    metrics = train(model, [sample], LossConfig(method="opd"), steps=3)
+    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    assert (after - before) * teacher_shift > 1.0
+    assert metrics[0].mean_advantage == pytest.approx(teacher_shift, abs=1e-5)
+    assert metrics[0].opd_fraction == 1.0
+
+
+def mixed_samples(model: torch.nn.Module, model_dir: Path) -> list[Sample]:
+    """Different lengths, rewards, a teacher, and behaviour log-probs off the current policy."""
+    samples = [on_policy_sample(model, model_dir, index, reward) for index, reward in enumerate([1.0, -1.0, 1.0])]
+    samples[0].behaviour_logprobs = [logprob - 0.4 for logprob in samples[0].behaviour_logprobs]
+    samples[1].behaviour_logprobs = [logprob + 0.3 for logprob in samples[1].behaviour_logprobs]
+    samples[2].teacher_logprobs = [logprob + 0.7 for logprob in samples[2].behaviour_logprobs]
+    return samples
+
+
+def sgd_delta(model: torch.nn.Module, samples: list[Sample], config: LossConfig, micro_batch_size: int):
+    """Parameter change of one plain SGD step (lr 1, no clipping): minus the gradient."""
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    before = {name: p.detach().clone() for name, p in trainable.items()}
+    update_step(
+        model, torch.optim.SGD(trainable.values(), lr=1.0), samples, config,
+        micro_batch_size=micro_batch_size, grad_clip=math.inf,
+    )
+    return {name: trainable[name].detach() - before[name] for name in trainable}
+
+
+def independent_gradient(model: torch.nn.Module, samples: list[Sample], config: LossConfig) -> dict[str, torch.Tensor]:
+    """The gradient written out directly: at ρ = 1 the PPO loss's gradient is −(1/N) Σ_t w_t A_t ∇log π(a_t),
+    computed here one unpadded sample at a time."""
+    trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    total = sum(len(sample.response_token_ids) for sample in samples)
+    model.zero_grad()
+    for sample in samples:
+        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        logprobs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+        old = logprobs.detach()
+        weights = torch.exp(old - torch.tensor(sample.behaviour_logprobs)).clamp(max=config.is_cap)
+        advantage = torch.full_like(old, config.w_rl * sample.reward)
+        if sample.teacher_logprobs is not None:
+            teacher = torch.tensor(sample.teacher_logprobs)
+            advantage += config.w_opd * (teacher - old).clamp(-config.opd_clip, config.opd_clip)
+        (-(weights * advantage * logprobs).sum() / total).backward()
+    gradient = {name: p.grad.detach().clone() for name, p in trainable.items()}
+    model.zero_grad()
+    return gradient
+
+
+def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path) -> None:
+    policy = load_policy(tiny_model_dir)
+    # A first step so that the LoRA B matrices are non-zero and every adapter weight gets a gradient.
+    train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
+    samples = mixed_samples(policy, tiny_model_dir)
+    config = LossConfig(method="combine")
+    expected = independent_gradient(policy, samples, config)
+    deltas = [sgd_delta(copy.deepcopy(policy), samples, config, size) for size in (3, 2, 1)]
+    for name, gradient in expected.items():
+        assert gradient.abs().max() > 0, name
+        for delta in deltas:
+            torch.testing.assert_close(delta[name], -gradient, rtol=1e-4, atol=1e-7)
+
+
+def test_metrics_report_drift_and_importance_weights(tiny_model_dir: Path) -> None:
+    model = load_policy(tiny_model_dir)
+    stale = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+    stale.behaviour_logprobs = [logprob - 1.0 for logprob in stale.behaviour_logprobs]  # π_old/π_b = e > cap
+    fresh = on_policy_sample(model, tiny_model_dir, 2, -1.0)
+    fresh.behaviour_logprobs = [logprob + 0.5 for logprob in fresh.behaviour_logprobs]  # π_old/π_b = e^-0.5
+    metrics = train(model, [stale, fresh], LossConfig(method="rl"), steps=1)[0]
+    n_stale, n_fresh = len(stale.response_token_ids), len(fresh.response_token_ids)
+    total = n_stale + n_fresh
+    assert metrics.logprob_drift == pytest.approx((1.0 * n_stale + 0.5 * n_fresh) / total, rel=1e-4)
+    assert metrics.mean_is_weight == pytest.approx((2.0 * n_stale + math.exp(-0.5) * n_fresh) / total, rel=1e-4)
+    assert metrics.mean_advantage == pytest.approx((n_stale - n_fresh) / total, rel=1e-5)
+    assert metrics.mean_reward == 0.0 and metrics.num_tokens == total
+
+
+def test_a_sample_without_teacher_log_probs_contributes_the_rl_term(tiny_model_dir: Path) -> None:
+    model = load_policy(tiny_model_dir)
+    with_teacher = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+    with_teacher.teacher_logprobs = [logprob + 3.0 for logprob in with_teacher.behaviour_logprobs]  # clipped to +C
+    without = on_policy_sample(model, tiny_model_dir, 1, -1.0)
+    batch = pack_samples([with_teacher, without], LossConfig(), torch.device("cpu"))
+    old = batch.behaviour_logprobs  # on-policy: π_old = π_behaviour
+    expected = {"rl": (2.0, -2.0), "opd": (0.5 * 1.0, -2.0), "combine": (2.0 + 0.5, -2.0)}
+    for method, (first, second) in expected.items():
+        config = LossConfig(method=method, w_rl=2.0, w_opd=0.5)
+        values = advantages(pack_samples([with_teacher, without], config, torch.device("cpu")), old, config)
+        assert torch.allclose(values[0][batch.mask[0]], torch.tensor(first)), method
+        assert torch.allclose(values[1][batch.mask[1]], torch.tensor(second)), method
+
+
+def test_full_fine_tuning_and_the_kl_pull_to_the_reference(tiny_model_dir: Path) -> None:
+    reference = load_policy(tiny_model_dir, lora=False).eval()
+    policy = load_policy(tiny_model_dir, lora=False)
+    sample = on_policy_sample(policy, tiny_model_dir, 0, 1.0)
+    start = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    train(policy, [sample], LossConfig(method="rl"), steps=3, lr=3e-3)  # kl_beta 0: no reference needed
+    drifted = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    assert drifted - start > 1.0
+    with pytest.raises(ValueError, match="reference"):
+        train(policy, [sample], LossConfig(method="rl", kl_beta=1.0), steps=1)
+    neutral = Sample(sample.turn_id, sample.prompt_token_ids, sample.response_token_ids,
+                     sample.behaviour_logprobs, 0, reward=0.0)  # no reward: only the KL acts
+    kl_only = LossConfig(method="rl", kl_beta=1.0)
+    metrics = train(policy, [neutral], kl_only, steps=4, lr=3e-3, reference_model=reference)
+    pulled = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    assert metrics[0].kl_to_reference > 0.05
+    assert metrics[-1].kl_to_reference < 0.5 * metrics[0].kl_to_reference
+    assert abs(pulled - start) < 0.5 * abs(drifted - start)
+
+
+def test_lora_reference_is_the_model_without_its_adapter(tiny_model_dir: Path) -> None:
+    model = load_policy(tiny_model_dir)
+    sample = on_policy_sample(model, tiny_model_dir, 1, 1.0)
+    metrics = train(model, [sample], LossConfig(method="rl", kl_beta=0.1), steps=3)
+    assert metrics[0].kl_to_reference == pytest.approx(0.0, abs=1e-6)  # a fresh adapter changes nothing
+    assert metrics[-1].kl_to_reference > 1e-3
+    with model.disable_adapter():
+        base = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids)
+    assert torch.allclose(base, torch.tensor(sample.behaviour_logprobs), atol=1e-5)  # the base never trains
+
+
+def test_topk_opd_moves_the_policy_onto_the_teacher_distribution(tiny_model_dir: Path) -> None:
+    k = 4
+    # Full fine-tuning: the teacher's top 4 are random ids at every position, far from anything
+    # the random tiny model predicts, and a LoRA adapter on it moves the output layer too slowly.
+    model = load_policy(tiny_model_dir, lora=False)
+    sample = on_policy_sample(model, tiny_model_dir, 2, 0.0)
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    ids = [torch.randperm(vocab, generator=generator)[:k].tolist() for _ in sample.response_token_ids]
+    sample.teacher_topk_ids = ids
+    sample.teacher_topk_logprobs = [[math.log(0.9 / k)] * k for _ in ids]  # 90% on its top 4, 10% tail
+
+    def teacher_mass() -> float:
+        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        return torch.softmax(logits, -1).gather(-1, torch.tensor(ids)).sum(-1).mean().item()
+
+    before = teacher_mass()
+    metrics = train(model, [sample], LossConfig(method="opd", opd_topk=k), steps=10)
+    assert before < 0.05
+    assert teacher_mass() > 0.3
+    assert metrics[-1].topk_reverse_kl < 0.5 * metrics[0].topk_reverse_kl
+    assert metrics[0].mean_advantage == 0.0  # the top-K term replaces the token-level OPD advantage
+
+
+def test_nothing_to_train_leaves_the_weights_alone(tiny_model_dir: Path) -> None:
+    model = load_policy(tiny_model_dir)
+    before = [p.detach().clone() for p in model.parameters()]
+    prompt, _ = encode(tiny_model_dir, *CONVERSATIONS[0])
+    empty = Sample("empty", prompt, [], [], policy_version=0, reward=1.0)
+    for samples in ([], [empty]):
+        metrics = train(model, samples, LossConfig(), steps=1)[0]
+        assert metrics.num_tokens == 0 and metrics.loss == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_update_is_deterministic(tiny_model_dir: Path) -> None:
+    results = []
+    for _ in range(2):
+        model = load_policy(tiny_model_dir)
+        metrics = train(model, mixed_samples(model, tiny_model_dir), LossConfig(), steps=2)
+        results.append(([p.detach().clone() for p in model.parameters() if p.requires_grad], metrics))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    assert [m.loss for m in results[0][1]] == [m.loss for m in results[1][1]]
+
+
+def test_mismatched_lengths_are_refused(tiny_model_dir: Path) -> None:
+    prompt, response = encode(tiny_model_dir, *CONVERSATIONS[0])
+    broken = Sample("broken", prompt, response, [0.0] * (len(response) - 1), policy_version=0, reward=1.0)
+    with pytest.raises(ValueError, match="behaviour log-probs"):
+        pack_samples([broken], LossConfig(), torch.device("cpu"))
