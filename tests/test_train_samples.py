@@ -1,0 +1,181 @@
+"""From judged turns to samples: the table of DESIGN §6, the at-least-one rule, teacher log-probs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.config import EngineConfig
+from clawrl.engines.chat import answer_fingerprint, render_prompt
+from clawrl.engines.hf import HFEngine
+from clawrl.judge.hints import teacher_messages
+from clawrl.serve.sessions import conversation_hashes
+from clawrl.store import NewJudgment, NewTurn, Store
+from clawrl.store.training import TrainingStore
+from clawrl.train.samples import SampleBuilder, decide, to_sample
+from clawrl.train.trainer import forced_logprobs
+
+HINT = "Answer without bold text and without a numbered list."
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
+    torch.set_num_threads(1)
+    return AutoTokenizer.from_pretrained(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+
+class Conversation:
+    """Records real turns (token ids from the tiny model's tokenizer) and their verdicts."""
+
+    def __init__(self, store: Store, tokenizer: Any) -> None:
+        self.store, self.tokenizer = store, tokenizer
+
+    def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False) -> None:
+        messages = [{"role": "user", "content": question}]
+        response = self.tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        self.store.record_turn(
+            NewTurn(
+                turn_id=turn_id, session_id=session, id_source="header", kind="main", model="tiny", policy_version=0,
+                messages=messages, tools=None, sampling={}, prompt_token_ids=render_prompt(self.tokenizer, messages, None),
+                response_token_ids=response, response_logprobs=[-1.0] * len(response), response_text=answer,
+                tool_calls=None, finish_reason="stop", answer_fingerprint=answer_fingerprint(answer, None),
+                message_hashes=conversation_hashes(messages), latency_s=0.01, continues_turn_id=after,
+                next_state=messages if after else None, session_done=done,
+            )
+        )  # fmt: skip
+
+    def judge(self, turn_id: str, score: int, hint: str | None = None) -> None:
+        verdict = NewJudgment(turn_id, score, [score], 1.0, 0, None, hint, [], "rule", "rule", 0.0)
+        assert self.store.record_judgment(verdict)
+
+
+def builder(store: Store, tokenizer: Any, model: Any, method: str = "combine", topk: int = 0) -> SampleBuilder:
+    return SampleBuilder(
+        TrainingStore(store), tokenizer, method, lambda p, r, k: forced_logprobs(model, p, r, k), lambda: "base", topk=topk
+    )
+
+
+@pytest.mark.parametrize(
+    ("score", "hint", "method", "expected"),
+    [
+        (-1, HINT, "combine", ("combined", -1.0, True)),
+        (1, HINT, "combine", ("combined", 1.0, True)),
+        (0, HINT, "combine", ("opd", 0.0, True)),
+        (1, None, "combine", ("rl", 1.0, False)),
+        (0, None, "combine", ("none", 0.0, False)),
+        (-1, HINT, "rl", ("rl", -1.0, False)),
+        (0, HINT, "rl", ("none", 0.0, False)),
+        (-1, HINT, "opd", ("opd", 0.0, True)),
+        (1, None, "opd", ("none", 0.0, False)),
+    ],
+)
+def test_the_sample_table(score: int, hint: str | None, method: str, expected: tuple[str, float, bool]) -> None:
+    decision = decide(score, hint, method)
+    assert (decision.kind, decision.reward, decision.needs_teacher) == expected
+
+
+def test_judged_turns_become_samples_in_arrival_order(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    talk.turn("a1", "A", "Write a note.", "**Note**: 1. Friday.")
+    talk.turn("a2", "A", "too AI-like, rewrite it", "Friday it is.", after="a1")
+    talk.turn("a3", "A", "ok what about Monday?", "Monday works.", after="a2")
+    talk.turn("a4", "A", "hm", "Sure.", after="a3")
+    talk.turn("a5", "A", "bye", "Bye.", after="a4")
+    talk.judge("a1", -1, HINT)  # combined
+    talk.judge("a2", 1)  # RL only
+    talk.judge("a3", 0, HINT)  # OPD only
+    talk.judge("a4", 0)  # nothing, and not the session's first judged turn
+    store.add_feedback("a5", -1, None)  # the last turn: no next state, but explicit feedback
+    talk.judge("a5", -1)
+    assert builder(store, tokenizer, model).build() == 5
+    training = TrainingStore(store)
+    ready = training.ready_samples(10)
+    assert [row.turn_id for row, _ in ready] == ["a1", "a2", "a3", "a5"]
+    kinds = {row.turn_id: (row.kind, row.reward, row.teacher_logprobs is not None) for row, _ in ready}
+    assert kinds == {"a1": ("combined", -1.0, True), "a2": ("rl", 1.0, False), "a3": ("opd", 0.0, True), "a5": ("rl", -1.0, False)}
+    dropped = training.sample("a4")
+    assert dropped.status == "dropped" and dropped.drop_reason == "no_signal"
+    sample = to_sample(*ready[0])
+    turn = store.turn("a1")
+    assert sample.prompt_token_ids == turn.prompt_token_ids and sample.response_token_ids == turn.response_token_ids
+    assert sample.behaviour_logprobs == turn.response_logprobs and len(sample.teacher_logprobs) == len(turn.response_token_ids)
+    assert builder(store, tokenizer, model).build() == 0  # each turn gets one sample row, once
+
+
+def test_a_judged_turn_without_next_state_or_feedback_is_not_trained_on(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    talk.turn("t1", "S", "Write a poem.", "A poem.")
+    talk.judge("t1", 1)  # e.g. a judge that ran on it anyway
+    builder(store, tokenizer, model).build()
+    sample = TrainingStore(store).sample("t1")
+    assert sample.status == "dropped" and sample.drop_reason == "no_next_state"
+
+
+def test_at_least_one_sample_per_judged_session(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    build = builder(store, tokenizer, model)
+    training = TrainingStore(store)
+    # Session Q: nothing but neutral verdicts. Its first judged turn waits for the session's end.
+    talk.turn("q1", "Q", "hello", "Hi.")
+    talk.turn("q2", "Q", "hmm", "Yes?", after="q1")
+    talk.turn("q3", "Q", "hmm", "Yes?", after="q2")
+    talk.judge("q1", 0)
+    talk.judge("q2", 0)
+    # Session R: neutral first, then a real signal, which makes the first one unnecessary.
+    talk.turn("r1", "R", "hello", "Hi.")
+    talk.turn("r2", "R", "no, wrong", "Sorry.", after="r1")
+    talk.turn("r3", "R", "thanks", "Welcome.", after="r2")
+    talk.judge("r1", 0)
+    build.build()
+    assert training.sample("q1").status == "held" and training.sample("r1").status == "held"
+    assert training.sample("q2").drop_reason == "no_signal"
+    talk.judge("r2", -1)
+    build.build()
+    assert training.sample("r1").status == "dropped" and training.sample("r1").drop_reason == "no_signal"
+    assert training.sample("q1").status == "held"  # Q is still open: a later turn may carry a signal
+    talk.turn("q4", "Q", "bye", "Bye.", after="q3", done=True)
+    build.build()
+    kept = training.sample("q1")
+    assert (kept.status, kept.kind, kept.reward) == ("ready", "at_least_one", 0.0)
+    assert [row.turn_id for row, _ in training.ready_samples(10)] == ["q1", "r2"]
+
+
+def test_teacher_logprobs_follow_the_engine_score_contract_under_the_hinted_prompt(tmp_path: Path, tiny: tuple[Any, Any], tiny_model_dir: Path) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    talk.turn("t1", "S", "Write a note about Friday.", "**Friday**: 1. lunch 2. demo")
+    talk.turn("t2", "S", "too AI-like, rewrite it without the bold", "Friday: lunch, then the demo.", after="t1")
+    talk.judge("t1", -1, HINT)
+    builder(store, tokenizer, model, topk=3).build()
+    row = TrainingStore(store).sample("t1")
+    turn = store.turn("t1")
+    hinted_prompt = render_prompt(tokenizer, teacher_messages(turn.messages, HINT), None)
+    assert hinted_prompt != turn.prompt_token_ids and HINT in tokenizer.decode(hinted_prompt)
+
+    async def engine_scores() -> Any:
+        engine = HFEngine(EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1))
+        await engine.start()
+        try:
+            return await engine.score(hinted_prompt, turn.response_token_ids, top_k=3)
+        finally:
+            await engine.close()
+
+    expected = asyncio.run(engine_scores())
+    torch.testing.assert_close(torch.tensor(row.teacher_logprobs), torch.tensor(expected.logprobs), rtol=0, atol=1e-4)
+    assert row.teacher_topk_ids == expected.top_token_ids
+    torch.testing.assert_close(torch.tensor(row.teacher_topk_logprobs), torch.tensor(expected.top_logprobs), rtol=0, atol=1e-4)
+    # the hint really changes the teacher: it is not the student's own distribution
+    student = forced_logprobs(model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+    assert not torch.allclose(torch.tensor(student), torch.tensor(row.teacher_logprobs), atol=1e-3)

@@ -1,0 +1,117 @@
+"""The store's training records and version directories: exactly-once registration, rollback,
+checksums, orphans, and the upgrade of a version 2 store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from clawrl.store import NewJudgment, Store
+from clawrl.store.migrations import SCHEMA_VERSION
+from clawrl.store.training import NewSample, NewVersion, PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.train.publish import ChecksumError, Manifest, discard_unregistered, verify_version, write_version
+from tests.test_session_inference import record, user
+
+
+def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore]:
+    store = Store.for_run_dir(tmp_path)
+    for index in range(count):
+        record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
+        store.record_judgment(NewJudgment(f"t{index}", 1, [1], 1.0, 0, None, None, [], "rule", "rule", 0.0))
+    training = TrainingStore(store)
+    training.add_samples([NewSample(f"t{index}", "ready", "rl", 1.0, 0) for index in range(count)])
+    return store, training
+
+
+def version(number: int, parent: int) -> NewVersion:
+    return NewVersion(number, parent, "lora", f"/runs/policy/v{number}", "0" * 64, number, {"loss": 0.5})
+
+
+def test_registering_a_version_marks_its_samples_and_moves_the_pointer_at_once(tmp_path: Path) -> None:
+    _store, training = store_with_samples(tmp_path, 4)
+    assert training.serving_version() == 0
+    training.register_version(version(1, 0), ["t0", "t1"])
+    assert training.serving_version() == 1 and training.newest_version() == 1
+    assert [training.sample(t).trained_version for t in ("t0", "t1", "t2")] == [1, 1, None]
+    assert [row.turn_id for row, _ in training.ready_samples(10)] == ["t2", "t3"]
+    # A sample is never trained twice: a second registration with a trained sample writes nothing.
+    with pytest.raises(SamplesTakenError):
+        training.register_version(version(2, 1), ["t1", "t2"])
+    assert training.newest_version() == 1 and training.sample("t2").status == "ready"
+    assert training.sample_counts() == {"trained": 2, "ready": 2}
+
+
+def test_a_rollback_during_a_step_keeps_the_step_from_publishing(tmp_path: Path) -> None:
+    _store, training = store_with_samples(tmp_path, 4)
+    training.register_version(version(1, 0), ["t0"])
+    training.register_version(version(2, 1), ["t1"])
+    training.rollback(1)
+    assert training.serving_target()[:2] == (1, "rollback")
+    with pytest.raises(PointerMovedError):  # a step that started from v2
+        training.register_version(version(3, 2), ["t2"])
+    assert training.sample("t2").status == "ready" and training.version(3) is None
+    training.register_version(version(3, 1), ["t2"])  # the step redone from v1
+    assert training.serving_version() == 3 and training.version(3).parent == 1
+    training.rollback(0)
+    assert training.serving_target() == (0, "rollback", None)
+    with pytest.raises(KeyError):
+        training.rollback(9)
+
+
+def write(tmp_path: Path, number: int) -> tuple[Path, str]:
+    def weights(directory: Path) -> None:
+        (directory / "adapter_model.safetensors").write_bytes(b"weights %d" % number)
+        (directory / "adapter_config.json").write_text("{}")
+
+    manifest = Manifest(number, number - 1, number, "lora", [f"t{number}"], {"loss": 0.25})
+    return write_version(tmp_path, manifest, weights, lambda path: path.write_bytes(b"optimizer"))
+
+
+def test_version_directories_are_checksummed(tmp_path: Path) -> None:
+    path, sha256 = write(tmp_path, 1)
+    assert path == tmp_path / "policy" / "v1"
+    manifest = verify_version(path, sha256, trainer_state=True)
+    assert (manifest.parent, manifest.step, manifest.sample_ids, manifest.metrics) == (0, 1, ["t1"], {"loss": 0.25})
+    assert set(json.loads((path / "manifest.json").read_text())["weights"]) == {"adapter_model.safetensors", "adapter_config.json"}
+    with pytest.raises(ChecksumError):
+        verify_version(path, "f" * 64)
+    (path / "trainer_state.pt").write_bytes(b"corrupt")
+    verify_version(path, sha256)  # serving reads the weights only
+    with pytest.raises(ChecksumError):
+        verify_version(path, sha256, trainer_state=True)
+    (path / "adapter_model.safetensors").write_bytes(b"flipped bits")
+    with pytest.raises(ChecksumError):
+        verify_version(path, sha256)
+
+
+def test_unregistered_directories_are_discarded(tmp_path: Path) -> None:
+    write(tmp_path, 1)
+    write(tmp_path, 2)  # as if killed before registering it
+    (tmp_path / "policy" / ".tmp-v3-deadbeef").mkdir()  # as if killed while writing
+    removed = discard_unregistered(tmp_path, registered={1})
+    assert sorted(path.name for path in removed) == [".tmp-v3-deadbeef", "v2"]
+    assert [path.name for path in (tmp_path / "policy").iterdir()] == ["v1"]
+    path, sha256 = write(tmp_path, 2)  # redone
+    verify_version(path, sha256, trainer_state=True)
+
+
+def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "a")
+    store.record_judgment(NewJudgment("t1", 1, [1], 1.0, 0, None, None, [], "rule", "rule", 0.0))
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 3's store looked like
+        for table in ("samples", "policy_versions", "policy_pointers"):
+            db.execute(f"DROP TABLE {table}")
+        db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    store = Store.for_run_dir(tmp_path)
+    assert store.judgment("t1").score == 1 and store.turn("t1").response_text == "a"
+    training = TrainingStore(store)
+    assert training.serving_version() == 0 and training.sample_counts() == {}
+    training.add_samples([NewSample("t1", "ready", "rl", 1.0, 0)])
+    training.register_version(version(1, 0), ["t1"])
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "3"
