@@ -1,0 +1,321 @@
+"""The trainer loop (DESIGN §6, loop 4): samples in, policy versions out.
+
+It runs in its own OS process (`clawrl train`, or started by `clawrl serve --method ...`), never
+in the serving process: the GIL and the CPU are shared. Each round it
+
+1. follows the store's serving pointer: on start, and after `clawrl versions rollback`, it loads
+   that version's weights and optimizer state (or the base weights for version 0) and trains on
+   from there, so a rollback also rolls the trainer back;
+2. turns newly judged turns into sample rows (`samples.py`; OPD teacher log-probs are computed
+   here, with this process's model);
+3. takes the oldest ready samples, dropping those more than `max_staleness` versions old; with
+   `batch_size` of them it makes one update (`update.update_step`);
+4. writes the new version directory and registers it, marking its samples trained and moving the
+   serving pointer, in one store transaction (`store/training.py`). If a rollback happened during
+   the step, the step is thrown away and its samples stay ready.
+
+Resuming is exact: a version directory carries the optimizer and RNG state, and the store says
+which samples are trained. A version directory without a store row (the trainer was killed
+between writing and registering it) is deleted on start and its step redone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from clawrl.config import EngineConfig, TrainConfig
+from clawrl.engines.base import ScoredResponse
+from clawrl.engines.hf import resolve_device, resolve_dtype
+from clawrl.store import Store
+from clawrl.store.schema import SampleRow, TurnRow
+from clawrl.store.training import NewVersion, PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
+from clawrl.train.samples import SampleBuilder, to_sample
+from clawrl.train.types import StepMetrics
+from clawrl.train.update import LossConfig, update_step
+
+log = logging.getLogger(__name__)
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): reload before training
+
+
+class TrainerLockedError(RuntimeError):
+    """Another trainer already trains this run directory."""
+
+
+def model_source(config: EngineConfig) -> str:
+    """Where the base weights live: `tiny` is the locally built tiny model, as for serving."""
+    if config.model == "tiny":
+        from clawrl.sim.tiny import tiny_model_path
+
+        return str(tiny_model_path(config.cache_dir, config.seed))
+    return config.model
+
+
+def forced_logprobs(model: PreTrainedModel, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
+    """Teacher-forced raw log-probs of `response` after `prompt` (the `Engine.score` contract)."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        ids = torch.tensor([prompt + response], device=device)
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(response) + 1).logits[0, :-1]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(response, device=device)[:, None])[:, 0].tolist()
+        if not top_k:
+            return ScoredResponse(chosen, [[] for _ in response], [[] for _ in response])
+        values, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
+        return ScoredResponse(chosen, ids.tolist(), values.tolist())
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, engine_config: EngineConfig, store: Store, run_dir: Path) -> None:
+        self.config, self.run_dir = config, Path(run_dir)
+        self.method = config.method or "combine"
+        self.kind = "full" if config.full else "lora"
+        self.training = TrainingStore(store)
+        self.device = resolve_device(engine_config.device)
+        if self.device.type == "cpu" and engine_config.cpu_threads:
+            torch.set_num_threads(engine_config.cpu_threads)
+        self._source = source = model_source(engine_config)
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        dtype = resolve_dtype(engine_config.dtype, self.device)
+        torch.manual_seed(config.train_seed)
+        base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
+        self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
+        # The frozen starting weights: the OPD teacher with --teacher base and the KL reference.
+        # With LoRA they are the same model with its adapter switched off; full fine-tuning needs a copy.
+        self.reference: PreTrainedModel | None = None
+        if config.full:
+            self.model: Any = base
+            if config.kl_beta > 0 or (config.teacher == "base" and self.method != "rl"):
+                self.reference = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
+                self.reference.eval().requires_grad_(False)
+        else:
+            targets: Any = config.lora_target_modules
+            if targets != "all-linear":
+                targets = [name.strip() for name in targets.split(",") if name.strip()]
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets, lora_dropout=0.0)
+            self.model = get_peft_model(base, lora)
+            self._initial_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+        self.optimizer = self._new_optimizer()
+        self.loss_config = LossConfig(
+            method=self.method,
+            eps_low=config.eps_low,
+            eps_high=config.eps_high,
+            kl_beta=config.kl_beta,
+            entropy_coef=config.entropy_coef,
+            opd_clip=config.opd_clip,
+            w_rl=config.w_rl,
+            w_opd=config.w_opd,
+            is_cap=config.is_cap,
+            opd_topk=config.opd_topk,
+        )
+        self.builder = SampleBuilder(
+            self.training,
+            self.tokenizer,
+            self.method,
+            self._teacher_score,
+            self._teacher_name,
+            topk=config.opd_topk,
+            max_context_tokens=self.max_context_tokens,
+        )
+        self.head = 0  # the version the weights in memory are: the starting weights so far
+        self.step = 0  # optimizer steps behind the weights in memory
+        self._writer: Any = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    # --- the loop -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Discard unregistered version directories and load the version serving uses."""
+        removed = discard_unregistered(self.run_dir, {row.version for row in self.training.versions()})
+        for path in removed:
+            log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
+        self._follow_pointer()
+
+    def run(self, max_steps: int | None = None, idle_exit_s: float | None = None) -> int:
+        """Train until `max_steps` steps were made (None: forever); returns the steps made."""
+        made, idle_since = 0, time.monotonic()
+        while max_steps is None or made < max_steps:
+            if self.run_once():
+                made, idle_since = made + 1, time.monotonic()
+                continue
+            if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+            time.sleep(self.config.train_poll_s)
+        return made
+
+    def run_once(self) -> bool:
+        """One round: follow the pointer, build samples, and step if a batch is ready."""
+        self._follow_pointer()
+        self.builder.build()
+        batch = self._take_batch()
+        if batch is None:
+            return False
+        self._train_and_publish(batch)
+        return True
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+    # --- one step ---------------------------------------------------------------------------------
+    def _take_batch(self) -> list[tuple[SampleRow, TurnRow]] | None:
+        """The oldest `batch_size` ready samples once there are that many, stale ones dropped first."""
+        while True:
+            rows = self.training.ready_samples(self.config.batch_size)
+            newest = self.training.newest_version()
+            stale = [row.turn_id for row, _ in rows if newest - row.behaviour_version > self.config.max_staleness]
+            if not stale:
+                return rows if len(rows) == self.config.batch_size else None
+            self.training.drop_samples(stale, "stale")
+            log.info("dropped %d sample(s) more than %d versions old", len(stale), self.config.max_staleness)
+
+    def _train_and_publish(self, batch: list[tuple[SampleRow, TurnRow]]) -> None:
+        newest = self.training.newest_version()
+        samples = [to_sample(row, turn) for row, turn in batch]
+        metrics = update_step(
+            self.model,
+            self.optimizer,
+            samples,
+            self.loss_config,
+            micro_batch_size=self.config.micro_batch_size,
+            grad_clip=self.config.grad_clip,
+            reference_model=self.reference,
+        )
+        metrics.mean_staleness = sum(newest - row.behaviour_version for row, _ in batch) / len(batch)
+        version, parent = newest + 1, self.head
+        sample_ids = [sample.turn_id for sample in samples]
+        manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics))
+        path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
+        record = NewVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics))
+        try:
+            self.training.register_version(record, sample_ids)
+        except (PointerMovedError, SamplesTakenError) as reason:
+            shutil.rmtree(path)
+            self.head = _NO_HEAD  # these weights belong to no version: reload from the pointer
+            log.warning("step thrown away, v%d not published: %s", version, reason)
+            return
+        self.head, self.step = version, self.step + 1
+        self._report(version, parent, metrics)
+
+    def _report(self, version: int, parent: int, metrics: StepMetrics) -> None:
+        log.info(
+            "published v%d (from v%d, step %d): %d samples, %d tokens, loss %.4f, mean |log pi_old - log pi_behaviour| "
+            "%.4f, clip %.3f, kl %.4f, reward %.3f, opd %.2f, staleness %.2f, %.1f s",
+            version, parent, self.step, metrics.num_samples, metrics.num_tokens, metrics.loss, metrics.logprob_drift,
+            metrics.clip_fraction, metrics.approx_kl, metrics.mean_reward, metrics.opd_fraction, metrics.mean_staleness,
+            metrics.step_seconds,
+        )  # fmt: skip
+        if self._writer is not None:
+            for name, value in asdict(metrics).items():
+                self._writer.add_scalar(f"train/{name}", value, self.step)
+            self._writer.add_scalar("train/version", version, self.step)
+            self._writer.flush()
+
+    # --- versions in and out ----------------------------------------------------------------------
+    def _follow_pointer(self) -> None:
+        """Make the weights in memory those of the version the serving pointer names."""
+        target = self.training.serving_version()
+        if target == self.head:
+            return
+        if target == 0:
+            self._load_initial()
+        else:
+            self._load_version(target)
+        log.info("training from v%d (step %d)", target, self.step)
+        self.head = target
+
+    def _load_initial(self) -> None:
+        """The starting point: the adapter as first initialised, or the base weights (from disk)."""
+        if self.config.full:
+            self._load_full_weights(self._source)
+        else:
+            set_peft_model_state_dict(self.model, self._initial_adapter)
+        self.optimizer = self._new_optimizer()
+        torch.manual_seed(self.config.train_seed)
+        self.step = 0
+
+    def _load_version(self, version: int) -> None:
+        row = self.training.version(version)
+        if row is None:
+            raise RuntimeError(f"the serving pointer names v{version}, which is not registered")
+        if row.kind != self.kind:
+            raise RuntimeError(f"v{version} holds {row.kind} weights but this trainer trains {self.kind} (--full)")
+        path = Path(row.path)
+        verify_version(path, row.sha256, trainer_state=True)
+        if self.config.full:
+            self._load_full_weights(str(path))
+        else:
+            set_peft_model_state_dict(self.model, load_file(str(path / ADAPTER_WEIGHTS), device=str(self.device)))
+        state = torch.load(path / TRAINER_STATE, map_location=self.device, weights_only=True)
+        self.optimizer = self._new_optimizer()
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"].cpu())
+        self.step = int(state["step"])
+
+    def _load_full_weights(self, source: str) -> None:
+        saved = AutoModelForCausalLM.from_pretrained(source, dtype=self.model.dtype, device_map=str(self.device))
+        self.model.load_state_dict(saved.state_dict())
+
+    def _save_weights(self, directory: Path) -> None:
+        if self.config.full:
+            self.model.save_pretrained(str(directory))
+            return
+        assert isinstance(self.model, PeftModel)
+        # the adapter alone, as `PeftModel.save_pretrained` lays it out, without its README model card
+        self.model.peft_config["default"].save_pretrained(str(directory))
+        weights = {name: tensor.detach().contiguous() for name, tensor in get_peft_model_state_dict(self.model).items()}
+        save_file(weights, str(directory / ADAPTER_WEIGHTS))
+
+    def _save_trainer_state(self, path: Path) -> None:
+        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "step": self.step + 1}, path)
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        parameters = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+        return torch.optim.AdamW(parameters, lr=self.config.learning_rate())
+
+    # --- the OPD teacher --------------------------------------------------------------------------
+    def _teacher_score(self, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
+        with self._teacher() as teacher:
+            return forced_logprobs(teacher, prompt, response, top_k)
+
+    @contextmanager
+    def _teacher(self) -> Iterator[PreTrainedModel]:
+        if self.config.teacher == "policy":
+            yield self.model
+        elif self.reference is not None:
+            yield self.reference
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    def _teacher_name(self) -> str:
+        return "base" if self.config.teacher == "base" else f"policy v{self.head}"
+
+
+@contextmanager
+def trainer_lock(run_dir: Path) -> Iterator[None]:
+    """Hold RUN_DIR/trainer.lock: two trainers on one run would publish over each other."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "trainer.lock").open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TrainerLockedError(f"another trainer is running on {run_dir}") from None
+        yield
