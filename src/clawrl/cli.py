@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import types
 import typing
@@ -78,11 +79,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     trainer = _trainer_process(config_from_args(TrainConfig, args), engine_config, store_config)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
+        # found; as an exception (not the default: die at once) it lets `finally` stop the trainer.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
         uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:
         if trainer is not None:
             trainer.stop()
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    sys.exit(128 + signum)
 
 
 def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_config: StoreConfig) -> Any:
@@ -128,16 +136,17 @@ async def _judge_until_done(worker: Any) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
     from clawrl.store import Store
+    from clawrl.train.process import exit_with_parent
     from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
 
     config = config_from_args(TrainConfig, args)
     store_config = config_from_args(StoreConfig, args)
     # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
     # its samples stay ready, and nothing half-written is ever registered.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
     try:
         with trainer_lock(store_config.run_dir):
             trainer = Trainer(config, config_from_args(EngineConfig, args), Store(store_config.resolved_database_url()), store_config.run_dir)
@@ -319,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(train, EngineConfig, StoreConfig, TrainConfig)
     train.add_argument("--steps", type=int, default=None, help="stop after this many published versions (default: run until stopped)")
     train.add_argument("--idle-exit-s", type=float, default=None, help="stop after this many seconds without a step")
+    train.add_argument("--parent-pid", type=int, default=None, help="stop when this process ends (set by clawrl serve)")
     train.set_defaults(handler=cmd_train)
 
     versions = commands.add_parser("versions", help="published policy versions").add_subparsers(dest="versions_command", required=True)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from pydantic_settings import BaseSettings
@@ -30,6 +33,19 @@ def settings_env(*configs: BaseSettings) -> dict[str, str]:
     return env
 
 
+def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """SIGTERM this process once `parent_pid` is gone (its parent changes), so a trainer never
+    outlives a `clawrl serve` that was killed without the chance to stop it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        log.warning("the serving process %d is gone; stopping the trainer", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="clawrl-parent-watch", daemon=True).start()
+
+
 class TrainerProcess:
     """Start `clawrl train` with the given settings; `stop()` ends it (SIGTERM, then SIGKILL)."""
 
@@ -39,7 +55,7 @@ class TrainerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> TrainerProcess:
-        command = [sys.executable, "-m", "clawrl.cli", "train"]
+        command = [sys.executable, "-m", "clawrl.cli", "train", "--parent-pid", str(os.getpid())]
         self.process = subprocess.Popen(command, env=self.env, cwd=Path.cwd())
         log.info("started the trainer (pid %d)", self.process.pid)
         return self

@@ -1,0 +1,282 @@
+"""Train and swap end to end on the tiny model: a real server, the rule judge, and the trainer as a
+separate OS process, as `clawrl serve --method ...` runs them.
+
+Conversations with corrections and 👍 feedback become samples; the trainer publishes versions;
+serving swaps them in while 16 clients keep sending requests (none may fail); the trainer is
+SIGKILLed mid-step and restarted without training any sample twice; a rollback makes serving
+answer with the old version again, and the trainer continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from clawrl.config import EngineConfig, JudgeConfig, StoreConfig, TrainConfig
+from clawrl.serve.runner import free_port
+from clawrl.store import Store
+from clawrl.store.training import TrainingStore
+from clawrl.train.process import TrainerProcess
+from clawrl.train.trainer import Trainer, forced_logprobs
+from tests.conftest import start_server
+from tests.test_judge_worker import CORRECTION
+
+FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
+LOAD_CLIENTS = 16
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+    return value
+
+
+def trainer_configs(model_dir: Path, run_dir: Path, **train: Any) -> tuple[EngineConfig, StoreConfig, TrainConfig]:
+    options = {"method": "combine", "batch_size": 3, "lr": 1e-2, "train_poll_s": 0.1} | train
+    return EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1), StoreConfig(run_dir=run_dir), TrainConfig(**options)
+
+
+def teach(base_url: str, sessions: int) -> list[str]:
+    """Sessions of three turns: a correction (-1 and a hint), thanks (+1), and a 👍 by /v1/feedback
+    on the last turn. Each gives three samples. Returns the turn ids."""
+    turn_ids = []
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        for index in range(sessions):
+            messages: list[dict[str, Any]] = []
+            session = f"teach-{index}-{time.monotonic_ns()}"
+            for line in [f"Write a short note to my team about Friday ({index}).", CORRECTION, "thanks, perfect"]:
+                messages.append({"role": "user", "content": line})
+                response = http.post(
+                    "/chat/completions",
+                    json={"model": "m", "messages": messages, "max_tokens": 8},
+                    headers={"X-Session-Id": session},
+                )
+                assert response.status_code == 200, response.text
+                messages.append(response.json()["choices"][0]["message"])
+                turn_ids.append(response.headers["x-clawrl-turn"])
+            feedback = http.post("/feedback", json={"session_id": session, "score": 1})
+            assert feedback.status_code == 200, feedback.text
+    return turn_ids
+
+
+def fixed_answer(http: httpx.Client) -> tuple[int, list[float], str]:
+    """Greedy answer to the fixed prompt (a side turn: never trained on): version, log-probs, turn id."""
+    body = {"model": "m", "messages": FIXED_PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True, "turn_type": "side"}
+    response = http.post("/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    turn_id = response.headers["x-clawrl-turn"]
+    logprobs = [entry["logprob"] for entry in response.json()["choices"][0]["logprobs"]["content"]]
+    return int(response.headers["x-clawrl-policy-version"]), logprobs, turn_id
+
+
+class LoadClients:
+    """16 threads sending requests in a loop; every failure (exception or non-200) is kept."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url, self.stop = base_url, threading.Event()
+        self.failures: list[str] = []
+        self.versions: list[int] = []
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(LOAD_CLIENTS)]
+
+    def _loop(self, index: int) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=60) as http:
+            while not self.stop.is_set():
+                body = {"model": "m", "messages": [{"role": "user", "content": f"client {index} says hello"}], "max_tokens": 4}
+                try:
+                    response = http.post("/chat/completions", json=body)
+                except httpx.HTTPError as error:
+                    self.failures.append(repr(error))
+                    continue
+                if response.status_code != 200:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+                else:
+                    self.versions.append(int(response.headers["x-clawrl-policy-version"]))
+
+    def __enter__(self) -> LoadClients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def adapter_logprobs(model_dir: Path, version_path: Path, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    """What a version's adapter gives the response, computed here from its files alone."""
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(version_path)).eval()
+    return forced_logprobs(model, prompt_ids, response_ids, 0).logprobs
+
+
+def test_feedback_trains_new_versions_that_serving_swaps_in_under_load(tiny_model_dir: Path, run_dir: Path) -> None:
+    judge = JudgeConfig(judge_poll_s=0.05)
+    with start_server(tiny_model_dir, run_dir, judge=judge, policy_poll_s=0.1, served_model_name="m") as server, httpx.Client(
+        base_url=server.base_url, timeout=60
+    ) as http:
+        store = Store.for_run_dir(run_dir)
+        training = TrainingStore(store)
+        version_0, logprobs_0, _ = fixed_answer(http)
+        assert version_0 == 0
+        with TrainerProcess(*trainer_configs(tiny_model_dir, run_dir)), LoadClients(server.base_url) as load:
+            taught = teach(server.base_url, sessions=3)
+            wait_until(lambda: training.newest_version() >= 3, 120, "three published versions")
+            wait_until(lambda: http.get(server.base_url.removesuffix("/v1") + "/healthz").json()["policy_version"] == 3, 30, "v3 served")
+            time.sleep(0.5)  # some load requests on the newest version too
+        assert load.failures == [] and len(load.versions) > 50
+        assert {0, 3} <= set(load.versions)  # the load went on across the swaps
+        version_3, logprobs_3, turn_id = fixed_answer(http)
+        metrics = http.get(server.base_url.removesuffix("/v1") + "/metrics").text
+
+    assert version_3 == 3 and store.turn(turn_id).policy_version == 3
+    assert not torch.allclose(torch.tensor(logprobs_3[:3]), torch.tensor(logprobs_0[:3]), atol=1e-3)
+    samples = [training.sample(turn_id) for turn_id in taught]
+    assert [sample.status for sample in samples] == ["trained"] * 9
+    assert sorted(sample.trained_version for sample in samples) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert {sample.kind for sample in samples} == {"combined", "rl"}
+    versions = training.versions()
+    assert [(row.version, row.parent, row.step) for row in versions] == [(1, 0, 1), (2, 1, 2), (3, 2, 3)]
+    manifest = json.loads((run_dir / "policy" / "v3" / "manifest.json").read_text())
+    assert manifest["sample_ids"] == [turn_id for turn_id in taught if training.sample(turn_id).trained_version == 3]
+    assert "clawrl_train_versions_total 3.0" in metrics and 'clawrl_train_samples{status="trained"} 9.0' in metrics
+    assert "clawrl_policy_swaps_total" in metrics and "clawrl_train_logprob_drift" in metrics
+
+
+def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_model_dir: Path, run_dir: Path) -> None:
+    with start_server(tiny_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05), policy_poll_s=0.1, served_model_name="m") as server:
+        taught = teach(server.base_url, sessions=3)  # nine samples: three steps of three
+        store = Store.for_run_dir(run_dir)
+        training = TrainingStore(store)
+        wait_until(lambda: all(store.judgment(turn_id) for turn_id in taught), 30, "judgments")
+        configs = trainer_configs(tiny_model_dir, run_dir, micro_batch_size=1)
+        first = TrainerProcess(*configs).start()
+        wait_until(lambda: training.newest_version() >= 1, 120, "v1", every=0.005)
+        os.kill(first.pid, signal.SIGKILL)  # it went straight on to the next step
+        assert first.process.wait(10) == -signal.SIGKILL
+        killed_at = training.newest_version()
+        with TrainerProcess(*configs):
+            wait_until(lambda: training.newest_version() >= 3, 120, "v3 after the restart")
+            wait_until(lambda: server.app.state.service.engine.policy_version == 3, 30, "v3 served")
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            served, _, turn_id = fixed_answer(http)
+
+    assert killed_at < 3 and served == 3 and store.turn(turn_id).policy_version == 3
+    assert [(row.version, row.parent) for row in training.versions()] == [(1, 0), (2, 1), (3, 2)]
+    trained: list[str] = []
+    for number in (1, 2, 3):
+        trained += json.loads((run_dir / "policy" / f"v{number}" / "manifest.json").read_text())["sample_ids"]
+    assert sorted(trained) == sorted(taught)  # every sample exactly once
+    assert all(training.sample(turn_id).status == "trained" for turn_id in taught)
+    assert sorted(path.name for path in (run_dir / "policy").iterdir()) == ["v1", "v2", "v3"]
+
+
+def test_a_restarted_trainer_continues_exactly_where_it_stopped(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two steps with a restart in between give the very weights and optimizer state of two steps in one run."""
+    interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
+    with start_server(tiny_model_dir, interrupted, judge=JudgeConfig(judge_poll_s=0.05), served_model_name="m") as server:
+        taught = teach(server.base_url, sessions=2)
+        store = Store.for_run_dir(interrupted)
+        wait_until(lambda: all(store.judgment(turn_id) for turn_id in taught), 30, "judgments")
+    store.close()
+    shutil.copytree(interrupted, straight)
+    torch.set_num_threads(1)
+
+    def trainer(run_dir: Path) -> Trainer:
+        engine, _, train = trainer_configs(tiny_model_dir, run_dir)
+        made = Trainer(train, engine, Store.for_run_dir(run_dir), run_dir)
+        made.start()
+        return made
+
+    assert trainer(interrupted).run(max_steps=1) == 1
+    assert trainer(interrupted).run(max_steps=1) == 1  # a new process's worth of state, from v1
+    assert trainer(straight).run(max_steps=2) == 2
+    for name in ("adapter_model.safetensors",):
+        left, right = load_file(interrupted / "policy/v2" / name), load_file(straight / "policy/v2" / name)
+        assert left.keys() == right.keys() and all(torch.equal(left[key], right[key]) for key in left)
+    left_state = torch.load(interrupted / "policy/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    right_state = torch.load(straight / "policy/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    assert all(torch.equal(left_state[i]["exp_avg_sq"], right_state[i]["exp_avg_sq"]) for i in left_state)
+
+
+def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tiny_model_dir: Path, run_dir: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--device", "cpu", "--cpu-threads", "1",
+        "--run-dir", str(run_dir), "--port", str(port), "--served-model-name", "m", "--judge-poll-s", "0.05", "--policy-poll-s", "0.1",
+        "--method", "combine", "--batch-size", "3", "--lr", "0.01", "--train-poll-s", "0.1", "--tensorboard",
+    ]  # fmt: skip
+    serve = subprocess.Popen(command)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _healthy(base), 120, "clawrl serve")
+        trainer_pids = _children(serve.pid)
+        assert len(trainer_pids) == 1  # the trainer is its own process, not a thread of the server
+        taught = teach(base + "/v1", sessions=2)
+        wait_until(lambda: _healthy(base) and _healthy(base)["policy_version"] == 2, 120, "v2 served")
+        listed = _cli("versions", "list", "--run-dir", str(run_dir), "--json")
+        assert [(item["version"], item["parent"]) for item in listed] == [(1, 0), (2, 1)]
+        assert set(listed[0]) >= {"version", "created_at", "parent", "metrics"} and listed[1]["metrics"]["num_samples"] == 3
+        with httpx.Client(base_url=base + "/v1", timeout=60) as http:
+            version_2, logprobs_2, turn_id = fixed_answer(http)
+            store = Store.for_run_dir(run_dir)
+            prompt, response = store.turn(turn_id).prompt_token_ids, store.turn(turn_id).response_token_ids
+            _cli("versions", "rollback", "v1", "--run-dir", str(run_dir), parse=False)
+            wait_until(lambda: _healthy(base)["policy_version"] == 1, 30, "v1 served again")
+            version_1, logprobs_1, turn_id_1 = fixed_answer(http)
+        assert (version_2, version_1) == (2, 1) and store.turn(turn_id_1).policy_version == 1
+        expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "v1", prompt, store.turn(turn_id_1).response_token_ids)
+        torch.testing.assert_close(torch.tensor(logprobs_1), torch.tensor(expected), rtol=0, atol=1e-4)
+        assert response  # the v2 answer was recorded with its token ids
+        # The trainer continues from v1: the next version's parent is v1.
+        teach(base + "/v1", sessions=1)
+        wait_until(lambda: _healthy(base)["policy_version"] == 3, 120, "v3 served")
+        assert TrainingStore(store).version(3).parent == 1
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(60)
+    assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in trainer_pids)  # stopped with the server
+
+
+def _healthy(base: str) -> dict[str, Any] | None:
+    try:
+        return httpx.get(base + "/healthz", timeout=5).json()
+    except httpx.HTTPError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _zombie(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def _cli(*args: str, parse: bool = True) -> Any:
+    result = subprocess.run([sys.executable, "-m", "clawrl.cli", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout) if parse else result.stdout
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
