@@ -4,11 +4,14 @@ separate OS process, as `clawrl serve --method ...` runs them.
 Conversations with corrections and 👍 feedback become samples; the trainer publishes versions;
 serving swaps them in while 16 clients keep sending requests (none may fail); the trainer is
 SIGKILLed mid-step and restarted without training any sample twice; a rollback makes serving
-answer with the old version again, and the trainer continues from it.
+answer with the old version again, and the trainer continues from it. Full fine-tuning (with the
+top-K OPD term and the KL to a frozen copy) and the policy-as-teacher option publish versions the
+engine loads and serves exactly as trained.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -26,9 +29,10 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, StoreConfig, TrainConfig
+from clawrl.engines.hf import HFEngine
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
@@ -36,6 +40,7 @@ from clawrl.train.process import TrainerProcess
 from clawrl.train.trainer import Trainer, forced_logprobs
 from tests.conftest import start_server
 from tests.test_judge_worker import CORRECTION
+from tests.test_train_samples import HINT, Conversation
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 LOAD_CLIENTS = 16
@@ -280,3 +285,48 @@ def _cli(*args: str, parse: bool = True) -> Any:
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"full": True, "teacher": "base", "kl_beta": 0.1, "opd_topk": 2},  # the frozen copy is teacher and reference
+        {"teacher": "policy", "method": "opd"},
+    ],
+    ids=["full-topk-kl", "lora-policy-teacher"],
+)
+def test_other_parameterisations_publish_versions_the_engine_serves(tiny_model_dir: Path, tmp_path: Path, options: dict[str, Any]) -> None:
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+    for index in range(3):
+        talk.turn(f"t{index}", "S", f"Write note {index}.", "**Note**: 1. Friday.", after=f"t{index - 1}" if index else None)
+        talk.judge(f"t{index}", -1, HINT)
+    talk.turn("t3", "S", "thanks", "Welcome.", after="t2")
+    engine_config, _, train = trainer_configs(tiny_model_dir, tmp_path, **options)
+    trainer = Trainer(train, engine_config, store, tmp_path)
+    trainer.start()
+    assert trainer.run(max_steps=1) == 1
+    sample = TrainingStore(store).sample("t0")
+    assert sample.teacher == ("base" if options["teacher"] == "base" else "policy v0")
+    assert (sample.teacher_topk_ids is not None) == bool(options.get("opd_topk"))
+    row = TrainingStore(store).version(1)
+    assert row.kind == ("full" if options.get("full") else "lora") and row.metrics["opd_fraction"] == 1.0
+    if options.get("opd_topk"):
+        assert row.metrics["topk_reverse_kl"] > 0.0
+    turn = store.turn("t0")
+
+    async def served() -> tuple[list[float], list[float]]:
+        engine = HFEngine(engine_config)
+        await engine.start()
+        try:
+            await engine.load_version(1, Path(row.path))
+            new = await engine.score(turn.prompt_token_ids, turn.response_token_ids)
+            old = await engine.score(turn.prompt_token_ids, turn.response_token_ids, version=0)
+            return new.logprobs, old.logprobs
+        finally:
+            await engine.close()
+
+    new, old = asyncio.run(served())
+    trained = forced_logprobs(trainer.model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+    torch.testing.assert_close(torch.tensor(new), torch.tensor(trained), rtol=0, atol=1e-4)
+    assert not torch.allclose(torch.tensor(new), torch.tensor(old), atol=1e-3)
