@@ -205,7 +205,7 @@ def trl_accumulate(trainer: GRPOTrainer, samples: list[Sample], micro_batch_size
         trainer.compute_loss(model, trl_inputs(chunk, total, pad_id, device)).backward()
 
 
-def trl_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer, samples: list[Sample], micro_batch_size: int) -> None:
+def trl_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer, samples: list[Sample], micro_batch_size: int):
     optimizer.zero_grad(set_to_none=True)
     trl_accumulate(trainer, samples, micro_batch_size)
     torch.nn.utils.clip_grad_norm_([p for p in trainer.model.parameters() if p.requires_grad], GRAD_CLIP)
@@ -328,7 +328,9 @@ def machine() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", default="tiny,small", help=f"comma-separated, from {sorted(SHAPES)}")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per optimizer step")
     parser.add_argument("--micro-batch-size", type=int, default=4, help="samples per forward/backward")
@@ -341,7 +343,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads on the CPU")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batch")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/trainer_throughput.json"), help="JSON results")
+    parser.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results/trainer_throughput.json"), help="JSON results"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.shapes.split(",")) - set(SHAPES)
     if unknown:

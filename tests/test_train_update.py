@@ -241,6 +241,40 @@ def test_topk_opd_moves_the_policy_onto_the_teacher_distribution(tiny_model_dir:
     assert metrics[0].mean_advantage == 0.0  # the top-K term replaces the token-level OPD advantage
 
 
+def test_entropy_bonus_broadens_a_sharpened_policy(tiny_model_dir: Path) -> None:
+    # Full fine-tuning: the random tiny model is near-uniform, and only full weights move it fast.
+    model = load_policy(tiny_model_dir, lora=False)
+    sample = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+
+    def entropy() -> float:
+        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        return torch.distributions.Categorical(logits=logits).entropy().mean().item()
+
+    start = entropy()
+    train(model, [sample], LossConfig(method="rl"), steps=4)  # reward +1 sharpens the policy
+    sharpened = entropy()
+    sample.reward = 0.0  # now only the bonus acts
+    metrics = train(model, [sample], LossConfig(method="rl", entropy_coef=1.0), steps=4)
+    assert sharpened < start - 0.3
+    assert entropy() > sharpened + 0.3
+    assert metrics[-1].entropy > metrics[0].entropy
+
+
+def test_bfloat16_weights_train_in_float32_loss_math(tiny_model_dir: Path) -> None:
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    sample = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+    sample.teacher_logprobs = [logprob + 0.3 for logprob in sample.behaviour_logprobs]
+    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    metrics = train(model, [sample], LossConfig(kl_beta=0.1, entropy_coef=0.01), steps=3)
+    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    assert after > before + 1.0
+    assert all(math.isfinite(value) for value in (metrics[-1].loss, metrics[-1].grad_norm, metrics[-1].kl_to_reference))
+
+
 def test_nothing_to_train_leaves_the_weights_alone(tiny_model_dir: Path) -> None:
     model = load_policy(tiny_model_dir)
     before = [p.detach().clone() for p in model.parameters()]
