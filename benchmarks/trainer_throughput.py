@@ -141,11 +141,14 @@ def make_samples(model: torch.nn.Module, args: argparse.Namespace) -> list[Sampl
     return samples
 
 
-def trl_trainer(model: torch.nn.Module, model_dir: Path, micro_batch_size: int, scratch: Path) -> GRPOTrainer:
-    """A GRPOTrainer around `model` that is never trained: only its loss is used."""
+def trl_trainer(model: torch.nn.Module, model_dir: Path, scratch: Path) -> GRPOTrainer:
+    """A GRPOTrainer around `model` that is never trained: only its loss is used.
+
+    Its batch settings only have to pass GRPOConfig's checks: the micro-batches are made here.
+    """
     config = GRPOConfig(
         output_dir=str(scratch / "trl"),
-        per_device_train_batch_size=micro_batch_size,
+        per_device_train_batch_size=2,
         num_generations=2,
         loss_type="dapo",
         epsilon=0.2,
@@ -240,7 +243,7 @@ def measure(shape: str, args: argparse.Namespace, scratch: Path) -> ShapeResult:
     ours = load_policy(model_dir, args.full, args.device)
     samples = make_samples(ours, args)
     theirs = copy.deepcopy(ours)  # identical weights, adapter included, before TRL patches its copy
-    trainer = trl_trainer(theirs, model_dir, args.micro_batch_size, scratch)
+    trainer = trl_trainer(theirs, model_dir, scratch)
     grad_diff = grad_difference(ours, trainer, samples, args.micro_batch_size)
 
     config = LossConfig(method="rl")
