@@ -80,6 +80,19 @@ def forced_logprobs(model: PreTrainedModel, prompt: list[int], response: list[in
         return ScoredResponse(chosen, ids.tolist(), values.tolist())
 
 
+def lora_config(config: TrainConfig) -> LoraConfig:
+    targets: str | list[str] = config.lora_target_modules
+    if targets != "all-linear":
+        targets = [name.strip() for name in targets.split(",") if name.strip()]
+    return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets, lora_dropout=0.0)
+
+
+def loss_config(config: TrainConfig, method: str) -> LossConfig:
+    """The update's objective from the trainer's flags (kept in `TrainConfig`, which needs no torch)."""
+    knobs = ("eps_low", "eps_high", "kl_beta", "entropy_coef", "opd_clip", "w_rl", "w_opd", "is_cap", "opd_topk")
+    return LossConfig(method=method, **{name: getattr(config, name) for name in knobs})
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, engine_config: EngineConfig, store: Store, run_dir: Path) -> None:
         self.config, self.run_dir = config, Path(run_dir)
@@ -104,25 +117,10 @@ class Trainer:
                 self.reference = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
                 self.reference.eval().requires_grad_(False)
         else:
-            targets: Any = config.lora_target_modules
-            if targets != "all-linear":
-                targets = [name.strip() for name in targets.split(",") if name.strip()]
-            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets, lora_dropout=0.0)
-            self.model = get_peft_model(base, lora)
+            self.model = get_peft_model(base, lora_config(config))
             self._initial_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
         self.optimizer = self._new_optimizer()
-        self.loss_config = LossConfig(
-            method=self.method,
-            eps_low=config.eps_low,
-            eps_high=config.eps_high,
-            kl_beta=config.kl_beta,
-            entropy_coef=config.entropy_coef,
-            opd_clip=config.opd_clip,
-            w_rl=config.w_rl,
-            w_opd=config.w_opd,
-            is_cap=config.is_cap,
-            opd_topk=config.opd_topk,
-        )
+        self.loss_config = loss_config(config, self.method)
         self.builder = SampleBuilder(
             self.training,
             self.tokenizer,
@@ -199,8 +197,12 @@ class Trainer:
             reference_model=self.reference,
         )
         metrics.mean_staleness = sum(newest - row.behaviour_version for row, _ in batch) / len(batch)
-        version, parent = newest + 1, self.head
         sample_ids = [sample.turn_id for sample in samples]
+        if metrics.skipped_step:  # a non-finite gradient: the weights are unchanged, the batch would do it again
+            self.training.drop_samples(sample_ids, "non_finite_gradient")
+            log.warning("dropped a batch of %d samples whose gradient was not finite", len(sample_ids))
+            return
+        version, parent = newest + 1, self.head
         manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics))
         path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
         record = NewVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics))
@@ -266,6 +268,8 @@ class Trainer:
         state = torch.load(path / TRAINER_STATE, map_location=self.device, weights_only=True)
         self.optimizer = self._new_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # the moments resume; the learning rate is today's flag
+            group["lr"] = self.config.learning_rate()
         torch.set_rng_state(state["rng"].cpu())
         self.step = int(state["step"])
 
