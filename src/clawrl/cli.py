@@ -179,10 +179,16 @@ def cmd_versions_list(args: argparse.Namespace) -> int:
     for item in versions:
         metrics, marker = item["metrics"], "  <- serving" if item["serving"] else ""
         print(f"{'v' + str(item['version']):>7} {'v' + str(item['parent']):>6} {item['step']:>5} {metrics.get('num_samples', 0):>7} "
-              f"{metrics.get('loss', 0.0):>9.4f} {metrics.get('mean_reward', 0.0):>7.3f} {item['created_at']:.3f}{marker}")
+              f"{metrics.get('loss', 0.0):>9.4f} {metrics.get('mean_reward', 0.0):>7.3f} {_local_time(item['created_at'])}{marker}")
     if serving == 0:
         print("serving: v0 (the base model)")
     return 0
+
+
+def _local_time(timestamp: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
 def cmd_versions_rollback(args: argparse.Namespace) -> int:
