@@ -50,7 +50,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.train.types import Sample
-from clawrl.train.update import LossConfig, micro_batches, update_step
+from clawrl.config import LossConfig
+from clawrl.train.update import micro_batches, update_step
 
 # Shapes on top of the tiny model's tokenizer. `tiny` is the model the tests use; `small` is
 # wider and deeper with a vocabulary 64 times the hidden size, the ratio of real chat models, so

@@ -19,7 +19,8 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.train.types import Sample
-from clawrl.train.update import LossConfig, advantages, pack_samples, update_step
+from clawrl.config import LossConfig
+from clawrl.train.update import advantages, pack_samples, update_step
 
 torch.set_num_threads(1)
 

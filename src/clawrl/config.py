@@ -213,7 +213,59 @@ class JudgeConfig(_Settings):
     )
 
 
-class TrainConfig(_Settings):
+class LossConfig(_Settings):
+    """The training objective (DESIGN §6): method, PPO clip, KL, entropy, OPD and off-policy knobs.
+
+    `train/update.py` consumes it; it lives here, with no torch import, so that every knob is also a
+    `clawrl train` / `clawrl serve` flag through `TrainConfig`, which extends it.
+    """
+
+    method: Literal["rl", "opd", "combine"] = Field(
+        "combine",
+        validation_alias=_env("method"),
+        description="Training signal: `rl` (advantage = reward), `opd` (advantage = clipped teacher-minus-policy "
+        "log-prob) or `combine` (w_rl * reward + w_opd * teacher term). A sample without teacher log-probs "
+        "contributes the RL term only, whatever the method.",
+    )
+    eps_low: float = Field(
+        0.2, ge=0, lt=1, validation_alias=_env("eps_low"), description="PPO clip below: the ratio is floored at 1 - eps_low."
+    )
+    eps_high: float = Field(
+        0.28, ge=0, validation_alias=_env("eps_high"), description="PPO clip above: the ratio is capped at 1 + eps_high."
+    )
+    kl_beta: float = Field(
+        0.0,
+        ge=0,
+        validation_alias=_env("kl_beta"),
+        description="Weight of the k3 KL to the reference policy (the adapter-free base for LoRA, the frozen "
+        "starting weights for full fine-tuning); 0 skips the reference forward pass entirely.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, validation_alias=_env("entropy_coef"), description="Weight of the entropy bonus (subtracted from the loss)."
+    )
+    opd_clip: float = Field(
+        1.0, gt=0, validation_alias=_env("opd_clip"), description="C in the OPD advantage clip(log pi_T - log pi_old, -C, C)."
+    )
+    w_rl: float = Field(1.0, validation_alias=_env("w_rl"), description="Weight of the reward term in the advantage.")
+    w_opd: float = Field(
+        1.0, validation_alias=_env("w_opd"), description="Weight of the teacher term (OPD advantage or top-K reverse KL)."
+    )
+    is_cap: float = Field(
+        2.0,
+        gt=0,
+        validation_alias=_env("is_cap"),
+        description="Cap of the per-token importance weight min(pi_old / pi_behaviour, cap) for off-policy samples.",
+    )
+    opd_topk: int = Field(
+        0,
+        ge=0,
+        validation_alias=_env("opd_topk"),
+        description="With K > 0, keep the teacher's top-K tokens per position and train OPD with the top-K reverse "
+        "KL (K + 1 bins) instead of the sampled-token advantage; 0 is off.",
+    )
+
+
+class TrainConfig(LossConfig):
     """The trainer loop (DESIGN §6): which update, on which parameters, how often, and how it publishes.
 
     `clawrl serve --method ...` starts the trainer as a separate process with these settings;
@@ -259,35 +311,11 @@ class TrainConfig(_Settings):
         description="OPD teacher: `base` (the frozen starting weights) or `policy` (the trainer's current weights), "
         "each given the hint; its log-probs of the recorded response are computed when the sample is built.",
     )
-    opd_topk: int = Field(
-        0,
-        ge=0,
-        validation_alias=_env("opd_topk"),
-        description="With K > 0, keep the teacher's top-K tokens per position and train OPD with the top-K reverse "
-        "KL (K + 1 bins) instead of the sampled-token advantage; 0 is off.",
-    )
     max_staleness: int = Field(
         8,
         ge=0,
         validation_alias=_env("max_staleness"),
         description="Drop a sample when more than this many versions were published since the version that produced it.",
-    )
-    eps_low: float = Field(0.2, ge=0, validation_alias=_env("eps_low"), description="PPO clip below: ratio >= 1 - eps_low.")
-    eps_high: float = Field(0.28, ge=0, validation_alias=_env("eps_high"), description="PPO clip above: ratio <= 1 + eps_high.")
-    kl_beta: float = Field(
-        0.0, ge=0, validation_alias=_env("kl_beta"), description="Weight of the k3 KL penalty to the frozen base policy (0: off)."
-    )
-    entropy_coef: float = Field(0.0, ge=0, validation_alias=_env("entropy_coef"), description="Entropy bonus weight (0: off).")
-    opd_clip: float = Field(
-        1.0, gt=0, validation_alias=_env("opd_clip"), description="C of the OPD advantage clip(log pi_T - log pi_old, -C, C)."
-    )
-    w_rl: float = Field(1.0, validation_alias=_env("w_rl"), description="Weight of the reward term in --method combine.")
-    w_opd: float = Field(1.0, validation_alias=_env("w_opd"), description="Weight of the teacher term in --method combine.")
-    is_cap: float = Field(
-        2.0,
-        gt=0,
-        validation_alias=_env("is_cap"),
-        description="Cap of the per-token importance weight min(pi_old / pi_behaviour, cap) for off-policy samples.",
     )
     train_seed: int = Field(
         0, validation_alias=_env("train_seed"), description="Seed of the trainer (LoRA initialisation, any sampling)."

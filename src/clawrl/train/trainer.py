@@ -36,7 +36,8 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from clawrl.config import EngineConfig, TrainConfig
+from clawrl.config import EngineConfig, LossConfig, TrainConfig
+from clawrl.engines import model_source
 from clawrl.engines.base import ScoredResponse
 from clawrl.engines.hf import resolve_device, resolve_dtype
 from clawrl.store import Store
@@ -45,7 +46,7 @@ from clawrl.store.training import NewVersion, PointerMovedError, SamplesTakenErr
 from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 from clawrl.train.samples import SampleBuilder, to_sample
 from clawrl.train.types import StepMetrics
-from clawrl.train.update import LossConfig, update_step
+from clawrl.train.update import update_step
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,6 @@ _NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): r
 
 class TrainerLockedError(RuntimeError):
     """Another trainer already trains this run directory."""
-
-
-def model_source(config: EngineConfig) -> str:
-    """Where the base weights live: `tiny` is the locally built tiny model, as for serving."""
-    if config.model == "tiny":
-        from clawrl.sim.tiny import tiny_model_path
-
-        return str(tiny_model_path(config.cache_dir, config.seed))
-    return config.model
 
 
 def forced_logprobs(model: PreTrainedModel, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
@@ -88,9 +80,8 @@ def lora_config(config: TrainConfig) -> LoraConfig:
 
 
 def loss_config(config: TrainConfig, method: str) -> LossConfig:
-    """The update's objective from the trainer's flags (kept in `TrainConfig`, which needs no torch)."""
-    knobs = ("eps_low", "eps_high", "kl_beta", "entropy_coef", "opd_clip", "w_rl", "w_opd", "is_cap", "opd_topk")
-    return LossConfig(method=method, **{name: getattr(config, name) for name in knobs})
+    """The update's objective: the loss fields of the trainer's settings, with the method resolved."""
+    return LossConfig.model_validate(config.model_dump(include=set(LossConfig.model_fields)) | {"method": method})
 
 
 class Trainer:

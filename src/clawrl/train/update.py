@@ -30,14 +30,12 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from peft import PeftModel
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from torch import Tensor
 
+from clawrl.config import LossConfig
 from clawrl.train.losses import (
     combined_advantage,
     entropy_from_logits,
@@ -49,40 +47,6 @@ from clawrl.train.losses import (
     truncated_importance_weights,
 )
 from clawrl.train.types import Sample, StepMetrics
-
-
-class LossConfig(BaseSettings):
-    """The training objective (DESIGN §6): method, PPO clip, KL, entropy, OPD and off-policy knobs."""
-
-    model_config = SettingsConfigDict(env_prefix="CLAWRL_", populate_by_name=True, extra="ignore")
-
-    method: Literal["rl", "opd", "combine"] = Field(
-        "combine",
-        description="Training signal: `rl` (advantage = reward), `opd` (advantage = clipped teacher-minus-policy "
-        "log-prob) or `combine` (w_rl * reward + w_opd * teacher term). A sample without teacher log-probs "
-        "contributes the RL term only, whatever the method.",
-    )
-    eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: the ratio is floored at 1 - eps_low.")
-    eps_high: float = Field(0.28, ge=0, description="PPO clip above: the ratio is capped at 1 + eps_high.")
-    kl_beta: float = Field(
-        0.0,
-        ge=0,
-        description="Weight of the k3 KL to the reference policy (the adapter-free base for LoRA, the frozen "
-        "starting weights for full fine-tuning); 0 skips the reference forward pass entirely.",
-    )
-    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (subtracted from the loss).")
-    opd_clip: float = Field(1.0, gt=0, description="C in the OPD advantage clip(log pi_T - log pi_old, -C, C).")
-    w_rl: float = Field(1.0, description="Weight of the reward term in the advantage.")
-    w_opd: float = Field(1.0, description="Weight of the teacher term (OPD advantage or top-K reverse KL).")
-    is_cap: float = Field(
-        2.0, gt=0, description="Cap of the truncated importance weight min(pi_old / pi_behaviour, cap)."
-    )
-    opd_topk: int = Field(
-        0,
-        ge=0,
-        description="With K > 0, OPD distils the teacher's top-K distribution (reverse KL over K + 1 bins, the "
-        "last one the tail mass) instead of the sampled token's log-prob; 0 turns it off.",
-    )
 
 
 @dataclass
