@@ -21,8 +21,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,6 +39,7 @@ from clawrl.engines.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
+from machine import machine  # benchmarks/machine.py, beside this script
 
 SERVED_NAME = "bench"
 CONCURRENCY_LEVELS = (1, 8, 32)
@@ -222,17 +221,6 @@ def markdown(results: dict[str, Any]) -> str:
             f"{level['tokens_per_s']:.0f} | {level['median_latency_ms']:.0f} |"
         )
     return "\n".join(lines)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.is_available(),
-    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,8 +28,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import platform
 import re
 import statistics
 import sys
@@ -51,6 +49,7 @@ from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 from clawrl.train.process import TrainerProcess
+from machine import machine  # benchmarks/machine.py, beside this script
 
 SERVED_NAME = "bench"
 CORRECTION = "this looks too AI-like, rewrite it without the bold and the numbered list"
@@ -249,17 +248,6 @@ def markdown(results: dict[str, Any]) -> str:
             f"{(swap['server_side_mean_s'] or 0) * 1000:.0f} ms.",
         ]
     return "\n".join(lines)
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.is_available(),
-    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

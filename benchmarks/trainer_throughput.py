@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -48,10 +46,11 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.train.types import Sample
-from clawrl.config import LossConfig
 from clawrl.train.update import micro_batches, update_step
+from machine import machine  # benchmarks/machine.py, beside this script
 
 # Shapes on top of the tiny model's tokenizer. `tiny` is the model the tests use; `small` is
 # wider and deeper with a vocabulary 64 times the hidden size, the ratio of real chat models, so
@@ -317,18 +316,10 @@ def markdown(results: list[ShapeResult], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
+def machine_with_trl() -> dict[str, Any]:
     import trl
 
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "trl": trl.__version__,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
+    return machine(trl=trl.__version__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -371,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "trainer_throughput",
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        "machine": machine(),
+        "machine": machine_with_trl(),
         "elapsed_s": time.perf_counter() - started,
         "results": [asdict(result) for result in results],
     }
