@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from clawrl.config import EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
+from clawrl.config import BenchConfig, EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
@@ -208,6 +208,16 @@ def cmd_versions_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_build_tiny(args: argparse.Namespace) -> int:
+    if args.pretrain:
+        import shutil
+
+        from clawrl.sim.pretrain import pretrained_model_path
+
+        # built once into the cache (minutes), then copied: `--model tiny-pretrained` reuses the same build
+        cached = pretrained_model_path(EngineConfig().cache_dir, seed=args.seed)
+        shutil.copytree(cached, args.out, dirs_exist_ok=True)
+        print(args.out)
+        return 0
     from clawrl.sim.tiny import build_tiny_model
 
     path = build_tiny_model(Path(args.out), seed=args.seed)
@@ -282,7 +292,18 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from clawrl.sim.demo import run_demo
 
-    return run_demo(config_from_args(EngineConfig, args), run_dir=Path(args.run_dir))
+    return run_demo(Path(args.run_dir), sessions=args.sessions)
+
+
+def cmd_bench_learn(args: argparse.Namespace) -> int:
+    from clawrl.sim.bench import given_train_flags, run_bench
+    from clawrl.sim.report import report_table
+
+    config = config_from_args(BenchConfig, args)
+    results = run_bench(config, given_train_flags(args))
+    print(f"\n{report_table(results)}\n\nwrote {config.out / 'results.json'}, {config.out / 'report.md'}, "
+          f"{config.out / 'learning.png'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = model.add_parser("build-tiny", help="write a tiny Qwen2-architecture model and tokenizer (seconds, no download)")
     tiny.add_argument("--out", required=True, help="directory to write the Hugging Face model to")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the weights and the tokenizer corpus")
+    tiny.add_argument("--pretrain", action="store_true",
+                      help="pre-train it on the learning benchmark's conversations (minutes on a CPU, once: cached "
+                      "under CLAWRL_CACHE_DIR, ~/.cache/clawrl, where `--model tiny-pretrained` finds it)")
     tiny.set_defaults(handler=cmd_build_tiny)
 
     sessions = commands.add_parser("sessions", help="inspect recorded sessions").add_subparsers(dest="sessions_command", required=True)
@@ -347,9 +371,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(rollback, StoreConfig)
     rollback.set_defaults(handler=cmd_versions_rollback)
 
-    demo = commands.add_parser("demo", help="the whole loop on the CPU with the tiny model and a simulated user")
-    add_config_flags(demo, EngineConfig)
-    demo.add_argument("--run-dir", default="runs/demo", help="where the demo's store is written")
+    bench = commands.add_parser("bench", help="benchmarks of the running system").add_subparsers(dest="bench_command", required=True)
+    learn = bench.add_parser("learn", help="does the agent learn a simulated user's preference? arms x seeds, held-out "
+                             "scores, sessions to align, a report card and a plot")
+    add_config_flags(learn, BenchConfig, TrainConfig)
+    learn.set_defaults(handler=cmd_bench_learn)
+
+    demo = commands.add_parser("demo", help="watch the tiny model learn a simulated user's preference on the CPU "
+                               "(the learning benchmark's control and combined arms, one seed)")
+    demo.add_argument("--run-dir", default="runs/demo", help="where the runs, the report and the plot are written")
+    demo.add_argument("--sessions", type=int, default=36, help="sessions with the simulated user per arm")
     demo.set_defaults(handler=cmd_demo)
     return parser
 

@@ -329,3 +329,78 @@ class TrainConfig(LossConfig):
 
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (1e-5 if self.full else 1e-4)
+
+
+class BenchConfig(_Settings):
+    """`clawrl bench learn` (DESIGN §8): arms, sessions, seeds, the simulated user and the held-out set.
+
+    Its environment variables are `CLAWRL_BENCH_<FIELD>`, so that they never change a server's
+    settings (`CLAWRL_MODEL`, `CLAWRL_METHOD`) by accident.
+    """
+
+    method: Literal["none", "memory", "rl", "opd", "combine", "all"] = Field(
+        "all",
+        validation_alias=_env("bench_method"),
+        description="Arm to run: `none` (control: no training), `memory` (past hints in the system prompt), `rl`, "
+        "`opd`, `combine` (clawrl serve --method ...), or `all` of them.",
+    )
+    sessions: int = Field(36, ge=1, validation_alias=_env("bench_sessions"), description="Sessions per arm and seed.")
+    seeds: int = Field(3, ge=1, validation_alias=_env("bench_seeds"), description="Seeds per arm (0, 1, ...).")
+    out: Path = Field(
+        Path("runs/bench-learn"),
+        validation_alias=_env("bench_out"),
+        description="Output directory: results.json, report.md, learning.png, and one run directory per arm and seed.",
+    )
+    persona: Literal["student", "teacher"] = Field(
+        "student",
+        validation_alias=_env("bench_persona"),
+        description="Simulated user: `student` (every step, no bold or numbered lists) or `teacher` (detailed, warm).",
+    )
+    model: str = Field(
+        "tiny-pretrained",
+        validation_alias=_env("bench_model"),
+        description="Model the arms serve (clawrl serve --model): `tiny-pretrained` (built locally), a local "
+        "directory or a hub id.",
+    )
+    model_seed: int = Field(
+        0, validation_alias=_env("bench_model_seed"), description="Seed of the locally built model (clawrl serve --seed)."
+    )
+    problems_per_session: int = Field(
+        2, ge=1, validation_alias=_env("bench_problems_per_session"), description="Word problems the user asks per session."
+    )
+    heldout_prompts: int = Field(
+        32, ge=1, validation_alias=_env("bench_heldout_prompts"), description="Held-out prompts per evaluation (side turns)."
+    )
+    eval_every: int = Field(
+        4,
+        ge=1,
+        validation_alias=_env("bench_eval_every"),
+        description="Sessions between held-out evaluations in arms that do not train (trained arms are "
+        "evaluated at every new policy version).",
+    )
+    max_tokens: int = Field(
+        256, ge=16, validation_alias=_env("bench_max_tokens"), description="max_tokens of every answer the user reads."
+    )
+    settle_s: float = Field(
+        120.0,
+        ge=0,
+        validation_alias=_env("bench_settle_s"),
+        description="After the last session, how long a trained arm may take to train and serve what is still due.",
+    )
+    user_url: str | None = Field(
+        None,
+        validation_alias=_env("bench_user_url"),
+        description="OpenAI-compatible endpoint (base URL up to /v1) of a model that words the user's replies; "
+        "unset: scripted replies.",
+    )
+    user_model: str | None = Field(
+        None, validation_alias=_env("bench_user_model"), description="Model id at --user-url that plays the user."
+    )
+    user_api_key: str | None = Field(
+        None, validation_alias=_env("bench_user_api_key"), description="Bearer key for --user-url, when it needs one."
+    )
+    serve_args: str = Field(
+        "",
+        validation_alias=_env("bench_serve_args"),
+        description="Extra `clawrl serve` flags for every arm, e.g. \"--judge openai --judge-url URL --judge-model M\".",
+    )

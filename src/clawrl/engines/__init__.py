@@ -11,7 +11,9 @@ __all__ = ["Engine", "GenerationStream", "SamplingParams", "ScoredResponse", "To
 def model_source(config: EngineConfig) -> str:
     """Where the weights of `config.model` live: locally built models are built (or reused) here.
 
-    `tiny` is the locally built tiny model, cached under `config.cache_dir`; anything else is a local
+    `tiny` is the locally built tiny model (random weights) and `tiny-pretrained` the same architecture
+    pre-trained on the learning benchmark's conversations (minutes to build, once), both cached under
+    `config.cache_dir`; anything else is a local
     directory or a hub id, passed through. Serving and the trainer both load from this, so they
     always start from the same weights.
     """
@@ -19,6 +21,10 @@ def model_source(config: EngineConfig) -> str:
         from clawrl.sim.tiny import tiny_model_path
 
         return str(tiny_model_path(config.cache_dir, config.seed))
+    if config.model == "tiny-pretrained":
+        from clawrl.sim.pretrain import pretrained_model_path
+
+        return str(pretrained_model_path(config.cache_dir, config.seed))
     return config.model
 
 

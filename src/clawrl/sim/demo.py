@@ -1,102 +1,57 @@
-"""`clawrl demo`: the serving and recording loops end to end on the CPU, in about a minute.
+"""`clawrl demo` (`make demo`): watch the agent learn a user's preference on the CPU, in minutes.
 
-It builds (or reuses) the tiny model, starts the real server on a free local port, plays a few
-scripted conversations the way an unmodified agent would (no session header, history re-sent
-with every request, a tool round trip, a streamed answer, a side turn), and prints what the
-store recorded. The learning benchmark will replace the scripted conversations with simulated
-users and training.
+It builds (or reuses) the pre-trained tiny model, then runs two arms of the learning benchmark
+(``clawrl.sim.bench``) for one seed: the control (served and judged, never trained) and the
+combined method (binary RL + on-policy distillation, trained in the background and swapped into
+the server). A simulated student asks word problems and complains when an answer looks AI-made;
+between sessions the served policy answers held-out prompts it is never trained on. At the end
+it shows one held-out answer before and after, the score table, and where the plot is.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import time
 from pathlib import Path
-from typing import Any
 
-import httpx
+from clawrl.config import BenchConfig
+from clawrl.sim.bench import SessionDone, bench_train_flags, prepared_model, run_arm, voice_for
+from clawrl.sim.report import report_table, write_report
+from clawrl.sim.users import PERSONAS
 
-from clawrl.config import EngineConfig, ServeConfig
-from clawrl.engines import build_engine
-from clawrl.serve.runner import ServerThread, free_port
-from clawrl.store import Store
-from clawrl.store.inspect import session_detail
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-SCRIPTS: list[list[str]] = [
-    ["What is 12 times 7?", "thanks! and 84 divided by 4?", "great, that's all"],
-    ["Write a short greeting for my team.", "too AI-like, rewrite it without the bold"],
-]
+DEMO_ARMS = ("none", "combine")
 
 
-def _chat(client: httpx.Client, model: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    response = client.post("/chat/completions", json={"model": model, "messages": messages, "max_tokens": 24, **extra})
-    response.raise_for_status()
-    return response.json()["choices"][0]["message"]
+def _indented(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.strip().splitlines()) or "    (empty)"
 
 
-def _play(client: httpx.Client, model: str, user_lines: list[str]) -> None:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant."}]
-    for line in user_lines:
-        messages.append({"role": "user", "content": line})
-        answer = _chat(client, model, messages)
-        messages.append({"role": "assistant", "content": answer["content"] or ""})
-        print(f"  user: {line}\n  assistant: {(answer['content'] or '')[:70]!r}")
-
-
-def _play_tool_conversation(client: httpx.Client, model: str) -> None:
-    """Offer a tool; send back a tool result if the model calls it, else a user reply.
-
-    Either way the second request echoes the first answer exactly as received, as an agent does.
-    """
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Lyon?"}]
-    answer = _chat(client, model, messages, tools=[WEATHER_TOOL])
-    messages.append({key: value for key, value in answer.items() if value is not None})
-    if answer.get("tool_calls"):
-        call = answer["tool_calls"][0]
-        messages.append({"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 14, "sky": "cloudy"}'})
-        print(f"  tool call: {call['function']['name']}({call['function']['arguments']}) -> tool result sent back")
-    else:
-        messages.append({"role": "user", "content": "Please use the weather tool."})
-        print("  the model answered in text instead of calling the tool (untrained weights)")
-    _chat(client, model, messages, tools=[WEATHER_TOOL])
-
-
-def run_demo(engine_config: EngineConfig, run_dir: Path) -> int:
+def run_demo(out: Path, sessions: int = 36) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    print(f"[1/3] model: {engine_config.model} (the tiny model is built locally on first use)")
-    engine = build_engine(engine_config)
-    store = Store.for_run_dir(run_dir)
-    print(f"[2/3] serving on a local port; recording into {run_dir / 'clawrl.db'}")
-    with ServerThread(engine, store, ServeConfig(port=free_port())) as server:
-        with httpx.Client(base_url=server.base_url, timeout=120) as client:
-            model = client.get("/models").json()["data"][0]["id"]
-            for script in SCRIPTS:
-                _play(client, model, script)
-            _play_tool_conversation(client, model)
-            side = [{"role": "user", "content": "Summarise this chat in five words."}]
-            client.post("/chat/completions", json={"model": model, "messages": side, "max_tokens": 8}, headers={"X-Turn-Type": "side"})
-    print("[3/3] what the store recorded:")
-    for session in sorted(store.list_sessions(), key=lambda row: row.created_at):
-        detail = session_detail(store, session.id)
-        assert detail is not None
-        print(f"\n  session {session.id} ({session.id_source}, {session.num_turns} turns)")
-        for turn in detail["turns"]:
-            next_state = turn["next_state"]
-            following = f"next state ({next_state['role']}): {next_state['content'][:40]!r}" if next_state else "no next state"
-            print(
-                f"    turn {turn['index']} {turn['kind']:<4} v{turn['policy_version']} "
-                f"prompt {len(turn['prompt_token_ids']):>4} tok, response {len(turn['response_token_ids']):>3} tok; {following}"
-            )
-    print(f"\nInspect it yourself: clawrl sessions list --run-dir {run_dir}")
+    started = time.perf_counter()
+    config = BenchConfig(method="combine", sessions=sessions, seeds=1, out=out)
+    persona = PERSONAS[config.persona]
+    print(f"[1/3] model: {config.model} (pre-trained locally on first use, a few minutes; then cached)")
+    print(f"      {prepared_model(config)}")
+    print(f"[2/3] a simulated {persona.name} who wants {persona.preference};")
+    print(f"      {sessions} sessions per arm, held-out prompts scored as the policy changes")
+    train_flags = bench_train_flags({})
+    runs = [run_arm(arm, 0, config, train_flags, voice_for(config), progress=_show_progress) for arm in DEMO_ARMS]
+    results = write_report(config, train_flags, runs, "clawrl demo")
+    trained = runs[-1]
+    print("[3/3] one held-out prompt, answered by the served policy")
+    print(f"  before (v{trained.baseline.version}):\n{_indented(trained.baseline.example)}")
+    print(f"  after {sessions} sessions (v{trained.final.version}):\n{_indented(trained.final.example)}\n")
+    print(report_table(results))
+    print(f"\nplot: {out / 'learning.png'}   report: {out / 'report.md'}   "
+          f"runs: {out / 'runs'}   ({(time.perf_counter() - started) / 60:.1f} min)")
+    print(f"inspect a run: clawrl sessions list --run-dir {out / 'runs' / 'combine-seed0'}")
     return 0
+
+
+def _show_progress(done: SessionDone) -> None:
+    """One line per arm, redrawn after each session: a bar, the latest held-out score and its version."""
+    bar = "#" * round(24 * done.session / done.sessions)
+    end = "\n" if done.session == done.sessions else ""
+    print(f"\r  {done.arm:<8} [{bar:<24}] {done.session:>2}/{done.sessions} sessions, "
+          f"held-out score {done.heldout:.2f} (policy v{done.version})   ", end=end, flush=True)

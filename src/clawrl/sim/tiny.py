@@ -162,8 +162,8 @@ def train_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
-    """The model config, with token ids taken from ``tokenizer``."""
+def tiny_config(tokenizer: PreTrainedTokenizerFast, shape: dict[str, int] | None = None) -> Qwen2Config:
+    """The model config, with token ids taken from ``tokenizer``; ``shape`` overrides ``MODEL_SHAPE``."""
     return Qwen2Config(
         vocab_size=len(tokenizer),
         max_position_embeddings=CONTEXT_LENGTH,
@@ -172,7 +172,7 @@ def tiny_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
         pad_token_id=tokenizer.convert_tokens_to_ids(END_OF_TEXT),
-        **MODEL_SHAPE,
+        **(shape or MODEL_SHAPE),
     )
 
 

@@ -1,0 +1,413 @@
+"""`clawrl bench learn`: does the agent learn its user's hidden preference, how fast, and against what?
+
+For every arm and seed the benchmark starts the real system, `clawrl serve` as a subprocess on a
+free port with its own run directory (judge loop inside, trainer as its child process when the
+arm trains), and talks to it only over HTTP, as an unmodified agent would: no session header,
+the whole history re-sent with every request. A simulated user (``clawrl.sim.users``) plays
+sessions of word problems; between sessions the benchmark scores the policy being served on
+held-out prompts, sent as side turns so that they are never trained on.
+
+Arms:
+
+* ``none``: serve and judge, no training (the control);
+* ``memory``: no training; the hints the judge drew from past sessions are put into the system
+  prompt of later ones (``clawrl.sim.memory``), as memory systems do;
+* ``rl``, ``opd``, ``combine``: `clawrl serve --method <arm>`.
+
+Within one seed every arm meets the same user: the same problems in the same order, the same
+held-out prompts, and the same request seeds, so arms differ only in what the server does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawrl.config import BenchConfig, EngineConfig, TrainConfig
+from clawrl.engines import model_source
+from clawrl.serve.runner import free_port
+from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, PromptMemory
+from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems
+from clawrl.store import Store
+from clawrl.store.training import TrainingStore
+
+ARMS = ("none", "memory", "rl", "opd", "combine")
+TRAINED_ARMS = ("rl", "opd", "combine")
+CLOSING_MAX_TOKENS = 16  # the answer to "thanks, that's all" is never judged: keep it short
+SERVER_START_TIMEOUT_S = 600.0  # the first start may pre-train the tiny model
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Evaluation:
+    """The held-out score of the policy served after `session` sessions."""
+
+    session: int
+    version: int
+    outcomes: list[bool]  # one per held-out prompt: did the answer satisfy the preference?
+    example: str  # the answer to the first held-out prompt
+
+    @property
+    def score(self) -> float:
+        return sum(self.outcomes) / len(self.outcomes)
+
+
+@dataclass
+class RunResult:
+    """One arm under one seed."""
+
+    arm: str
+    seed: int
+    evaluations: list[Evaluation] = field(default_factory=list)
+    session_satisfied: list[bool] = field(default_factory=list)
+    versions: int = 0
+    seconds: float = 0.0
+
+    @property
+    def baseline(self) -> Evaluation:
+        return self.evaluations[0]
+
+    @property
+    def final(self) -> Evaluation:
+        return self.evaluations[-1]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for evaluation, item in zip(self.evaluations, data["evaluations"], strict=True):
+            item["score"] = evaluation.score
+        return data
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def serve_command(arm: str, config: BenchConfig, train_flags: dict[str, Any], run_dir: Path, port: int) -> list[str]:
+    """The `clawrl serve` command line for one arm."""
+    command = [
+        sys.executable, "-m", "clawrl.cli", "serve",
+        "--model", config.model, "--seed", str(config.model_seed), "--cpu-threads", "1",
+        "--port", str(port), "--run-dir", str(run_dir), "--judge", "rule",
+    ]
+    if arm in TRAINED_ARMS:
+        command += ["--method", arm, *flags_for(train_flags)]
+    return command + shlex.split(config.serve_args)
+
+
+def flags_for(values: dict[str, Any]) -> list[str]:
+    """`--name value` per setting (`--name` / `--no-name` for booleans)."""
+    flags: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+class ServerProcess:
+    """`clawrl serve` in a subprocess: started and healthy on enter, stopped (trainer too) on exit."""
+
+    def __init__(self, command: list[str], run_dir: Path, port: int) -> None:
+        self.command, self.run_dir, self.port = command, run_dir, port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerProcess:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.run_dir / "serve.log", "wb")  # noqa: SIM115 - the child keeps writing to it
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"clawrl serve exited with {self.process.returncode}; see {self.run_dir / 'serve.log'}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        raise RuntimeError(f"clawrl serve did not become healthy; see {self.run_dir / 'serve.log'}")
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def request_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any labels (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big") >> 1
+
+
+@dataclass
+class Reply:
+    text: str
+    turn_id: str
+    version: int
+
+
+class Agent:
+    """The benchmark's side of the HTTP conversation: an unmodified OpenAI-style client."""
+
+    def __init__(self, base_url: str, model: str, max_tokens: int) -> None:
+        # Idle connections are dropped after a second, well before uvicorn closes them (5 s): reusing
+        # one the server is closing at that moment fails the request ("server disconnected").
+        self.client = httpx.Client(base_url=f"{base_url}/v1", timeout=600, limits=httpx.Limits(keepalive_expiry=1.0))
+        self.health_url = f"{base_url}/healthz"
+        self.model, self.max_tokens = model, max_tokens
+
+    def complete(self, messages: list[dict[str, str]], seed: int, side: bool = False, done: bool = False,
+                 max_tokens: int | None = None) -> Reply:
+        headers = {}
+        if side:
+            headers["X-Turn-Type"] = "side"
+        if done:
+            headers["X-Session-Done"] = "true"
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens or self.max_tokens, "seed": seed}
+        response = self.client.post("/chat/completions", json=body, headers=headers)
+        response.raise_for_status()
+        text = response.json()["choices"][0]["message"]["content"] or ""
+        return Reply(text, response.headers["X-Clawrl-Turn"], int(response.headers["X-Clawrl-Policy-Version"]))
+
+    def policy_version(self) -> int:
+        return int(httpx.get(self.health_url, timeout=30).json()["policy_version"])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one seed's user asks: the same for every arm."""
+
+    sessions: list[list[Any]]  # the problems of each session
+    heldout: list[tuple[str, Any]]  # (first message, problem) of each held-out prompt
+    seed: int
+
+
+def workload(config: BenchConfig, persona: Persona, seed: int) -> Workload:
+    """Session problems and held-out prompts for one seed; no held-out question is ever a session's."""
+    heldout_rng = random.Random(f"heldout-{seed}")
+    heldout = [(heldout_rng.choice(persona.openers).format(question=p.question), p)
+               for p in problems(heldout_rng, config.heldout_prompts)]
+    held_questions = {problem.question for _, problem in heldout}
+    session_rng = random.Random(f"sessions-{seed}")
+    sessions = []
+    while len(sessions) < config.sessions:
+        chosen = problems(session_rng, config.problems_per_session)
+        if not any(problem.question in held_questions for problem in chosen):
+            sessions.append(chosen)
+    return Workload(sessions, heldout, seed)
+
+
+def evaluate(agent: Agent, persona: Persona, work: Workload, system_prompt: str, session: int) -> Evaluation:
+    """Answer every held-out prompt (side turns, concurrently, fixed seeds) and score the answers."""
+    version = agent.policy_version()
+
+    def answer(index: int) -> str:
+        message, _ = work.heldout[index]
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": message}]
+        return agent.complete(messages, seed=request_seed(work.seed, "heldout", index), side=True).text
+
+    with ThreadPoolExecutor(max_workers=len(work.heldout)) as pool:
+        answers = list(pool.map(answer, range(len(work.heldout))))
+    outcomes = [persona.satisfied(text, problem) for text, (_, problem) in zip(answers, work.heldout, strict=True)]
+    return Evaluation(session, version, outcomes, answers[0])
+
+
+def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int) -> list[str]:
+    """One session over HTTP; returns the ids of its turns that got a next state."""
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user.first_message()}]
+    continued: list[str] = []
+    for turn in range(user.max_turns + 1):
+        reply = agent.complete(messages, seed=request_seed(seed, turn))
+        messages.append({"role": "assistant", "content": reply.text})
+        message = user.react(reply.text)
+        messages.append({"role": "user", "content": message.text})
+        continued.append(reply.turn_id)
+        if message.done:
+            agent.complete(messages, seed=request_seed(seed, "closing"), done=True, max_tokens=CLOSING_MAX_TOKENS)
+            break
+    return continued
+
+
+def remember_hints(store: Store, turn_ids: list[str], memory: PromptMemory, timeout_s: float = 60.0) -> None:
+    """Wait for the judge to judge the session's turns, then keep their hints (the memory arm)."""
+    deadline = time.monotonic() + timeout_s
+    judgments = store.judgments_for(turn_ids)
+    while len(judgments) < len(turn_ids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        judgments = store.judgments_for(turn_ids)
+    for turn_id in turn_ids:
+        judgment = judgments.get(turn_id)
+        if judgment is not None and judgment.hint:
+            memory.remember(judgment.hint)
+
+
+def settle(agent: Agent, training: TrainingStore, batch_size: int, timeout_s: float) -> None:
+    """After the last session, let the trainer finish what it can still train, and serving load it.
+
+    Done when, for a few seconds in a row, fewer than a batch of samples is ready, the sample
+    count is unchanged (the judge and the trainer have caught up), and serving answers with the
+    version the store points at.
+    """
+    deadline = time.monotonic() + timeout_s
+    stable_since, last_counts = time.monotonic(), None
+    while time.monotonic() < deadline:
+        counts = training.sample_counts()
+        quiet = counts.get("ready", 0) < batch_size and agent.policy_version() == training.serving_version()
+        if counts != last_counts or not quiet:
+            stable_since, last_counts = time.monotonic(), counts
+        elif time.monotonic() - stable_since >= 4.0:
+            return
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class SessionDone:
+    """Progress: one session of one run is over."""
+
+    arm: str
+    seed: int
+    session: int
+    sessions: int
+    satisfied: bool
+    heldout: float  # the latest held-out score
+    version: int  # the version it was measured on
+
+    def __str__(self) -> str:
+        outcome = "satisfied" if self.satisfied else "corrected"
+        return (f"[{self.arm} seed {self.seed}] session {self.session}/{self.sessions} {outcome}; "
+                f"held-out {self.heldout:.2f} (v{self.version})")
+
+
+def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any], voice: Voice,
+            progress: Callable[[SessionDone], None] = print) -> RunResult:
+    """Start the server for `arm`, play every session of `seed`, evaluate along the way."""
+    persona = PERSONAS[config.persona]
+    work = workload(config, persona, seed)
+    run_dir = config.out / "runs" / f"{arm}-seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    port = free_port()
+    started = time.perf_counter()
+    result = RunResult(arm, seed)
+    memory = PromptMemory()
+    with ServerProcess(serve_command(arm, config, train_flags, run_dir, port), run_dir, port) as server:
+        agent = Agent(server.base_url, config.model, config.max_tokens)
+        store = Store.for_run_dir(run_dir)
+        try:
+            result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), 0))
+            for index, session_problems in enumerate(work.sessions, start=1):
+                user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice)
+                system_prompt = memory.system_prompt()
+                continued = play_session(agent, user, system_prompt, request_seed(seed, "session", index))
+                result.session_satisfied.append(user.satisfied)
+                if arm == "memory":
+                    remember_hints(store, continued, memory)
+                if _evaluation_due(arm, config, index, agent, result):
+                    result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), index))
+                latest = result.evaluations[-1]
+                progress(SessionDone(arm, seed, index, config.sessions, user.satisfied, latest.score, latest.version))
+            if arm in TRAINED_ARMS:
+                settle(agent, TrainingStore(store), train_flags["batch_size"], config.settle_s)
+            result.versions = agent.policy_version()
+            if result.evaluations[-1].session != config.sessions or result.evaluations[-1].version != result.versions:
+                result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), config.sessions))
+        finally:
+            agent.close()
+            store.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _evaluation_due(arm: str, config: BenchConfig, index: int, agent: Agent, result: RunResult) -> bool:
+    """Trained arms: whenever serving has a version not yet evaluated. Others: every few sessions."""
+    if arm in TRAINED_ARMS:
+        return agent.policy_version() != result.evaluations[-1].version
+    return index % config.eval_every == 0
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def bench_train_flags(given: dict[str, Any]) -> dict[str, Any]:
+    """Trainer settings for the trained arms: the bench's defaults, overridden by what was given."""
+    return {**BENCH_TRAIN_DEFAULTS, **given}
+
+
+# What learns in 36 sessions on the tiny model (about 100 judged turns): small batches, so there
+# are a dozen versions, and a learning rate sized for a model this small.
+BENCH_TRAIN_DEFAULTS: dict[str, Any] = {"batch_size": 8, "lr": 1e-3, "lora_rank": 16, "lora_alpha": 32.0}
+
+
+def voice_for(config: BenchConfig) -> Voice:
+    if config.user_url:
+        if not config.user_model:
+            raise ValueError("--user-url needs --user-model")
+        return LLMVoice(config.user_url, config.user_model, config.user_api_key)
+    return ScriptedVoice()
+
+
+def arms_for(method: str) -> list[str]:
+    return list(ARMS) if method == "all" else [method]
+
+
+def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
+              progress: Callable[[SessionDone], None] = print) -> dict[str, Any]:
+    """Every arm under every seed; writes results.json, the report card and the plot to `config.out`."""
+    from clawrl.sim.report import command_line, write_report
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the progress
+    print(f"model: {prepared_model(config)}")
+    train_flags = bench_train_flags(given_train_flags)
+    voice = voice_for(config)
+    config.out.mkdir(parents=True, exist_ok=True)
+    runs: list[RunResult] = []
+    for arm in arms_for(config.method):
+        for seed in range(config.seeds):
+            runs.append(run_arm(arm, seed, config, train_flags, voice, progress))
+            (config.out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
+    return write_report(config, train_flags, runs, command_line(config))
+
+
+def prepared_model(config: BenchConfig) -> str:
+    """Where the served weights are; a locally built model is built here, once, before any server
+    (and its trainer) asks for it at the same time."""
+    return model_source(EngineConfig(model=config.model, seed=config.model_seed))
+
+
+def given_train_flags(args: Any) -> dict[str, Any]:
+    """The trainer flags given on the command line (`--method` is the bench's own)."""
+    return {name: getattr(args, name) for name in TrainConfig.model_fields if name != "method" and hasattr(args, name)}
+

@@ -1,0 +1,426 @@
+"""The pre-trained tiny model: a few million parameters that answer word problems in styles.
+
+`clawrl bench learn` needs a model that can be taught something in a few dozen sessions on a
+CPU. A randomly initialised model cannot: it has no behaviour to reinforce. This one is trained
+from scratch, in a few minutes, on chat conversations generated here, so that it
+
+* answers a word problem with a worked solution, in the AI-like style most of the time and
+  plainly (what the student wants) or warmly and in detail (what the teacher wants) sometimes:
+  both preferences are reachable without help, so binary RL has successes to reinforce;
+* follows a style instruction in the user's message, a ``[Hint]`` appended to it (the exact
+  format of ``clawrl.judge.hints.teacher_messages``, with hints as the rule judge extracts them
+  from the simulated users' corrections), a correction in the conversation, and notes in the
+  system prompt (``clawrl.sim.memory``): so the OPD teacher, the prompt with the hint, prefers
+  the answer the user wanted, and the memory arm has something to work with.
+
+The conversations are rendered with the tiny chat template (``clawrl.sim.tiny``) and trained on
+their assistant tokens only, with the tiny model's tokenizer. Building is deterministic from the
+seed (same thread count, same bytes) and cached under a hash of everything that determines the
+result (``pretrained_model_path``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+from clawrl.judge.hints import teacher_messages
+from clawrl.judge.rule import rule_hint
+from clawrl.sim.corpus import STYLE_INSTRUCTIONS, build_corpus
+from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
+from clawrl.sim.styles import Style, render
+from clawrl.sim.tiny import CORPUS_SEED, END_OF_TEXT, IM_END, TINY_VERSION, tiny_config, train_tokenizer
+from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, problems
+
+# Bump when the training procedure changes in a way the config and the corpus sample do not show.
+PRETRAIN_VERSION = "pretrain-v1"
+
+# --------------------------------------------------------------------------- the conversations
+
+# Without an instruction: AI-like most of the time. Plain satisfies the student; warm the teacher
+# (and, when it is not formatted, the student too).
+DEFAULT_STYLES: dict[Style, float] = {"ai": 0.68, "plain": 0.2, "warm": 0.12}
+FOLLOW_RATE = 0.96  # how often an instruction, hint, correction or note is followed
+SYSTEM_PROMPTS = (None, DEFAULT_SYSTEM_PROMPT, "You are a friendly assistant.", "You help people with maths homework.")
+CLOSINGS = ("You're welcome!", "Glad I could help. Good luck!", "Anytime! Have a good day.", "Happy to help.")
+# Who wants which style; the "ai" requester exists so that following is about the words, not a
+# shortcut from "any instruction" to "plain".
+PREFERRED: dict[str, Style] = {"student": "plain", "teacher": "warm", "ai": "ai"}
+
+
+def default_style(rng: random.Random) -> Style:
+    return rng.choices(list(DEFAULT_STYLES), weights=list(DEFAULT_STYLES.values()))[0]
+
+
+def _followed(requester: str, rng: random.Random) -> Style:
+    return PREFERRED[requester] if rng.random() < FOLLOW_RATE else default_style(rng)
+
+
+def _hints(persona: Persona) -> list[str]:
+    """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
+    complaints = [*persona.corrections, *persona.repeated_corrections, *persona.reasks]
+    extracted = [rule_hint([{"role": "user", "content": text.format(question="")}]) for text in complaints]
+    return sorted({hint for hint in extracted if hint} | set(persona.instructions))
+
+
+HINTS: dict[str, list[str]] = {
+    "student": _hints(STUDENT),
+    "teacher": _hints(TEACHER),
+    "ai": list(STYLE_INSTRUCTIONS["ai"]),
+}
+INSTRUCTIONS: dict[str, tuple[str, ...]] = {
+    "student": STUDENT.instructions,
+    "teacher": TEACHER.instructions,
+    "ai": STYLE_INSTRUCTIONS["ai"],
+}
+
+
+def _requester(rng: random.Random) -> str:
+    return rng.choices(("student", "teacher", "ai"), weights=(0.45, 0.4, 0.15))[0]
+
+
+def _start(rng: random.Random, system: str | None = None) -> list[dict[str, str]]:
+    system = system if system is not None else rng.choice(SYSTEM_PROMPTS)
+    return [{"role": "system", "content": system}] if system else []
+
+
+def _ask(persona: Persona, question: str, rng: random.Random) -> str:
+    return rng.choice(persona.openers).format(question=question)
+
+
+def default_chat(rng: random.Random) -> list[dict[str, str]]:
+    """A question with no instruction, answered in the default style mix."""
+    problem = problems(rng, 1)[0]
+    persona = rng.choice(list(PERSONAS.values()))
+    return [*_start(rng), {"role": "user", "content": _ask(persona, problem.question, rng)},
+            {"role": "assistant", "content": render(default_style(rng), problem, rng)}]
+
+
+def instructed_chat(rng: random.Random) -> list[dict[str, str]]:
+    """A style instruction before or after the question, followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    instruction = rng.choice(INSTRUCTIONS[requester])
+    user = f"{problem.question} {instruction}" if rng.random() < 0.6 else f"{instruction} {problem.question}"
+    return [*_start(rng), {"role": "user", "content": user},
+            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+def hinted_chat(rng: random.Random) -> list[dict[str, str]]:
+    """The OPD teacher's prompt: a hint appended to the last user message, followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    persona = PERSONAS.get(requester, STUDENT)
+    messages = teacher_messages([*_start(rng), {"role": "user", "content": _ask(persona, problem.question, rng)}],
+                                rng.choice(HINTS[requester]))
+    return [*messages, {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+def corrected_chat(rng: random.Random) -> list[dict[str, str]]:
+    """A session as the simulated users play it: corrections are followed, praise moves on.
+
+    A new problem is answered in the default mix again: the tiny model does not carry a
+    correction over to the next question, so a session's later answers are fresh samples.
+    """
+    persona = rng.choice(list(PERSONAS.values()))
+    asked = problems(rng, rng.randint(1, 2))
+    messages = [*_start(rng), {"role": "user", "content": _ask(persona, asked[0].question, rng)}]
+    for index, problem in enumerate(asked):
+        style = default_style(rng)
+        messages.append({"role": "assistant", "content": render(style, problem, rng)})
+        if not persona.satisfied(messages[-1]["content"], problem):
+            complaint = rng.choice((*persona.corrections, *persona.reasks))
+            messages.append({"role": "user", "content": complaint.format(question=problem.question)})
+            messages.append({"role": "assistant", "content": render(_followed(persona.name, rng), problem, rng)})
+        if index + 1 < len(asked):
+            praise = rng.choice(persona.praise_next).format(question=asked[index + 1].question)
+            messages.append({"role": "user", "content": praise})
+    if rng.random() < 0.5:
+        messages += [{"role": "user", "content": rng.choice(persona.praise_done)},
+                     {"role": "assistant", "content": rng.choice(CLOSINGS)}]
+    return messages
+
+
+def remembered_chat(rng: random.Random) -> list[dict[str, str]]:
+    """Notes from earlier sessions in the system prompt (the memory arm's format), followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    notes = rng.sample(HINTS[requester], k=min(len(HINTS[requester]), rng.randint(1, 3)))
+    system = system_prompt_with_notes(notes, base=rng.choice(SYSTEM_PROMPTS[1:]))
+    persona = PERSONAS.get(requester, STUDENT)
+    return [{"role": "system", "content": system}, {"role": "user", "content": _ask(persona, problem.question, rng)},
+            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+CHATS: tuple[tuple[Callable[[random.Random], list[dict[str, str]]], float], ...] = (
+    (default_chat, 0.35),
+    (instructed_chat, 0.15),
+    (hinted_chat, 0.2),
+    (corrected_chat, 0.15),
+    (remembered_chat, 0.15),
+)
+
+
+def chat(rng: random.Random) -> list[dict[str, str]]:
+    kinds, weights = zip(*CHATS)
+    return rng.choices(kinds, weights=weights)[0](rng)
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Everything that determines the pre-trained weights, besides the code and the seed."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    max_tokens: int = 384  # longer conversations are cut (rare: a corrected chat of three problems)
+    threads: int = 2  # CPU results depend on the thread count; fixed, so the same seed gives the same bytes
+
+    def shape(self) -> dict[str, int]:
+        return {
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "intermediate_size": self.intermediate_size,
+        }
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """The tokenizer every tiny model shares (trained on the fixed-seed corpus)."""
+    return train_tokenizer(build_corpus(CORPUS_SEED))
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation, and labels that keep only the assistant tokens."""
+    encoded = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    ids = encoded["input_ids"][:max_tokens]
+    labels = [token if keep else -100 for token, keep in zip(ids, encoded["assistant_masks"][:max_tokens], strict=True)]
+    return ids, labels
+
+
+def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, (row_ids, row_labels) in enumerate(rows):
+        ids[row, : len(row_ids)] = torch.tensor(row_ids)
+        labels[row, : len(row_labels)] = torch.tensor(row_labels)
+        mask[row, : len(row_ids)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+BUCKET_BATCHES = 8
+
+
+def _length_bucketed_batches(tokenizer: PreTrainedTokenizerFast, rng: random.Random,
+                             config: PretrainConfig) -> list[list[tuple[list[int], list[int]]]]:
+    """`BUCKET_BATCHES` batches of conversations of similar length, in random order.
+
+    Conversations range from 60 to 400 tokens; batching neighbours in length instead of random
+    ones halves the padding, and with it the time per step.
+    """
+    rows = [encode_chat(tokenizer, chat(rng), config.max_tokens) for _ in range(config.batch_size * BUCKET_BATCHES)]
+    rows.sort(key=lambda row: len(row[0]))
+    batches = [rows[start : start + config.batch_size] for start in range(0, len(rows), config.batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _learning_rate(config: PretrainConfig, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class PretrainLog:
+    """Loss per step, for the command's progress line and for tests."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def pretrain(out_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConfig(),
+             progress: Callable[[int, float], None] | None = None) -> PretrainLog:
+    """Train the tiny model from scratch on generated conversations; write it to `out_dir`."""
+    started = time.perf_counter()
+    tokenizer = tiny_tokenizer()
+    model_config = tiny_config(tokenizer, config.shape())
+    rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    log = PretrainLog()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM(model_config)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95),
+                                          weight_decay=config.weight_decay)
+            model.train()
+            batches: list[list[tuple[list[int], list[int]]]] = []
+            for step in range(config.steps):
+                if not batches:
+                    batches = _length_bucketed_batches(tokenizer, rng, config)
+                rows = batches.pop()
+                for group in optimizer.param_groups:
+                    group["lr"] = _learning_rate(config, step)
+                loss = model(**_batch(rows, model_config.pad_token_id)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                log.losses.append(loss.item())
+                if progress is not None:
+                    progress(step, log.losses[-1])
+    finally:
+        torch.set_num_threads(threads)
+    im_end, end_of_text = tokenizer.convert_tokens_to_ids([IM_END, END_OF_TEXT])
+    model.generation_config = GenerationConfig(eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text)
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    log.seconds = time.perf_counter() - started
+    (Path(out_dir) / "pretrain.json").write_text(json.dumps(
+        {"seed": seed, "config": asdict(config), "final_loss": sum(log.losses[-20:]) / max(1, len(log.losses[-20:])),
+         "seconds": round(log.seconds, 1)}, indent=2))
+    return log
+
+
+# --------------------------------------------------------------------------- checking what it learned
+
+CONDITIONS = ("none", "instruction", "hint", "memory")
+
+
+def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[list[dict[str, str]], Any]:
+    """A held-out prompt for `persona` under `condition`, and its problem.
+
+    `none` is how the persona asks in the benchmark; `instruction` adds one of its style requests,
+    `hint` appends a rule-judge hint drawn from its complaints, `memory` puts hints in the system
+    prompt.
+    """
+    problem = problems(rng, 1)[0]
+    question = _ask(persona, problem.question, rng)
+    hints = HINTS[persona.name]
+    if condition == "instruction":
+        question = f"{question} {rng.choice(persona.instructions)}"
+    system = system_prompt_with_notes(rng.sample(hints, k=2)) if condition == "memory" else DEFAULT_SYSTEM_PROMPT
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    if condition == "hint":
+        messages = teacher_messages(messages, rng.choice(hints))
+    return messages, problem
+
+
+@torch.no_grad()
+def sample_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[list[dict[str, str]]],
+                   max_new_tokens: int = 256, seed: int = 0) -> list[str]:
+    """One answer per prompt, sampled at temperature 1 (how the benchmark's users are served)."""
+    tokenizer.padding_side = "left"
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+    return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def style_rates(model_dir: Path, samples: int = 64, seed: int = 12345) -> dict[str, dict[str, float]]:
+    """{persona: {condition: share of sampled answers that satisfy the persona}} on held-out problems."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rates: dict[str, dict[str, float]] = {}
+    for persona in PERSONAS.values():
+        rates[persona.name] = {}
+        for condition in CONDITIONS:
+            rng = random.Random(f"{seed}-{persona.name}-{condition}")
+            cases = [check_prompt(persona, condition, rng) for _ in range(samples)]
+            answers = []
+            for start in range(0, samples, 32):
+                chunk = cases[start : start + 32]
+                answers += sample_answers(model, tokenizer, [messages for messages, _ in chunk], seed=seed + start)
+            hits = sum(persona.satisfied(answer, problem) for answer, (_, problem) in zip(answers, cases, strict=True))
+            rates[persona.name][condition] = hits / samples
+    return rates
+
+
+# --------------------------------------------------------------------------- the cache
+
+PRETRAINED_NAME = "tiny-pretrained"
+DIGEST_CHATS = 64
+
+
+def content_key(seed: int, config: PretrainConfig) -> str:
+    """A hash of everything that determines the weights: versions, seed, config, and the corpus itself.
+
+    The corpus enters as a digest of conversations it generates, so a change to any phrasing,
+    style or hint (here, in the users, or in the rule judge's hint extraction) is a new key.
+    """
+    rng = random.Random(f"digest-{seed}")
+    sample = [chat(rng) for _ in range(DIGEST_CHATS)]
+    identity = {"version": PRETRAIN_VERSION, "tiny": TINY_VERSION, "seed": seed, "config": asdict(config), "corpus": sample}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pretrained_model_path(cache_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConfig()) -> Path:
+    """The cached pre-trained model for (`seed`, `config`), built first when missing.
+
+    Building takes minutes, and `clawrl serve` and its trainer may ask at the same moment, so
+    builders take a lock: the second waits for the first and reuses its result. The model is
+    written to a staging directory and renamed into place, so a reader never sees half of it.
+    """
+    import fcntl
+
+    target = Path(cache_dir) / f"{PRETRAINED_NAME}-seed{seed}-{content_key(seed, config)}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_dir():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            pretrain(staging, seed, config, progress=_log_progress(config))
+            staging.chmod(0o755)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _log_progress(config: PretrainConfig) -> Callable[[int, float], None]:
+    import logging
+
+    log = logging.getLogger(__name__)
+    log.info("pre-training the tiny model (%d steps; a few minutes on a CPU, once)", config.steps)
+
+    def report(step: int, loss: float) -> None:
+        if (step + 1) % 100 == 0 or step + 1 == config.steps:
+            log.info("pre-training step %d/%d, loss %.3f", step + 1, config.steps, loss)
+
+    return report

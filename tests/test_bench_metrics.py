@@ -1,0 +1,97 @@
+"""The learning benchmark's statistics and report on fixed inputs: sessions to align, score curves,
+bootstrap intervals, and the results.json schema the report card and the plot are made from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clawrl.config import BenchConfig
+from clawrl.sim.bench import Evaluation, RunResult
+from clawrl.sim.metrics import bootstrap_ci, sessions_to_align, step_curve
+from clawrl.sim.report import median_sessions, write_report
+
+
+@pytest.mark.parametrize(("satisfied", "expected"), [
+    ([True, True, True], 0),
+    ([False, True, False, True, True, True], 3),
+    ([False, False, True, True, False, True, True, True, False], 5),
+    ([True, True, False, True, True], None),
+    ([], None),
+])
+def test_sessions_to_align(satisfied: list[bool], expected: int | None) -> None:
+    assert sessions_to_align(satisfied) == expected
+
+
+def test_sessions_to_align_with_another_window() -> None:
+    assert sessions_to_align([False, True, False, True, True], window=2) == 3
+    assert sessions_to_align([False, True], window=1) == 1
+
+
+def test_step_curve_holds_each_score_until_the_next_evaluation() -> None:
+    points = [(0, 0.2), (3, 0.5), (3, 0.6), (5, 0.9)]
+    assert step_curve(points, 6) == [0.2, 0.2, 0.2, 0.6, 0.6, 0.9, 0.9]
+    assert step_curve([(2, 0.4)], 3) == [0.4, 0.4, 0.4, 0.4]  # before the first evaluation: its score
+    with pytest.raises(ValueError):
+        step_curve([], 3)
+
+
+def test_bootstrap_interval_contains_the_mean_and_narrows_with_more_data() -> None:
+    few = [[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]]
+    low, high = bootstrap_ci(few)
+    assert low <= 0.75 <= high and high - low > 0.2
+    many = [group * 25 for group in few]
+    low_many, high_many = bootstrap_ci(many)
+    assert low_many <= 0.75 <= high_many and high_many - low_many < (high - low) / 2
+    assert bootstrap_ci(few, seed=1) == bootstrap_ci(few, seed=1)
+
+
+def test_bootstrap_of_constant_groups_is_a_point_and_empty_groups_are_refused() -> None:
+    assert bootstrap_ci([[1.0, 1.0], [1.0]]) == (1.0, 1.0)
+    with pytest.raises(ValueError):
+        bootstrap_ci([[1.0], []])
+
+
+def test_median_sessions_counts_never_as_latest() -> None:
+    assert median_sessions([4, None, 10]) == 10
+    assert median_sessions([None, None, 3]) is None
+    assert median_sessions([2, 6]) == 4
+    assert median_sessions([2, None]) is None
+
+
+def run(arm: str, seed: int, scores: list[tuple[int, int, int]], satisfied: list[bool]) -> RunResult:
+    """A run whose evaluations have `hits` of 4 held-out prompts satisfied: (session, version, hits)."""
+    evaluations = [Evaluation(session, version, [i < hits for i in range(4)], f"answer {session}")
+                   for session, version, hits in scores]
+    return RunResult(arm, seed, evaluations, satisfied, versions=scores[-1][1], seconds=60.0)
+
+
+def test_results_json_schema_report_card_and_plot(tmp_path: Path) -> None:
+    config = BenchConfig(method="all", sessions=4, seeds=2, out=tmp_path, heldout_prompts=4)
+    runs = [
+        run("none", 0, [(0, 0, 1), (4, 0, 1)], [False, False, True, False]),
+        run("none", 1, [(0, 0, 0), (4, 0, 1)], [False, True, False, False]),
+        run("combine", 0, [(0, 0, 1), (2, 1, 3), (4, 2, 4)], [False, True, True, True]),
+        run("combine", 1, [(0, 0, 0), (3, 1, 4), (4, 1, 4)], [False, False, True, True]),
+    ]
+    results = write_report(config, {"batch_size": 8, "full": True}, runs, "clawrl bench learn --sessions 4")
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(results))
+    assert set(on_disk["arms"]) == {"none", "combine"}
+    for arm in on_disk["arms"].values():
+        assert {"baseline", "final", "sessions_to_align", "ci"} <= set(arm)
+        low, high = arm["ci"]
+        assert 0 <= low <= arm["final"] <= high <= 1
+        assert len(arm["curve"]) == config.sessions + 1
+    combine = on_disk["arms"]["combine"]
+    assert (combine["baseline"], combine["final"]) == (0.125, 1.0)
+    assert [seed["sessions_to_align"] for seed in combine["per_seed"]] == [1, None]
+    assert combine["sessions_to_align"] is None  # median of 1 and never
+    assert combine["curve"] == [0.125, 0.125, 0.375, 0.875, 1.0]
+    assert on_disk["arms"]["none"]["sessions_to_align"] is None
+    card = (tmp_path / "report.md").read_text()
+    assert "| combine (RL + OPD) | 0.12 | **1.00** |" in card and "learning.png" in card
+    assert "`clawrl bench learn --sessions 4`" in card and "--batch-size 8 --full" in card
+    assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,135 @@
+"""Pre-training the tiny model: the conversations it learns from, determinism, and the cache.
+
+Training is exercised at a toy size (a few steps of a one-layer model); whether the real
+pre-trained model follows instructions is measured by benchmarks/tiny_pretrained_styles.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.judge.hints import HINT_MARKER
+from clawrl.judge.rule import rule_hint
+from clawrl.sim import pretrain
+from clawrl.sim.memory import NOTES_HEADING
+from clawrl.sim.pretrain import (
+    DEFAULT_STYLES,
+    HINTS,
+    PretrainConfig,
+    chat,
+    content_key,
+    default_chat,
+    encode_chat,
+    hinted_chat,
+    pretrained_model_path,
+    remembered_chat,
+    tiny_tokenizer,
+)
+from clawrl.sim.users import STUDENT, has_markup, is_warm
+
+TOY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                     intermediate_size=64, steps=3, batch_size=4, warmup_steps=1, max_tokens=128, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # noqa: ANN201 - a transformers tokenizer
+    return tiny_tokenizer()
+
+
+# --------------------------------------------------------------------------- the conversations
+
+
+def test_hints_are_the_rule_judges_extractions_in_the_teacher_prompt_format() -> None:
+    for correction in STUDENT.corrections:
+        assert rule_hint([{"role": "user", "content": correction}]) in HINTS["student"]
+    rng = random.Random(0)
+    for _ in range(50):
+        messages = hinted_chat(rng)
+        user = messages[-2]["content"]
+        question, hint = user.split(f"\n\n{HINT_MARKER} ")
+        assert question and any(hint in HINTS[who] for who in HINTS), hint
+        assert messages[-1]["role"] == "assistant"
+
+
+def test_without_an_instruction_the_answer_is_mostly_ai_like() -> None:
+    rng = random.Random(1)
+    answers = [default_chat(rng)[-1]["content"] for _ in range(2000)]
+    styled = Counter("warm" if is_warm(a) else "ai" if has_markup(a) else "plain" for a in answers)
+    # formatted warm answers count as warm here, so the markup share is the "ai" share alone
+    assert abs(styled["ai"] / 2000 - DEFAULT_STYLES["ai"]) < 0.04
+    assert abs(styled["plain"] / 2000 - DEFAULT_STYLES["plain"]) < 0.04
+
+
+def test_memory_notes_are_followed() -> None:
+    rng = random.Random(2)
+    followed = 0
+    for _ in range(200):
+        messages = remembered_chat(rng)
+        assert NOTES_HEADING in messages[0]["content"]
+        notes = messages[0]["content"]
+        answer = messages[-1]["content"]
+        if any(note in notes for note in HINTS["student"]):
+            followed += not has_markup(answer)
+    assert followed > 60
+
+
+def test_conversations_render_with_the_chat_template_and_train_on_assistant_tokens_only(tokenizer) -> None:  # noqa: ANN001
+    rng = random.Random(3)
+    for _ in range(30):
+        messages = chat(rng)
+        ids, labels = encode_chat(tokenizer, messages, max_tokens=2048)
+        trained = [token for token in labels if token != -100]
+        assert trained and len(trained) < len(ids)
+        text = tokenizer.decode(trained)
+        assert text.endswith("<|im_end|>") and messages[-1]["content"] in text
+        assert "<|im_start|>user" not in text
+
+
+# --------------------------------------------------------------------------- training and the cache
+
+
+def test_pretraining_is_deterministic_at_a_tiny_size(tmp_path: Path) -> None:
+    first = pretrain.pretrain(tmp_path / "a", seed=0, config=TOY)
+    again = pretrain.pretrain(tmp_path / "b", seed=0, config=TOY)
+    other = pretrain.pretrain(tmp_path / "c", seed=1, config=TOY)
+    weights = (tmp_path / "a" / "model.safetensors").read_bytes()
+    assert (tmp_path / "b" / "model.safetensors").read_bytes() == weights
+    assert (tmp_path / "c" / "model.safetensors").read_bytes() != weights
+    assert first.losses == again.losses != other.losses and len(first.losses) == TOY.steps
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert model.config.hidden_size == 32 and tokenizer.eos_token == "<|im_end|>"
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_cache_key_covers_seed_config_and_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = content_key(0, TOY)
+    assert key == content_key(0, TOY)
+    assert key != content_key(1, TOY)
+    assert key != content_key(0, PretrainConfig(**{**TOY.__dict__, "steps": 4}))
+    monkeypatch.setattr(pretrain, "FOLLOW_RATE", 0.5)  # a change to how the corpus is written
+    assert content_key(0, TOY) != key
+
+
+def test_pretrained_model_path_builds_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[int] = []
+    real = pretrain.pretrain
+
+    def counting(out_dir: Path, seed: int = 0, config: PretrainConfig = TOY, progress=None):  # noqa: ANN001, ANN202
+        built.append(seed)
+        return real(out_dir, seed, config, progress)
+
+    monkeypatch.setattr(pretrain, "pretrain", counting)
+    path = pretrained_model_path(tmp_path, seed=0, config=TOY)
+    assert path.name == f"tiny-pretrained-seed0-{content_key(0, TOY)}"
+    assert pretrained_model_path(tmp_path, seed=0, config=TOY) == path
+    assert built == [0]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [path.name]
+    assert (path / "pretrain.json").is_file()

@@ -1,0 +1,263 @@
+"""Simulated users: preference detectors on realistic answers, replies the rule judge reads as a
+person's, the session protocol, and the LLM-driven voice against a scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import deque
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from clawrl.judge.rule import rule_hint, rule_score
+from clawrl.sim.corpus import Problem
+from clawrl.sim.styles import render_ai, render_plain, render_warm
+from clawrl.sim.users import (
+    STUDENT,
+    TEACHER,
+    LLMVoice,
+    Persona,
+    UserSession,
+    has_markup,
+    is_warm,
+    problems,
+    student_satisfied,
+    teacher_satisfied,
+)
+
+CUPCAKES = Problem(
+    "Emma has 57 cupcakes. She gets 6 more. How many cupcakes does Emma have now?",
+    ("Emma starts with 57 cupcakes.", "Adding the 6 new ones gives 57 + 6 = 63."),
+    "63",
+)
+STICKERS = Problem(
+    "Leo has 5 stickers. He buys 3 packs with 4 stickers in each, then gives 2 away. How many stickers does Leo have now?",
+    ("The packs hold 3 × 4 = 12 stickers.", "Together with the first ones that makes 5 + 12 = 17.",
+     "After giving 2 away, 17 - 2 = 15 are left."),
+    "15",
+)
+
+# --------------------------------------------------------------------------- detectors
+
+CHATBOT_MARKDOWN = """Sure! Let's solve this step by step.
+
+### Step 1: Find the total
+Emma has 57 cupcakes and gets 6 more: 57 + 6 = 63.
+
+**Answer:** Emma has 63 cupcakes."""
+BULLETS = "Here is the working:\n- 57 + 6 = 63\n- so Emma has 63 cupcakes"
+NUMBERED_PAREN = "1) Emma starts with 57.\n2) 57 + 6 = 63, so she has 63."
+PLAIN_PROSE = "Emma starts with 57 cupcakes, and getting 6 more makes 57 + 6 = 63. So she has 63 cupcakes now."
+NO_WORKING = "Emma has 63 cupcakes now."
+ASTERISK_TIMES = "The packs hold 3 * 4 = 12 stickers, plus the first 5 is 5 + 12 = 17, and giving 2 away leaves 17 - 2 = 15."
+
+
+@pytest.mark.parametrize(("answer", "satisfied"), [
+    (CHATBOT_MARKDOWN, False),  # a heading and bold
+    (BULLETS, False),
+    (NUMBERED_PAREN, False),
+    (PLAIN_PROSE, True),
+    (NO_WORKING, False),  # plain, but the step is not shown
+])
+def test_student_detector_on_realistic_answers(answer: str, satisfied: bool) -> None:
+    assert student_satisfied(answer, CUPCAKES) is satisfied
+
+
+def test_student_wants_every_step_of_a_longer_problem() -> None:
+    assert student_satisfied(ASTERISK_TIMES, STICKERS)  # "3 * 4" is multiplication, not bold
+    assert not has_markup(ASTERISK_TIMES)
+    two_of_three = "The packs hold 3 × 4 = 12 stickers, so with the first ones 5 + 12 = 17. He has 15 left."
+    assert not student_satisfied(two_of_three, STICKERS)
+
+
+def test_student_on_every_style_the_tiny_model_learns() -> None:
+    rng = random.Random(0)
+    for problem in problems(rng, 40):
+        assert student_satisfied(render_plain(problem, rng), problem)
+        assert not student_satisfied(render_ai(problem, rng), problem)
+
+
+def test_teacher_wants_long_and_warm() -> None:
+    rng = random.Random(1)
+    for problem in problems(rng, 40):
+        assert teacher_satisfied(render_warm(problem, rng), problem)
+        assert not teacher_satisfied(render_plain(problem, rng), problem)
+        assert not teacher_satisfied(render_ai(problem, rng), problem)
+    long_and_cold = " ".join([PLAIN_PROSE] * 5)
+    assert not teacher_satisfied(long_and_cold, CUPCAKES)
+    assert not teacher_satisfied("Well done! 57 + 6 = 63.", CUPCAKES)  # warm but short
+    assert teacher_satisfied(long_and_cold + " You're doing great, keep practising!", CUPCAKES)
+    assert not is_warm("Great question! Let's break it down step by step.")  # eager, not encouraging
+
+
+# --------------------------------------------------------------------------- replies and the rule judge
+
+COMPLAINTS = ("corrections", "repeated_corrections", "reasks", "give_up_next", "give_up_done")
+PRAISE = ("praise_next", "praise_done")
+
+
+@pytest.mark.parametrize("persona", [STUDENT, TEACHER], ids=lambda p: p.name)
+def test_the_rule_judge_reads_replies_as_a_person_means_them(persona: Persona) -> None:
+    asked, following = CUPCAKES.question, STICKERS.question
+    for kind in COMPLAINTS + PRAISE:
+        for phrasing in getattr(persona, kind):
+            text = phrasing.format(question=asked if kind == "reasks" else following)
+            next_state = [{"role": "user", "content": text}]
+            expected = 1 if kind in PRAISE else -1
+            assert rule_score(next_state, previous_user_text=asked) == expected, text
+            if kind in ("corrections", "repeated_corrections", "reasks"):
+                assert rule_hint(next_state), f"no hint in {text!r}"
+
+
+# --------------------------------------------------------------------------- the session protocol
+
+
+def session(persona: Persona = STUDENT, count: int = 2, seed: int = 0, **options: Any) -> UserSession:
+    return UserSession(persona, problems(random.Random(seed), count), random.Random(seed), **options)
+
+
+def test_satisfying_answers_get_thanks_and_the_next_problem_then_done() -> None:
+    user = session()
+    first, second = user.problems
+    assert first.question in user.first_message()
+    reply = user.react(render_plain(first, random.Random(0)))
+    assert second.question in reply.text and not reply.done
+    assert rule_score([{"role": "user", "content": reply.text}], first.question) == 1
+    reply = user.react(render_plain(second, random.Random(0)))
+    assert reply.done and rule_score([{"role": "user", "content": reply.text}]) == 1
+    assert user.first_attempts == [True, True] and user.satisfied
+
+
+def test_an_unsatisfying_answer_is_corrected_and_the_rewrite_judged_again() -> None:
+    user = session()
+    first, second = user.problems
+    user.first_message()
+    complaint = user.react(render_ai(first, random.Random(0)))
+    assert not complaint.done and second.question not in complaint.text
+    assert rule_score([{"role": "user", "content": complaint.text}], first.question) == -1
+    moved_on = user.react(render_plain(first, random.Random(0)))
+    assert second.question in moved_on.text
+    assert user.first_attempts == [False] and not user.satisfied  # the first answer needed a correction
+
+
+def test_the_user_gives_up_after_the_retries_and_moves_on() -> None:
+    user = session(max_retries=1)
+    first, second = user.problems
+    user.first_message()
+    user.react(render_ai(first, random.Random(0)))
+    gave_up = user.react(render_ai(first, random.Random(1)))
+    assert second.question in gave_up.text and not gave_up.done
+    assert rule_score([{"role": "user", "content": gave_up.text}], first.question) == -1
+
+
+def test_the_turn_limit_ends_the_session() -> None:
+    user = session(count=5, max_turns=3)
+    user.first_message()
+    replies = [user.react(render_ai(user.problem, random.Random(turn))) for turn in range(3)]
+    assert [reply.done for reply in replies] == [False, False, True]
+    assert user.turns == 3
+
+
+def test_sessions_are_deterministic_given_the_seed() -> None:
+    def transcript(seed: int) -> list[str]:
+        user = session(seed=seed)
+        said = [user.first_message()]
+        for turn in range(3):
+            reply = user.react(render_ai(user.problem, random.Random(turn)))
+            said.append(reply.text)
+            if reply.done:
+                break
+        return said
+
+    assert transcript(3) == transcript(3) != transcript(4)
+
+
+def test_the_next_problem_never_reads_as_the_last_one_asked_again() -> None:
+    # Two problems from one template share most words; the rule judge would take the second for a
+    # restatement of the first (a complaint) and punish an answer the user was happy with.
+    chosen = problems(random.Random(5), 300)
+    for asked, following in zip(chosen, chosen[1:]):
+        praise = [{"role": "user", "content": f"thanks! next one: {following.question}"}]
+        assert rule_score(praise, previous_user_text=asked.question) == 1, (asked.question, following.question)
+
+
+# --------------------------------------------------------------------------- the LLM-driven voice
+
+
+class ScriptedUserModel:
+    """An OpenAI-compatible server that answers with scripted replies (or HTTP errors) in order."""
+
+    def __init__(self) -> None:
+        self.replies: deque[str | int] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+
+
+@pytest.fixture
+def user_model() -> Iterator[ScriptedUserModel]:
+    model = ScriptedUserModel()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            model.requests.append({**body, "_path": self.path, "_auth": self.headers.get("Authorization")})
+            action = model.replies.popleft()
+            status, payload = (
+                (action, {"error": {"message": "scripted"}}) if isinstance(action, int)
+                else (200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": action}}]})
+            )
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    model.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield model
+    server.shutdown()
+    server.server_close()
+
+
+def test_llm_voice_words_the_reactions_and_code_supplies_the_questions(user_model: ScriptedUserModel) -> None:
+    user_model.replies.extend([503, "ugh, too robotic. can you rewrite it without the bold?", "ok that's better, thanks!",
+                               "great, that's it for today."])
+    voice = LLMVoice(user_model.url, "user-sim", api_key="k")
+    user = session(voice=voice)
+    first, second = user.problems
+    assert first.question in user.first_message()  # asking is left to code: no call
+    assert user_model.requests == []
+
+    complaint = user.react(render_ai(first, random.Random(0)))
+    assert complaint.text == "ugh, too robotic. can you rewrite it without the bold?"
+    assert len(user_model.requests) == 2  # the 503 was retried
+    request = user_model.requests[-1]
+    assert request["_path"] == "/v1/chat/completions" and request["_auth"] == "Bearer k" and request["model"] == "user-sim"
+    system, prompt = request["messages"][0]["content"], request["messages"][1]["content"]
+    assert STUDENT.character in system and STUDENT.preference in system
+    assert "**Final answer**" in prompt and "rewrite" in prompt
+
+    moved_on = user.react(render_plain(first, random.Random(0)))
+    assert moved_on.text == f"ok that's better, thanks! {second.question}"
+    done = user.react(render_plain(second, random.Random(0)))
+    assert done.done and done.text == "great, that's it for today."
+    assert user.first_attempts == [False, True]
+
+
+def test_llm_voice_gives_up_loudly_when_the_endpoint_keeps_failing(user_model: ScriptedUserModel) -> None:
+    user_model.replies.extend([500, 500])
+    voice = LLMVoice(user_model.url, "user-sim", retries=2)
+    user = session(voice=voice)
+    user.first_message()
+    with pytest.raises(RuntimeError, match="no reply"):
+        user.react(render_ai(user.problem, random.Random(0)))
