@@ -96,7 +96,7 @@ def test_teacher_wants_long_and_warm() -> None:
 
 # --------------------------------------------------------------------------- replies and the rule judge
 
-COMPLAINTS = ("corrections", "repeated_corrections", "reasks", "give_up_next", "give_up_done")
+COMPLAINTS = ("corrections", "step_corrections", "repeated_corrections", "reasks", "give_up_next", "give_up_done")
 PRAISE = ("praise_next", "praise_done")
 
 
@@ -109,7 +109,7 @@ def test_the_rule_judge_reads_replies_as_a_person_means_them(persona: Persona) -
             next_state = [{"role": "user", "content": text}]
             expected = 1 if kind in PRAISE else -1
             assert rule_score(next_state, previous_user_text=asked) == expected, text
-            if kind in ("corrections", "repeated_corrections", "reasks"):
+            if kind in ("corrections", "step_corrections", "repeated_corrections", "reasks"):
                 assert rule_hint(next_state), f"no hint in {text!r}"
 
 
@@ -261,3 +261,12 @@ def test_llm_voice_gives_up_loudly_when_the_endpoint_keeps_failing(user_model: S
     user.first_message()
     with pytest.raises(RuntimeError, match="no reply"):
         user.react(render_ai(user.problem, random.Random(0)))
+
+
+def test_a_plain_answer_that_skips_working_is_asked_for_every_step() -> None:
+    user = session(seed=2)
+    first = user.problems[0]
+    user.first_message()
+    reply = user.react("Okay, so the answer is " + first.answer + ".")
+    assert not reply.done and "step" in reply.text and "bold" not in reply.text
+    assert rule_score([{"role": "user", "content": reply.text}], first.question) == -1

@@ -52,7 +52,7 @@ PRETRAIN_VERSION = "pretrain-v1"
 
 # Without an instruction: AI-like most of the time. Plain satisfies the student; warm the teacher
 # (and, when it is not formatted, the student too).
-DEFAULT_STYLES: dict[Style, float] = {"ai": 0.68, "plain": 0.2, "warm": 0.12}
+DEFAULT_STYLES: dict[Style, float] = {"ai": 0.76, "plain": 0.14, "warm": 0.1}
 FOLLOW_RATE = 0.96  # how often an instruction, hint, correction or note is followed
 SYSTEM_PROMPTS = (None, DEFAULT_SYSTEM_PROMPT, "You are a friendly assistant.", "You help people with maths homework.")
 CLOSINGS = ("You're welcome!", "Glad I could help. Good luck!", "Anytime! Have a good day.", "Happy to help.")
@@ -71,7 +71,7 @@ def _followed(requester: str, rng: random.Random) -> Style:
 
 def _hints(persona: Persona) -> list[str]:
     """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
-    complaints = [*persona.corrections, *persona.repeated_corrections, *persona.reasks]
+    complaints = [*persona.corrections, *persona.step_corrections, *persona.repeated_corrections, *persona.reasks]
     extracted = [rule_hint([{"role": "user", "content": text.format(question="")}]) for text in complaints]
     return sorted({hint for hint in extracted if hint} | set(persona.instructions))
 

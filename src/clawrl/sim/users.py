@@ -104,6 +104,7 @@ class Persona:
     openers: tuple[str, ...]  # "{question}" is replaced
     instructions: tuple[str, ...]  # asking for the preferred style up front
     corrections: tuple[str, ...]  # the first complaint about an answer
+    step_corrections: tuple[str, ...]  # the first complaint about an answer whose only fault is missing working
     repeated_corrections: tuple[str, ...]  # when the rewrite is still not right
     reasks: tuple[str, ...]  # the question again, with a nudge; "{question}" is replaced
     praise_next: tuple[str, ...]  # "{question}" is the next problem
@@ -131,6 +132,10 @@ STUDENT = Persona(
         "no, not like that. please write it as plain sentences, without bold or a numbered list",
         "that's not how I want it. rewrite it like a person would explain it, no bold, no lists",
         "too AI-like. try again without the formatting, but keep every step",
+    ),
+    step_corrections=(
+        "you skipped some steps. rewrite it and show every step of the working",
+        "that's not enough working for me. please show every step, in sentences",
     ),
     repeated_corrections=(
         "still too AI-like. please don't use bold or numbered steps at all",
@@ -169,6 +174,7 @@ TEACHER = Persona(
         "that's not warm enough for ten-year-olds. make it longer and more encouraging",
         "no, the kids need more than that. rewrite it in more detail and cheer them on a little",
     ),
+    step_corrections=(),  # the teacher's complaints already ask for every step in detail
     repeated_corrections=(
         "still not quite right. please make it longer and add encouragement for the children",
         "that's not it yet. rewrite it slowly, step by step, and end with some praise for the kids",
@@ -213,6 +219,7 @@ class Intent(Enum):
 
     OPEN = "open"  # ask the first problem
     CORRECT = "correct"  # complain about the answer and ask for a rewrite
+    CORRECT_STEPS = "correct_steps"  # the answer's only fault: working left out
     CORRECT_AGAIN = "correct_again"
     REASK = "reask"  # ask the same question again, with a nudge
     PRAISE_NEXT = "praise_next"  # thank, then ask the next problem
@@ -243,6 +250,7 @@ class ScriptedVoice:
         phrasings = {
             Intent.OPEN: persona.openers,
             Intent.CORRECT: persona.corrections,
+            Intent.CORRECT_STEPS: persona.step_corrections,
             Intent.CORRECT_AGAIN: persona.repeated_corrections,
             Intent.REASK: persona.reasks,
             Intent.PRAISE_NEXT: persona.praise_next,
@@ -255,6 +263,8 @@ class ScriptedVoice:
 
 _LLM_INSTRUCTIONS = {
     Intent.CORRECT: "The answer is not what you want. Complain briefly and ask for a rewrite, saying how it should be.",
+    Intent.CORRECT_STEPS: "The answer leaves out steps of the working. Complain briefly and ask for a rewrite "
+    "that shows every step.",
     Intent.CORRECT_AGAIN: "The rewrite is still not what you want. Say so, and say again how it should be.",
     Intent.PRAISE_NEXT: "The answer is what you want. Thank the assistant briefly; your next question follows.",
     Intent.PRAISE_DONE: "The answer is what you want. Thank the assistant and say you are done for today.",
@@ -374,11 +384,17 @@ class UserSession:
             intent = Intent.GIVE_UP_NEXT if gave_up else Intent.PRAISE_NEXT
             return UserMessage(self._say(intent, self.problem.question, answer), done=False)
         self._retries += 1
+        return UserMessage(self._say(self._complaint(answer), self.problem.question, answer), done=False)
+
+    def _complaint(self, answer: str) -> Intent:
+        """Again, a re-ask, or a correction that names what is wrong: the look, or the missing working."""
         if self._retries > 1:
-            intent = Intent.CORRECT_AGAIN
-        else:
-            intent = Intent.REASK if self.rng.random() < 0.25 else Intent.CORRECT
-        return UserMessage(self._say(intent, self.problem.question, answer), done=False)
+            return Intent.CORRECT_AGAIN
+        if self.rng.random() < 0.25:
+            return Intent.REASK
+        if self.persona.step_corrections and not has_markup(answer):
+            return Intent.CORRECT_STEPS
+        return Intent.CORRECT
 
     def _say(self, intent: Intent, question: str | None, answer: str | None) -> str:
         return self.voice.say(Cue(intent, self.persona, question, answer), self.rng)

@@ -1,0 +1,80 @@
+"""`clawrl bench learn`, short: the real server (subprocess, judge and trainer), HTTP sessions, held-out scores.
+
+The model is a smaller pre-training of the tiny model (`CI_PRETRAIN`, about a minute) so that the
+module stays within a couple of minutes; the full-size one is what the committed benchmark uses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from clawrl.config import BenchConfig
+from clawrl.sim.bench import run_bench
+from clawrl.sim.memory import NOTES_HEADING
+from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
+from clawrl.store import Store
+from clawrl.store.schema import SampleRow, TurnRow
+
+CI_PRETRAIN = PretrainConfig(steps=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pretrained_model_path(tmp_path_factory.mktemp("cache"), seed=0, config=CI_PRETRAIN)
+
+
+def bench(out: Path, model_dir: Path, method: str, sessions: int) -> dict:
+    config = BenchConfig(method=method, sessions=sessions, seeds=1, out=out, model=str(model_dir), heldout_prompts=16)
+    return run_bench(config, {}, progress=lambda _: None)
+
+
+def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -> None:
+    results = bench(tmp_path, model_dir, "combine", sessions=14)
+    combine = results["arms"]["combine"]
+    assert combine["final"] > combine["baseline"], combine
+    assert combine["per_seed"][0]["versions"] >= 3
+    assert "sessions_to_align" in combine and combine["ci"][0] <= combine["final"] <= combine["ci"][1]
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["arms"]["combine"]["final"] == combine["final"]
+    assert (tmp_path / "learning.png").stat().st_size > 1000 and "combine (RL + OPD)" in (tmp_path / "report.md").read_text()
+
+    store = Store.for_run_dir(tmp_path / "runs" / "combine-seed0")
+    assert len(store.list_sessions()) >= 14  # sessions were told apart with no session header
+    with store.read() as db:
+        side = set(db.scalars(select(TurnRow.id).where(TurnRow.kind == "side")))
+        sampled = set(db.scalars(select(SampleRow.turn_id)))
+    assert len(side) >= 2 * 16  # held-out prompts, at the start and after versions
+    assert sampled and not side & sampled  # never trained on
+
+
+def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp_path: Path) -> None:
+    results = bench(tmp_path, model_dir, "memory", sessions=4)
+    assert set(results["arms"]) == {"memory"}
+    store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
+    sessions = sorted(store.list_sessions(), key=lambda session: session.created_at)
+    prompts = [turn.messages[0]["content"] for session in sessions
+               for turn, _, _ in store.session_turns(session.id) if turn.kind == "main"]
+    assert NOTES_HEADING not in prompts[0]
+    hints = [judgment.hint for judgment in store.judgments_for([t.id for s in sessions for t, _, _ in store.session_turns(s.id)]).values()
+             if judgment.hint]
+    assert hints, "the simulated student corrected nothing in four sessions"
+    assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)
+
+
+def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "clawrl.cli", "bench", "learn", "--method", "none", "--sessions", "2", "--seeds", "1",
+         "--out", str(tmp_path), "--model", str(model_dir), "--heldout-prompts", "8", "--eval-every", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| none (control) |" in done.stdout and "session 2/2" in done.stdout
+    none = json.loads((tmp_path / "results.json").read_text())["arms"]["none"]
+    assert none["per_seed"][0]["versions"] == 0
+    assert len(none["curve"]) == 3
