@@ -1,8 +1,8 @@
 """Does the pre-trained tiny model do what the learning benchmark needs of it? And how long is the build?
 
 For each simulated user (student, teacher) and each way of asking, the share of sampled answers
-(temperature 1, as the benchmark's users are served) to held-out word problems that satisfy the
-user's preference:
+to held-out word problems that satisfy the user's preference, sampled as `clawrl bench learn`
+samples (temperature 1, top_p 0.95) and, for comparison, from the full distribution (top_p 1):
 
 * `none`: the question as the user asks it in the benchmark: should be low (at most 0.3), but not
   zero, so that binary RL has successes to reinforce;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from clawrl.config import EngineConfig
+from clawrl.config import BenchConfig, EngineConfig
 from clawrl.sim.pretrain import CONDITIONS, PretrainConfig, pretrained_model_path, style_rates
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -50,7 +50,9 @@ def main() -> int:
         model_dir = pretrained_model_path(cache, seed=args.seed)
         if args.rebuild:
             build_seconds = time.perf_counter() - started
-        rates = style_rates(model_dir, samples=args.samples)
+        rates = {f"{user} (top_p {top_p:g})": by_condition
+                 for top_p in (BenchConfig().top_p, 1.0)
+                 for user, by_condition in style_rates(model_dir, samples=args.samples, top_p=top_p).items()}
         built = json.loads((model_dir / "pretrain.json").read_text())
 
     print(f"| user | {' | '.join(CONDITIONS)} |")

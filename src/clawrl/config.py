@@ -369,7 +369,7 @@ class BenchConfig(_Settings):
         2, ge=1, validation_alias=_env("bench_problems_per_session"), description="Word problems the user asks per session."
     )
     heldout_prompts: int = Field(
-        32, ge=1, validation_alias=_env("bench_heldout_prompts"), description="Held-out prompts per evaluation (side turns)."
+        48, ge=1, validation_alias=_env("bench_heldout_prompts"), description="Held-out prompts per evaluation (side turns)."
     )
     eval_every: int = Field(
         4,
@@ -380,6 +380,17 @@ class BenchConfig(_Settings):
     )
     max_tokens: int = Field(
         256, ge=16, validation_alias=_env("bench_max_tokens"), description="max_tokens of every answer the user reads."
+    )
+    temperature: float = Field(
+        1.0, ge=0, le=2, validation_alias=_env("bench_temperature"), description="Sampling temperature of every request."
+    )
+    top_p: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        validation_alias=_env("bench_top_p"),
+        description="Nucleus sampling top_p of every request (0.95 keeps the tiny model's long tail of unlikely "
+        "tokens from garbling answers whatever their style).",
     )
     settle_s: float = Field(
         120.0,

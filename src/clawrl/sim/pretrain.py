@@ -336,18 +336,18 @@ def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[
 
 @torch.no_grad()
 def sample_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[list[dict[str, str]]],
-                   max_new_tokens: int = 256, seed: int = 0) -> list[str]:
-    """One answer per prompt, sampled at temperature 1 (how the benchmark's users are served)."""
+                   max_new_tokens: int = 256, seed: int = 0, top_p: float = 1.0) -> list[str]:
+    """One answer per prompt, sampled at temperature 1 with nucleus `top_p`."""
     tokenizer.padding_side = "left"
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+        out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens)
     return tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def style_rates(model_dir: Path, samples: int = 64, seed: int = 12345) -> dict[str, dict[str, float]]:
+def style_rates(model_dir: Path, samples: int = 64, seed: int = 12345, top_p: float = 1.0) -> dict[str, dict[str, float]]:
     """{persona: {condition: share of sampled answers that satisfy the persona}} on held-out problems."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -362,7 +362,7 @@ def style_rates(model_dir: Path, samples: int = 64, seed: int = 12345) -> dict[s
             answers = []
             for start in range(0, samples, 32):
                 chunk = cases[start : start + 32]
-                answers += sample_answers(model, tokenizer, [messages for messages, _ in chunk], seed=seed + start)
+                answers += sample_answers(model, tokenizer, [messages for messages, _ in chunk], seed=seed + start, top_p=top_p)
             hits = sum(persona.satisfied(answer, problem) for answer, (_, problem) in zip(answers, cases, strict=True))
             rates[persona.name][condition] = hits / samples
     return rates
