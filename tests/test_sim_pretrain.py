@@ -1,4 +1,4 @@
-"""Pre-training the tiny model: the conversations it learns from, determinism, and the cache.
+"""Pre-training the tiny model: the conversations it learns from (sim/chats.py), determinism, the cache.
 
 Training is exercised at a toy size (a few steps of a one-layer model); whether the real
 pre-trained model follows instructions is measured by benchmarks/tiny_pretrained_styles.py.
@@ -16,21 +16,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.judge.hints import HINT_MARKER
 from clawrl.judge.rule import rule_hint
-from clawrl.sim import pretrain
+from clawrl.sim import chats, pretrain
+from clawrl.sim.chats import DEFAULT_STYLES, HINTS, chat, default_chat, hinted_chat, remembered_chat
 from clawrl.sim.memory import NOTES_HEADING
-from clawrl.sim.pretrain import (
-    DEFAULT_STYLES,
-    HINTS,
-    PretrainConfig,
-    chat,
-    content_key,
-    default_chat,
-    encode_chat,
-    hinted_chat,
-    pretrained_model_path,
-    remembered_chat,
-    tiny_tokenizer,
-)
+from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer
 from clawrl.sim.users import STUDENT, has_markup, is_warm
 
 TOY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -114,7 +103,7 @@ def test_cache_key_covers_seed_config_and_corpus(monkeypatch: pytest.MonkeyPatch
     assert key == content_key(0, TOY)
     assert key != content_key(1, TOY)
     assert key != content_key(0, PretrainConfig(**{**TOY.__dict__, "steps": 4}))
-    monkeypatch.setattr(pretrain, "FOLLOW_RATE", 0.5)  # a change to how the corpus is written
+    monkeypatch.setattr(chats, "FOLLOW_RATE", 0.5)  # a change to how the corpus is written
     assert content_key(0, TOY) != key
 
 

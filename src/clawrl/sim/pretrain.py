@@ -1,28 +1,28 @@
-"""The pre-trained tiny model: a few million parameters that answer word problems in styles.
+"""The pre-trained tiny model: about a million parameters that answer word problems in styles.
 
 `clawrl bench learn` needs a model that can be taught something in a few dozen sessions on a
 CPU. A randomly initialised model cannot: it has no behaviour to reinforce. This one is trained
-from scratch, in a few minutes, on chat conversations generated here, so that it
-
-* answers a word problem with a worked solution, in the AI-like style most of the time and
-  plainly (what the student wants) or warmly and in detail (what the teacher wants) sometimes:
-  both preferences are reachable without help, so binary RL has successes to reinforce;
-* follows a style instruction in the user's message, a ``[Hint]`` appended to it (the exact
-  format of ``clawrl.judge.hints.teacher_messages``, with hints as the rule judge extracts them
-  from the simulated users' corrections), a correction in the conversation, and notes in the
-  system prompt (``clawrl.sim.memory``): so the OPD teacher, the prompt with the hint, prefers
-  the answer the user wanted, and the memory arm has something to work with.
+from scratch, in about three minutes on two cores, on the conversations of ``clawrl.sim.chats``,
+so that it answers a word problem with a worked solution, AI-like by default and sometimes the
+way the student or the teacher wants, and follows an instruction, a ``[Hint]`` (the OPD teacher's
+prompt), a complaint or a memory note asking for a style.
 
 The conversations are rendered with the tiny chat template (``clawrl.sim.tiny``) and trained on
 their assistant tokens only, with the tiny model's tokenizer. Building is deterministic from the
 seed (same thread count, same bytes) and cached under a hash of everything that determines the
-result (``pretrained_model_path``).
+result (``pretrained_model_path``). `style_rates` measures what it learned.
+
+The shape (hidden 128, 4 layers, 1.05M parameters) is what fits the time budget: a 2M-parameter
+model (hidden 192) trained for the same three minutes follows hints less reliably (0.69 against
+0.91), because it sees half the conversations.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -32,149 +32,21 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from clawrl.judge.hints import teacher_messages
-from clawrl.judge.rule import rule_hint
-from clawrl.sim.corpus import STYLE_INSTRUCTIONS, build_corpus
+from clawrl.sim.chats import HINTS, Chat, ask, chat
+from clawrl.sim.corpus import Problem, build_corpus
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
-from clawrl.sim.styles import Style, render
 from clawrl.sim.tiny import CORPUS_SEED, END_OF_TEXT, IM_END, TINY_VERSION, tiny_config, train_tokenizer
-from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, problems
+from clawrl.sim.users import PERSONAS, Persona, problems
+
+log = logging.getLogger(__name__)
 
 # Bump when the training procedure changes in a way the config and the corpus sample do not show.
 PRETRAIN_VERSION = "pretrain-v1"
-
-# --------------------------------------------------------------------------- the conversations
-
-# Without an instruction: AI-like most of the time. Plain satisfies the student; warm the teacher
-# (and, when it is not formatted, the student too).
-DEFAULT_STYLES: dict[Style, float] = {"ai": 0.76, "plain": 0.14, "warm": 0.1}
-FOLLOW_RATE = 0.96  # how often an instruction, hint, correction or note is followed
-SYSTEM_PROMPTS = (None, DEFAULT_SYSTEM_PROMPT, "You are a friendly assistant.", "You help people with maths homework.")
-CLOSINGS = ("You're welcome!", "Glad I could help. Good luck!", "Anytime! Have a good day.", "Happy to help.")
-# Who wants which style; the "ai" requester exists so that following is about the words, not a
-# shortcut from "any instruction" to "plain".
-PREFERRED: dict[str, Style] = {"student": "plain", "teacher": "warm", "ai": "ai"}
-
-
-def default_style(rng: random.Random) -> Style:
-    return rng.choices(list(DEFAULT_STYLES), weights=list(DEFAULT_STYLES.values()))[0]
-
-
-def _followed(requester: str, rng: random.Random) -> Style:
-    return PREFERRED[requester] if rng.random() < FOLLOW_RATE else default_style(rng)
-
-
-def _hints(persona: Persona) -> list[str]:
-    """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
-    complaints = [*persona.corrections, *persona.step_corrections, *persona.repeated_corrections, *persona.reasks]
-    extracted = [rule_hint([{"role": "user", "content": text.format(question="")}]) for text in complaints]
-    return sorted({hint for hint in extracted if hint} | set(persona.instructions))
-
-
-HINTS: dict[str, list[str]] = {
-    "student": _hints(STUDENT),
-    "teacher": _hints(TEACHER),
-    "ai": list(STYLE_INSTRUCTIONS["ai"]),
-}
-INSTRUCTIONS: dict[str, tuple[str, ...]] = {
-    "student": STUDENT.instructions,
-    "teacher": TEACHER.instructions,
-    "ai": STYLE_INSTRUCTIONS["ai"],
-}
-
-
-def _requester(rng: random.Random) -> str:
-    return rng.choices(("student", "teacher", "ai"), weights=(0.45, 0.4, 0.15))[0]
-
-
-def _start(rng: random.Random, system: str | None = None) -> list[dict[str, str]]:
-    system = system if system is not None else rng.choice(SYSTEM_PROMPTS)
-    return [{"role": "system", "content": system}] if system else []
-
-
-def _ask(persona: Persona, question: str, rng: random.Random) -> str:
-    return rng.choice(persona.openers).format(question=question)
-
-
-def default_chat(rng: random.Random) -> list[dict[str, str]]:
-    """A question with no instruction, answered in the default style mix."""
-    problem = problems(rng, 1)[0]
-    persona = rng.choice(list(PERSONAS.values()))
-    return [*_start(rng), {"role": "user", "content": _ask(persona, problem.question, rng)},
-            {"role": "assistant", "content": render(default_style(rng), problem, rng)}]
-
-
-def instructed_chat(rng: random.Random) -> list[dict[str, str]]:
-    """A style instruction before or after the question, followed."""
-    problem, requester = problems(rng, 1)[0], _requester(rng)
-    instruction = rng.choice(INSTRUCTIONS[requester])
-    user = f"{problem.question} {instruction}" if rng.random() < 0.6 else f"{instruction} {problem.question}"
-    return [*_start(rng), {"role": "user", "content": user},
-            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
-
-
-def hinted_chat(rng: random.Random) -> list[dict[str, str]]:
-    """The OPD teacher's prompt: a hint appended to the last user message, followed."""
-    problem, requester = problems(rng, 1)[0], _requester(rng)
-    persona = PERSONAS.get(requester, STUDENT)
-    messages = teacher_messages([*_start(rng), {"role": "user", "content": _ask(persona, problem.question, rng)}],
-                                rng.choice(HINTS[requester]))
-    return [*messages, {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
-
-
-def corrected_chat(rng: random.Random) -> list[dict[str, str]]:
-    """A session as the simulated users play it: corrections are followed, praise moves on.
-
-    A new problem is answered in the default mix again: the tiny model does not carry a
-    correction over to the next question, so a session's later answers are fresh samples.
-    """
-    persona = rng.choice(list(PERSONAS.values()))
-    asked = problems(rng, rng.randint(1, 2))
-    messages = [*_start(rng), {"role": "user", "content": _ask(persona, asked[0].question, rng)}]
-    for index, problem in enumerate(asked):
-        style = default_style(rng)
-        messages.append({"role": "assistant", "content": render(style, problem, rng)})
-        if not persona.satisfied(messages[-1]["content"], problem):
-            complaint = rng.choice((*persona.corrections, *persona.reasks))
-            messages.append({"role": "user", "content": complaint.format(question=problem.question)})
-            messages.append({"role": "assistant", "content": render(_followed(persona.name, rng), problem, rng)})
-        if index + 1 < len(asked):
-            praise = rng.choice(persona.praise_next).format(question=asked[index + 1].question)
-            messages.append({"role": "user", "content": praise})
-    if rng.random() < 0.5:
-        messages += [{"role": "user", "content": rng.choice(persona.praise_done)},
-                     {"role": "assistant", "content": rng.choice(CLOSINGS)}]
-    return messages
-
-
-def remembered_chat(rng: random.Random) -> list[dict[str, str]]:
-    """Notes from earlier sessions in the system prompt (the memory arm's format), followed."""
-    problem, requester = problems(rng, 1)[0], _requester(rng)
-    notes = rng.sample(HINTS[requester], k=min(len(HINTS[requester]), rng.randint(1, 3)))
-    system = system_prompt_with_notes(notes, base=rng.choice(SYSTEM_PROMPTS[1:]))
-    persona = PERSONAS.get(requester, STUDENT)
-    return [{"role": "system", "content": system}, {"role": "user", "content": _ask(persona, problem.question, rng)},
-            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
-
-
-CHATS: tuple[tuple[Callable[[random.Random], list[dict[str, str]]], float], ...] = (
-    (default_chat, 0.35),
-    (instructed_chat, 0.15),
-    (hinted_chat, 0.2),
-    (corrected_chat, 0.15),
-    (remembered_chat, 0.15),
-)
-
-
-def chat(rng: random.Random) -> list[dict[str, str]]:
-    kinds, weights = zip(*CHATS)
-    return rng.choices(kinds, weights=weights)[0](rng)
-
 
 # --------------------------------------------------------------------------- training
 
@@ -211,7 +83,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return train_tokenizer(build_corpus(CORPUS_SEED))
 
 
-def encode_chat(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str]], max_tokens: int) -> tuple[list[int], list[int]]:
+def encode_chat(tokenizer: PreTrainedTokenizerFast, messages: Chat, max_tokens: int) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation, and labels that keep only the assistant tokens."""
     encoded = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
     ids = encoded["input_ids"][:max_tokens]
@@ -315,7 +187,7 @@ def pretrain(out_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConf
 CONDITIONS = ("none", "instruction", "hint", "memory")
 
 
-def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[list[dict[str, str]], Any]:
+def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[Chat, Problem]:
     """A held-out prompt for `persona` under `condition`, and its problem.
 
     `none` is how the persona asks in the benchmark; `instruction` adds one of its style requests,
@@ -323,7 +195,7 @@ def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[
     prompt.
     """
     problem = problems(rng, 1)[0]
-    question = _ask(persona, problem.question, rng)
+    question = ask(persona, problem.question, rng)
     hints = HINTS[persona.name]
     if condition == "instruction":
         question = f"{question} {rng.choice(persona.instructions)}"
@@ -335,7 +207,7 @@ def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[
 
 
 @torch.no_grad()
-def sample_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[list[dict[str, str]]],
+def sample_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, prompts: list[Chat],
                    max_new_tokens: int = 256, seed: int = 0, top_p: float = 1.0) -> list[str]:
     """One answer per prompt, sampled at temperature 1 with nucleus `top_p`."""
     tokenizer.padding_side = "left"
@@ -349,8 +221,6 @@ def sample_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, 
 
 def style_rates(model_dir: Path, samples: int = 64, seed: int = 12345, top_p: float = 1.0) -> dict[str, dict[str, float]]:
     """{persona: {condition: share of sampled answers that satisfy the persona}} on held-out problems."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rates: dict[str, dict[str, float]] = {}
@@ -393,8 +263,6 @@ def pretrained_model_path(cache_dir: Path, seed: int = 0, config: PretrainConfig
     builders take a lock: the second waits for the first and reuses its result. The model is
     written to a staging directory and renamed into place, so a reader never sees half of it.
     """
-    import fcntl
-
     target = Path(cache_dir) / f"{PRETRAINED_NAME}-seed{seed}-{content_key(seed, config)}"
     if target.is_dir():
         return target
@@ -414,9 +282,6 @@ def pretrained_model_path(cache_dir: Path, seed: int = 0, config: PretrainConfig
 
 
 def _log_progress(config: PretrainConfig) -> Callable[[int, float], None]:
-    import logging
-
-    log = logging.getLogger(__name__)
     log.info("pre-training the tiny model (%d steps; a few minutes on a CPU, once)", config.steps)
 
     def report(step: int, loss: float) -> None:

@@ -1,0 +1,151 @@
+"""The conversations the tiny model is pre-trained on (``clawrl.sim.pretrain``).
+
+Word problems from the shared corpus, asked the way the simulated users ask them, answered in the
+styles of ``clawrl.sim.styles``:
+
+* without an instruction, in the default mix: AI-like most of the time, plain or warm sometimes,
+  so that a user's preference is reachable without help and binary RL has successes to reinforce;
+* with a style instruction in the message, a ``[Hint]`` appended to it (the exact format of
+  ``clawrl.judge.hints.teacher_messages``, with the hints the rule judge extracts from the
+  simulated users' complaints), a complaint earlier in the conversation, or notes in the system
+  prompt (the memory arm's format, ``clawrl.sim.memory``): the requested style, almost always.
+
+A new problem later in a conversation is answered in the default mix again: the tiny model does
+not carry a correction over to the next question, so every answer in a session is a fresh sample
+of the policy. Everything is drawn from the ``random.Random`` passed in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from clawrl.judge.hints import teacher_messages
+from clawrl.judge.rule import rule_hint
+from clawrl.sim.corpus import STYLE_INSTRUCTIONS
+from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
+from clawrl.sim.styles import Style, render
+from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, problems
+
+Chat = list[dict[str, str]]
+
+# Without an instruction: AI-like most of the time. Plain satisfies the student; warm the teacher
+# (and, when it is not formatted, the student too).
+DEFAULT_STYLES: dict[Style, float] = {"ai": 0.76, "plain": 0.14, "warm": 0.1}
+FOLLOW_RATE = 0.96  # how often an instruction, hint, correction or note is followed
+SYSTEM_PROMPTS = (None, DEFAULT_SYSTEM_PROMPT, "You are a friendly assistant.", "You help people with maths homework.")
+CLOSINGS = ("You're welcome!", "Glad I could help. Good luck!", "Anytime! Have a good day.", "Happy to help.")
+# Who wants which style; the "ai" requester exists so that following is about the words, not a
+# shortcut from "any instruction" to "plain".
+PREFERRED: dict[str, Style] = {"student": "plain", "teacher": "warm", "ai": "ai"}
+
+
+def default_style(rng: random.Random) -> Style:
+    return rng.choices(list(DEFAULT_STYLES), weights=list(DEFAULT_STYLES.values()))[0]
+
+
+def _followed(requester: str, rng: random.Random) -> Style:
+    return PREFERRED[requester] if rng.random() < FOLLOW_RATE else default_style(rng)
+
+
+def _hints(persona: Persona) -> list[str]:
+    """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
+    complaints = [*persona.corrections, *persona.step_corrections, *persona.repeated_corrections, *persona.reasks]
+    extracted = [rule_hint([{"role": "user", "content": text.format(question="")}]) for text in complaints]
+    return sorted({hint for hint in extracted if hint} | set(persona.instructions))
+
+
+HINTS: dict[str, list[str]] = {
+    "student": _hints(STUDENT),
+    "teacher": _hints(TEACHER),
+    "ai": list(STYLE_INSTRUCTIONS["ai"]),
+}
+INSTRUCTIONS: dict[str, tuple[str, ...]] = {
+    "student": STUDENT.instructions,
+    "teacher": TEACHER.instructions,
+    "ai": STYLE_INSTRUCTIONS["ai"],
+}
+
+
+def _requester(rng: random.Random) -> str:
+    return rng.choices(("student", "teacher", "ai"), weights=(0.45, 0.4, 0.15))[0]
+
+
+def _start(rng: random.Random) -> Chat:
+    system = rng.choice(SYSTEM_PROMPTS)
+    return [{"role": "system", "content": system}] if system else []
+
+
+def ask(persona: Persona, question: str, rng: random.Random) -> str:
+    return rng.choice(persona.openers).format(question=question)
+
+
+def default_chat(rng: random.Random) -> Chat:
+    """A question with no instruction, answered in the default style mix."""
+    problem = problems(rng, 1)[0]
+    persona = rng.choice(list(PERSONAS.values()))
+    return [*_start(rng), {"role": "user", "content": ask(persona, problem.question, rng)},
+            {"role": "assistant", "content": render(default_style(rng), problem, rng)}]
+
+
+def instructed_chat(rng: random.Random) -> Chat:
+    """A style instruction before or after the question, followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    instruction = rng.choice(INSTRUCTIONS[requester])
+    user = f"{problem.question} {instruction}" if rng.random() < 0.6 else f"{instruction} {problem.question}"
+    return [*_start(rng), {"role": "user", "content": user},
+            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+def hinted_chat(rng: random.Random) -> Chat:
+    """The OPD teacher's prompt: a hint appended to the last user message, followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    persona = PERSONAS.get(requester, STUDENT)
+    messages = teacher_messages([*_start(rng), {"role": "user", "content": ask(persona, problem.question, rng)}],
+                                rng.choice(HINTS[requester]))
+    return [*messages, {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+def corrected_chat(rng: random.Random) -> Chat:
+    """A session as the simulated users play it: complaints are followed, praise moves on."""
+    persona = rng.choice(list(PERSONAS.values()))
+    asked = problems(rng, rng.randint(1, 2))
+    messages = [*_start(rng), {"role": "user", "content": ask(persona, asked[0].question, rng)}]
+    for index, problem in enumerate(asked):
+        style = default_style(rng)
+        messages.append({"role": "assistant", "content": render(style, problem, rng)})
+        if not persona.satisfied(messages[-1]["content"], problem):
+            complaint = rng.choice((*persona.corrections, *persona.reasks))
+            messages.append({"role": "user", "content": complaint.format(question=problem.question)})
+            messages.append({"role": "assistant", "content": render(_followed(persona.name, rng), problem, rng)})
+        if index + 1 < len(asked):
+            praise = rng.choice(persona.praise_next).format(question=asked[index + 1].question)
+            messages.append({"role": "user", "content": praise})
+    if rng.random() < 0.5:
+        messages += [{"role": "user", "content": rng.choice(persona.praise_done)},
+                     {"role": "assistant", "content": rng.choice(CLOSINGS)}]
+    return messages
+
+
+def remembered_chat(rng: random.Random) -> Chat:
+    """Notes from earlier sessions in the system prompt (the memory arm's format), followed."""
+    problem, requester = problems(rng, 1)[0], _requester(rng)
+    notes = rng.sample(HINTS[requester], k=min(len(HINTS[requester]), rng.randint(1, 3)))
+    system = system_prompt_with_notes(notes, base=rng.choice(SYSTEM_PROMPTS[1:]))
+    persona = PERSONAS.get(requester, STUDENT)
+    return [{"role": "system", "content": system}, {"role": "user", "content": ask(persona, problem.question, rng)},
+            {"role": "assistant", "content": render(_followed(requester, rng), problem, rng)}]
+
+
+CHATS: tuple[tuple[Callable[[random.Random], Chat], float], ...] = (
+    (default_chat, 0.35),
+    (instructed_chat, 0.15),
+    (hinted_chat, 0.2),
+    (corrected_chat, 0.15),
+    (remembered_chat, 0.15),
+)
+
+
+def chat(rng: random.Random) -> Chat:
+    kinds, weights = zip(*CHATS)
+    return rng.choices(kinds, weights=weights)[0](rng)
