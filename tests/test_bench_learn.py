@@ -78,3 +78,17 @@ def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:
     none = json.loads((tmp_path / "results.json").read_text())["arms"]["none"]
     assert none["per_seed"][0]["versions"] == 0
     assert len(none["curve"]) == 3
+
+
+def test_the_demo_shows_before_and_after_the_table_and_the_plot(model_dir: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "clawrl.cli", "demo", "--model", str(model_dir), "--sessions", "3", "--run-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = done.stdout
+    assert "before (v0):" in shown and "after 3 sessions (v" in shown
+    assert "| none (control) |" in shown and "| combine (RL + OPD) |" in shown
+    assert "3/3 sessions" in shown  # the progress bars ran to the end
+    assert (tmp_path / "learning.png").stat().st_size > 1000
+    assert set(json.loads((tmp_path / "results.json").read_text())["arms"]) == {"none", "combine"}

@@ -292,7 +292,7 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from clawrl.sim.demo import run_demo
 
-    return run_demo(Path(args.run_dir), sessions=args.sessions)
+    return run_demo(Path(args.run_dir), sessions=args.sessions, model=args.model)
 
 
 def cmd_bench_learn(args: argparse.Namespace) -> int:
@@ -381,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "(the learning benchmark's control and combined arms, one seed)")
     demo.add_argument("--run-dir", default="runs/demo", help="where the runs, the report and the plot are written")
     demo.add_argument("--sessions", type=int, default=36, help="sessions with the simulated user per arm")
+    demo.add_argument("--model", default="tiny-pretrained",
+                      help="served model: `tiny-pretrained` (built locally on first use) or a directory of one")
     demo.set_defaults(handler=cmd_demo)
     return parser
 

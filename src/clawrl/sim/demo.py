@@ -26,10 +26,10 @@ def _indented(text: str) -> str:
     return "\n".join(f"    {line}" for line in text.strip().splitlines()) or "    (empty)"
 
 
-def run_demo(out: Path, sessions: int = 36) -> int:
+def run_demo(out: Path, sessions: int = 36, model: str = "tiny-pretrained") -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.perf_counter()
-    config = BenchConfig(method="combine", sessions=sessions, seeds=1, out=out)
+    config = BenchConfig(method="combine", sessions=sessions, seeds=1, out=out, model=model)
     persona = PERSONAS[config.persona]
     print(f"[1/3] model: {config.model} (pre-trained locally on first use, a few minutes; then cached)")
     print(f"      {prepared_model(config)}")
