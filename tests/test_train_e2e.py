@@ -3,8 +3,8 @@ separate OS process, as `clawrl serve --method ...` runs them.
 
 Conversations with corrections and 👍 feedback become samples; the trainer publishes versions;
 serving swaps them in while 16 clients keep sending requests (none may fail); the trainer is
-SIGKILLed mid-step and restarted without training any sample twice; a rollback makes serving
-answer with the old version again, and the trainer continues from it. Full fine-tuning (with the
+SIGKILLed mid-step and started again by its supervisor without training any sample twice; a
+rollback makes serving answer with the old version again, and the trainer continues from it. Full fine-tuning (with the
 top-K OPD term and the KL to a frozen copy) and the policy-as-teacher option publish versions the
 engine loads and serves exactly as trained.
 """
@@ -171,15 +171,18 @@ def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_mo
         store = Store.for_run_dir(run_dir)
         training = TrainingStore(store)
         wait_until(lambda: all(store.judgment(turn_id) for turn_id in taught), 30, "judgments")
-        configs = trainer_configs(tiny_model_dir, run_dir, micro_batch_size=1)
-        first = TrainerProcess(*configs).start()
-        wait_until(lambda: training.newest_version() >= 1, 120, "v1", every=0.005)
-        os.kill(first.pid, signal.SIGKILL)  # it went straight on to the next step
-        assert first.process.wait(10) == -signal.SIGKILL
-        killed_at = training.newest_version()
-        with TrainerProcess(*configs):
+        trainer = TrainerProcess(*trainer_configs(tiny_model_dir, run_dir, micro_batch_size=1)).start()
+        try:
+            wait_until(lambda: training.newest_version() >= 1, 120, "v1", every=0.005)
+            killed = trainer.process
+            os.kill(killed.pid, signal.SIGKILL)  # it went straight on to the next step
+            assert killed.wait(10) == -signal.SIGKILL
+            killed_at = training.newest_version()
+            wait_until(lambda: trainer.restarts == 1 and trainer.running(), 30, "the trainer started again")
             wait_until(lambda: training.newest_version() >= 3, 120, "v3 after the restart")
             wait_until(lambda: server.app.state.service.engine.policy_version == 3, 30, "v3 served")
+        finally:
+            trainer.stop()
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             served, _, turn_id = fixed_answer(http)
 
@@ -191,6 +194,16 @@ def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_mo
     assert sorted(trained) == sorted(taught)  # every sample exactly once
     assert all(training.sample(turn_id).status == "trained" for turn_id in taught)
     assert sorted(path.name for path in (run_dir / "policy").iterdir()) == ["v1", "v2", "v3"]
+
+
+def test_a_trainer_that_keeps_dying_at_start_is_given_up_on(tmp_path: Path) -> None:
+    configs = trainer_configs(tmp_path / "no-such-model", tmp_path / "run")
+    trainer = TrainerProcess(*configs, max_quick_failures=1).start()
+    try:
+        wait_until(lambda: trainer.given_up, 120, "the supervisor to give up", every=0.1)
+        assert trainer.restarts == 1 and not trainer.running() and trainer.process.returncode != 0
+    finally:
+        trainer.stop()
 
 
 def test_a_restarted_trainer_continues_exactly_where_it_stopped(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -47,18 +47,64 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
 
 
 class TrainerProcess:
-    """Start `clawrl train` with the given settings; `stop()` ends it (SIGTERM, then SIGKILL)."""
+    """Start `clawrl train` with the given settings and keep it running; `stop()` ends it.
 
-    def __init__(self, *configs: BaseSettings, stop_timeout_s: float = 15.0) -> None:
+    A trainer that dies (killed for memory, a crash) is started again after a pause that doubles
+    with every quick failure (1 s, 2 s, 4 s, ... at most a minute): it resumes from the serving
+    pointer and the samples still ready in the store, so nothing is trained twice. One that keeps
+    dying within `healthy_after_s` of its start `max_quick_failures` times in a row (a bad setting,
+    say) is given up on with an error in the log; serving and judging go on without it.
+    """
+
+    def __init__(self, *configs: BaseSettings, stop_timeout_s: float = 15.0, max_quick_failures: int = 5,
+                 healthy_after_s: float = 60.0) -> None:
         self.env = {**os.environ, **settings_env(*configs)}
         self.stop_timeout_s = stop_timeout_s
+        self.max_quick_failures = max_quick_failures
+        self.healthy_after_s = healthy_after_s
         self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0  # how many times a dead trainer was started again
+        self.given_up = False  # it kept dying and is not started again
+        self._started_at = 0.0
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # between a restart and stop()
 
     def start(self) -> TrainerProcess:
+        self._spawn()
+        threading.Thread(target=self._supervise, name="clawrl-trainer-supervisor", daemon=True).start()
+        return self
+
+    def _spawn(self) -> None:
         command = [sys.executable, "-m", "clawrl.cli", "train", "--parent-pid", str(os.getpid())]
         self.process = subprocess.Popen(command, env=self.env, cwd=Path.cwd())
+        self._started_at = time.monotonic()
         log.info("started the trainer (pid %d)", self.process.pid)
-        return self
+
+    def _supervise(self) -> None:
+        quick_failures = 0
+        while True:
+            assert self.process is not None
+            returncode = self.process.wait()
+            if self._stopping.is_set():
+                return
+            ran_s = time.monotonic() - self._started_at
+            quick_failures = quick_failures + 1 if ran_s < self.healthy_after_s else 1
+            if quick_failures > self.max_quick_failures:
+                log.error("the trainer exited %d times in a row within %.0f s of starting (last exit code %s); "
+                          "not starting it again: serving and judging go on", quick_failures, self.healthy_after_s,
+                          returncode)
+                self.given_up = True
+                return
+            delay_s = min(2.0 ** (quick_failures - 1), 60.0)
+            log.warning("the trainer (pid %d) exited with code %s after %.0f s; starting it again in %.0f s",
+                        self.process.pid, returncode, ran_s, delay_s)
+            if self._stopping.wait(delay_s):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self._spawn()
+                self.restarts += 1
 
     @property
     def pid(self) -> int:
@@ -69,7 +115,9 @@ class TrainerProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> int | None:
-        """Ask the trainer to stop; a step in progress is lost (its samples stay ready)."""
+        """Ask the trainer to stop, for good; a step in progress is lost (its samples stay ready)."""
+        with self._lock:
+            self._stopping.set()
         if self.process is None:
             return None
         if self.process.poll() is None:
