@@ -87,7 +87,7 @@ def test_the_demo_shows_before_and_after_the_table_and_the_plot(model_dir: Path,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     shown = done.stdout
-    assert "before (v0):" in shown and "after 3 sessions (v" in shown
+    assert "the student asks: " in shown and "before (v0):" in shown and "after 3 sessions (v" in shown
     assert "| none (control) |" in shown and "| combine (RL + OPD) |" in shown
     assert "3/3 sessions" in shown  # the progress bars ran to the end
     assert (tmp_path / "learning.png").stat().st_size > 1000

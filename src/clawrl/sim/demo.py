@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from clawrl.config import BenchConfig
-from clawrl.sim.bench import SessionDone, bench_train_flags, prepared_model, run_arm, voice_for
+from clawrl.sim.bench import SessionDone, bench_train_flags, prepared_model, run_arm, voice_for, workload
 from clawrl.sim.report import report_table, write_report
 from clawrl.sim.users import PERSONAS
 
@@ -39,7 +39,9 @@ def run_demo(out: Path, sessions: int = 36, model: str = "tiny-pretrained") -> i
     runs = [run_arm(arm, 0, config, train_flags, voice_for(config), progress=_show_progress) for arm in DEMO_ARMS]
     results = write_report(config, train_flags, runs, "clawrl demo")
     trained = runs[-1]
-    print("[3/3] one held-out prompt, answered by the served policy")
+    print("[3/3] one held-out prompt, answered by the served policy (a 1M-parameter model: watch the style,"
+          " not the arithmetic)")
+    print(f"  the {persona.name} asks: {workload(config, persona, 0).heldout[0][0]}")
     print(f"  before (v{trained.baseline.version}):\n{_indented(trained.baseline.example)}")
     print(f"  after {sessions} sessions (v{trained.final.version}):\n{_indented(trained.final.example)}\n")
     print(report_table(results))
