@@ -247,6 +247,14 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
         wait_until(lambda: _healthy(base), 120, "clawrl serve")
         trainer_pids = _children(serve.pid)
         assert len(trainer_pids) == 1  # the trainer is its own process, not a thread of the server
+        assert _healthy(base)["trainer"] == {"running": True, "pid": trainer_pids[0], "restarts": 0, "given_up": False}
+        os.kill(trainer_pids[0], signal.SIGKILL)  # serve starts it again
+        wait_until(lambda: (_healthy(base)["trainer"]["restarts"], _healthy(base)["trainer"]["running"]) == (1, True),
+                   30, "the trainer started again")
+        trainer_pids = _children(serve.pid)
+        assert len(trainer_pids) == 1 and _healthy(base)["trainer"]["pid"] == trainer_pids[0]
+        scraped = httpx.get(base + "/metrics").text
+        assert "clawrl_trainer_running 1.0" in scraped and "clawrl_trainer_restarts_total 1.0" in scraped
         taught = teach(base + "/v1", sessions=2)
         wait_until(lambda: _healthy(base) and _healthy(base)["policy_version"] == 2, 120, "v2 served")
         listed = _cli("versions", "list", "--run-dir", str(run_dir), "--json")
@@ -282,7 +290,8 @@ def _healthy(base: str) -> dict[str, Any] | None:
 
 
 def _children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """Child processes of `pid`, whichever of its threads started them."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
 
 
 def _zombie(pid: int) -> bool:

@@ -75,8 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store = Store(store_config.resolved_database_url())
     engine = build_engine(engine_config)
     judge = _judge_worker(store, config_from_args(JudgeConfig, args), engine, engine_config)
-    app = create_app(engine, store, serve_config, judge)
     trainer = _trainer_process(config_from_args(TrainConfig, args), engine_config, store_config)
+    app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it

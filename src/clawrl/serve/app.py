@@ -29,6 +29,7 @@ from clawrl.serve.errors import APIError, describe_validation_error, install_err
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.policy import PolicyFollower
 from clawrl.store import Store
+from clawrl.train.process import TrainerProcess
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,12 @@ def _is_utf8_encodable(text: str) -> bool:
     return True
 
 
-def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None) -> FastAPI:
-    """The app; with `judge`, the judge loop runs as a background task of this process."""
+def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None,
+               trainer: TrainerProcess | None = None) -> FastAPI:
+    """The app; with `judge`, the judge loop runs as a background task of this process. `trainer`
+    (started and stopped by the caller) is reported on /healthz and /metrics."""
     served_name = config.served_model_name or engine.model_name
-    metrics = ServeMetrics(store)
+    metrics = ServeMetrics(store, trainer)
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
     policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s)
 
@@ -140,7 +143,10 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "model": served_name, "policy_version": engine.policy_version}
+        health = {"status": "ok", "model": served_name, "policy_version": engine.policy_version}
+        if trainer is not None:
+            health["trainer"] = trainer.status()
+        return health
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
+from clawrl.train.process import TrainerProcess
 
 
 class JudgmentCollector:
@@ -67,11 +68,27 @@ class TrainingCollector:
                 yield gauge
 
 
+class TrainerProcessCollector:
+    """The trainer child process of `clawrl serve --method`, read at scrape time: up or not, restarts."""
+
+    def __init__(self, trainer: TrainerProcess) -> None:
+        self.trainer = trainer
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily("clawrl_trainer_running", "1 while the trainer process is alive")
+        running.add_metric([], float(self.trainer.running()))
+        restarts = CounterMetricFamily("clawrl_trainer_restarts", "Times a trainer process that died was started again")
+        restarts.add_metric([], self.trainer.restarts)
+        yield from (running, restarts)
+
+
 class ServeMetrics:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, trainer: TrainerProcess | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(JudgmentCollector(store))
         self.registry.register(TrainingCollector(store))
+        if trainer is not None:
+            self.registry.register(TrainerProcessCollector(trainer))
         self.requests = Counter(
             "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
         )

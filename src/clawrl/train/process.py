@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic_settings import BaseSettings
 
@@ -113,6 +114,11 @@ class TrainerProcess:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def status(self) -> dict[str, Any]:
+        """What `/healthz` reports: is a trainer process alive, how often it was restarted, given up on."""
+        return {"running": self.running(), "pid": self.process.pid if self.process else None,
+                "restarts": self.restarts, "given_up": self.given_up}
 
     def stop(self) -> int | None:
         """Ask the trainer to stop, for good; a step in progress is lost (its samples stay ready)."""
