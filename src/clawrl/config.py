@@ -375,8 +375,8 @@ class BenchConfig(_Settings):
         4,
         ge=1,
         validation_alias=_env("bench_eval_every"),
-        description="Sessions between held-out evaluations in arms that do not train (trained arms are "
-        "evaluated at every new policy version).",
+        description="Sessions between held-out evaluations of the control arm (trained arms are evaluated at "
+        "every new policy version, the memory arm whenever its notes change).",
     )
     max_tokens: int = Field(
         256, ge=16, validation_alias=_env("bench_max_tokens"), description="max_tokens of every answer the user reads."

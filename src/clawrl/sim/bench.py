@@ -329,7 +329,8 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
         agent = Agent(server.base_url, config.model, config.max_tokens, config.temperature, config.top_p)
         store = Store.for_run_dir(run_dir)
         try:
-            result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), 0))
+            evaluated_prompt = memory.system_prompt()
+            result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, 0))
             for index, session_problems in enumerate(work.sessions, start=1):
                 user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice)
                 system_prompt = memory.system_prompt()
@@ -337,8 +338,9 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
                 result.session_satisfied.append(user.satisfied)
                 if arm == "memory":
                     remember_hints(store, continued, memory)
-                if _evaluation_due(arm, config, index, agent, result):
-                    result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), index))
+                if _evaluation_due(arm, config, index, agent, result, memory.system_prompt() != evaluated_prompt):
+                    evaluated_prompt = memory.system_prompt()
+                    result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, index))
                 latest = result.evaluations[-1]
                 progress(SessionDone(arm, seed, index, config.sessions, user.satisfied, latest.score, latest.version))
             if arm in TRAINED_ARMS:
@@ -353,10 +355,13 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
     return result
 
 
-def _evaluation_due(arm: str, config: BenchConfig, index: int, agent: Agent, result: RunResult) -> bool:
-    """Trained arms: whenever serving has a version not yet evaluated. Others: every few sessions."""
+def _evaluation_due(arm: str, config: BenchConfig, index: int, agent: Agent, result: RunResult, notes_changed: bool) -> bool:
+    """Whenever what answers changed: trained arms at every version serving has that was not yet
+    evaluated, the memory arm whenever its notes changed; the control every few sessions."""
     if arm in TRAINED_ARMS:
         return agent.policy_version() != result.evaluations[-1].version
+    if arm == "memory":
+        return notes_changed
     return index % config.eval_every == 0
 
 
