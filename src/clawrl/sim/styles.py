@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Literal
 
 from clawrl.sim.corpus import Problem
 
@@ -65,8 +66,7 @@ WARM_CLOSERS = (
     "Keep it up, you can do it!",
 )
 
-Style = str  # "ai", "plain" or "warm"
-STYLES: tuple[Style, ...] = ("ai", "plain", "warm")
+Style = Literal["ai", "plain", "warm"]
 
 
 def render_ai(problem: Problem, rng: random.Random) -> str:
