@@ -392,11 +392,18 @@ class BenchConfig(_Settings):
         description="Nucleus sampling top_p of every request (0.95 keeps the tiny model's long tail of unlikely "
         "tokens from garbling answers whatever their style).",
     )
+    catch_up: bool = Field(
+        True,
+        validation_alias=_env("bench_catch_up"),
+        description="Between sessions of a trained arm, the user waits until training has caught up with what was "
+        "played (as a real user's pause between conversations would allow); --no-catch-up starts the next session at "
+        "once, so what has been trained by then depends on the machine's speed.",
+    )
     settle_s: float = Field(
         120.0,
         ge=0,
         validation_alias=_env("bench_settle_s"),
-        description="After the last session, how long a trained arm may take to train and serve what is still due.",
+        description="How long a trained arm may take to train and serve what is due, between sessions and after the last.",
     )
     user_url: str | None = Field(
         None,

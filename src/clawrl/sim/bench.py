@@ -264,17 +264,42 @@ def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int)
     return continued
 
 
-def remember_hints(store: Store, turn_ids: list[str], memory: PromptMemory, timeout_s: float = 60.0) -> None:
-    """Wait for the judge to judge the session's turns, then keep their hints (the memory arm)."""
+def wait_for_judgments(store: Store, turn_ids: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
+    """The judgments of `turn_ids`, once the judge has judged them all (or `timeout_s` passed)."""
     deadline = time.monotonic() + timeout_s
     judgments = store.judgments_for(turn_ids)
     while len(judgments) < len(turn_ids) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.1)
         judgments = store.judgments_for(turn_ids)
+    return judgments
+
+
+def remember_hints(store: Store, turn_ids: list[str], memory: PromptMemory) -> None:
+    """Keep the hints the judge drew from the session's turns (the memory arm)."""
+    judgments = wait_for_judgments(store, turn_ids)
     for turn_id in turn_ids:
         judgment = judgments.get(turn_id)
         if judgment is not None and judgment.hint:
             memory.remember(judgment.hint)
+
+
+def catch_up(agent: Agent, store: Store, turn_ids: list[str], batch_size: int, timeout_s: float) -> None:
+    """Between sessions of a trained arm: the pause a real user takes between conversations.
+
+    Waits until the session's turns are judged and turned into samples, fewer than a batch of
+    samples is ready (the trainer has trained every full batch), and serving answers with the
+    version the store points at. Serving itself never waits; the simulated user does, so that the
+    policy a session meets does not depend on how fast this machine happens to be.
+    """
+    deadline = time.monotonic() + timeout_s
+    wait_for_judgments(store, turn_ids, timeout_s)
+    training = TrainingStore(store)
+    while time.monotonic() < deadline:
+        if (not training.judged_turns_without_sample(1)
+                and training.sample_counts().get("ready", 0) < batch_size
+                and agent.policy_version() == training.serving_version()):
+            return
+        time.sleep(0.1)
 
 
 def settle(agent: Agent, training: TrainingStore, batch_size: int, timeout_s: float) -> None:
@@ -338,6 +363,8 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
                 result.session_satisfied.append(user.satisfied)
                 if arm == "memory":
                     remember_hints(store, continued, memory)
+                if arm in TRAINED_ARMS and config.catch_up:
+                    catch_up(agent, store, continued, train_flags["batch_size"], config.settle_s)
                 if _evaluation_due(arm, config, index, agent, result, memory.system_prompt() != evaluated_prompt):
                     evaluated_prompt = memory.system_prompt()
                     result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, index))
