@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from clawrl.config import BenchConfig, EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
+from clawrl.config import BenchConfig, DashboardConfig, EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
@@ -278,6 +278,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from clawrl.dashboard.routes import create_dashboard_app
+
+    config = config_from_args(DashboardConfig, args)
+    store_config = config_from_args(StoreConfig, args)
+    app = create_dashboard_app(_store(args), config.api_key, str(store_config.run_dir))
+    logging.getLogger("clawrl").info("dashboard on http://%s:%d/dashboard", config.dashboard_host, config.dashboard_port)
+    uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, log_level="warning")
+    return 0
+
+
 def cmd_feedback(args: argparse.Namespace) -> int:
     store = _store(args)
     turn = store.turn(args.turn) if args.turn else store.last_main_turn(args.session)
@@ -353,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     feedback.add_argument("--score", type=int, choices=[1, -1], required=True, help="1 (good) or -1 (bad)")
     feedback.add_argument("--text", help="what should have been different (a hint candidate)")
     feedback.set_defaults(handler=cmd_feedback)
+
+    dashboard = commands.add_parser("dashboard", help="a web page over a run's store: sessions, verdicts, samples, "
+                                    "versions, live score (also at /dashboard of clawrl serve)")
+    add_config_flags(dashboard, StoreConfig, DashboardConfig)
+    dashboard.set_defaults(handler=cmd_dashboard)
 
     train = commands.add_parser("train", help="train on judged turns and publish policy versions (standalone trainer)")
     add_config_flags(train, EngineConfig, StoreConfig, TrainConfig)

@@ -122,6 +122,26 @@ class ServeConfig(_Settings):
         validation_alias=_env("policy_poll_s"),
         description="How often serving looks in the store for a newly published (or rolled back) policy version.",
     )
+    dashboard: bool = Field(
+        True,
+        validation_alias=_env("dashboard"),
+        description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
+        "score, read from the store (protected by --api-key when one is set).",
+    )
+
+
+class DashboardConfig(_Settings):
+    """`clawrl dashboard`: the dashboard alone, over a run's store, while the loops run elsewhere."""
+
+    dashboard_host: str = Field("127.0.0.1", validation_alias=_env("dashboard_host"), description="Interface to listen on.")
+    dashboard_port: int = Field(
+        30080, ge=0, le=65535, validation_alias=_env("dashboard_port"), description="TCP port of the dashboard."
+    )
+    api_key: str | None = Field(
+        None,
+        validation_alias=_env("api_key", "SGLANG_API_KEY"),
+        description="When set, the dashboard needs it: as a Bearer token or as the HTTP Basic password (any user).",
+    )
 
 
 class JudgeConfig(_Settings):

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
+from clawrl.dashboard.routes import dashboard_router
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import schemas
@@ -197,6 +198,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         metrics.feedback.labels(str(item.score)).inc()
         return {"id": feedback_id, "turn": turn_id, "score": item.score, "recorded": True}
 
+    if config.dashboard:
+        app.include_router(dashboard_router(store, config.api_key, served_name))
     return app
 
 
@@ -213,7 +216,8 @@ class _CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = scope["path"] if scope["path"] in _KNOWN_PATHS else "other"
+        path = scope["path"]
+        endpoint = path if path in _KNOWN_PATHS else "/dashboard" if path.startswith("/dashboard") else "other"
 
         async def counting_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":

@@ -23,9 +23,11 @@ _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers  # e.g. the dashboard's WWW-Authenticate challenge
 
 
 def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict:
@@ -34,7 +36,9 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
 
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error_body(error.status, error.message, error.code, error.param), status_code=error.status)
+    return JSONResponse(
+        error_body(error.status, error.message, error.code, error.param), status_code=error.status, headers=error.headers
+    )
 
 
 def describe_validation_error(error: ValidationError | RequestValidationError) -> tuple[str, str | None]:

@@ -302,6 +302,20 @@ class Store:
             return {row.turn_id: row for row in db.scalars(select(JudgmentRow).where(JudgmentRow.turn_id.in_(turn_ids)))}
 
     # --- inspection ---------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """How much the store holds: sessions (open ones too), turns by kind, next states, judgments, feedback."""
+        with self.read() as db:
+            turns = dict(db.execute(select(TurnRow.kind, func.count()).group_by(TurnRow.kind)).all())
+            return {
+                "sessions": db.scalar(select(func.count()).select_from(SessionRow)) or 0,
+                "open_sessions": db.scalar(select(func.count()).where(SessionRow.done.is_(False))) or 0,
+                "main_turns": turns.get("main", 0),
+                "side_turns": turns.get("side", 0),
+                "next_states": db.scalar(select(func.count()).select_from(NextStateRow)) or 0,
+                "judged": db.scalar(select(func.count()).select_from(JudgmentRow)) or 0,
+                "feedback": db.scalar(select(func.count()).select_from(FeedbackRow)) or 0,
+            }
+
     def turn(self, turn_id: str) -> TurnRow | None:
         with self.read() as db:
             return db.get(TurnRow, turn_id)

@@ -170,6 +170,19 @@ class TrainingStore:
         with self.store.read() as db:
             return db.scalars(select(SampleRow).where(SampleRow.turn_id == turn_id)).first()
 
+    def samples_for(self, turn_ids: list[str]) -> dict[str, SampleRow]:
+        """The sample row of each of `turn_ids` that has one."""
+        with self.store.read() as db:
+            return {row.turn_id: row for row in db.scalars(select(SampleRow).where(SampleRow.turn_id.in_(turn_ids)))}
+
+    def drop_reasons(self) -> dict[str, int]:
+        """Dropped samples by reason."""
+        with self.store.read() as db:
+            rows = db.execute(
+                select(SampleRow.drop_reason, func.count()).where(SampleRow.status == "dropped").group_by(SampleRow.drop_reason)
+            ).all()
+        return {reason or "unknown": count for reason, count in rows}
+
     def sample_counts(self) -> dict[str, int]:
         with self.store.read() as db:
             rows = db.execute(select(SampleRow.status, func.count()).group_by(SampleRow.status)).all()

@@ -1,0 +1,92 @@
+"""What the dashboard shows, as plain data read from the store (no HTML here).
+
+`overview` is the run at a glance: how much was recorded, judged and trained, the live score
+(mean judge verdict) per policy version, the published versions with their step metrics, and the
+latest sessions. `session_page` is one conversation, turn by turn, with what the judge and the
+trainer made of each turn. Both are what `GET /dashboard/api/overview` and the pages render.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clawrl.engines.chat import content_text
+from clawrl.store import Store
+from clawrl.store.inspect import judgment_view, next_state_view, session_summary
+from clawrl.store.training import TrainingStore
+
+# Step metrics shown in the versions table, in this order (StepMetrics field, column title).
+VERSION_METRICS = (
+    ("num_samples", "samples"),
+    ("mean_reward", "reward"),
+    ("opd_fraction", "OPD share"),
+    ("loss", "loss"),
+    ("kl_to_reference", "KL to ref"),
+    ("entropy", "entropy"),
+    ("mean_staleness", "staleness"),
+    ("logprob_drift", "log-prob drift"),
+)
+
+
+def overview(store: Store, recent_sessions: int = 25, recent_versions: int = 50) -> dict[str, Any]:
+    """The run at a glance (newest versions and sessions first)."""
+    training = TrainingStore(store)
+    serving = training.serving_version()
+    versions = training.versions()
+    return {
+        "serving_version": serving,
+        "newest_version": versions[-1].version if versions else 0,
+        "counts": store.counts(),
+        "samples": training.sample_counts(),
+        "drop_reasons": training.drop_reasons(),
+        "live_score": [
+            {"version": row.policy_version, "judged": row.judged, "mean_score": row.mean_score,
+             "vote_agreement": row.mean_vote_agreement}
+            for row in store.judgment_stats()
+        ],
+        "versions": [
+            {"version": row.version, "parent": row.parent, "kind": row.kind, "step": row.step,
+             "created_at": row.created_at, "serving": row.version == serving,
+             "metrics": {name: row.metrics.get(name) for name, _ in VERSION_METRICS}}
+            for row in reversed(versions[-recent_versions:])
+        ],
+        "sessions": [session_summary(session) for session in store.list_sessions(limit=recent_sessions)],
+    }  # fmt: skip
+
+
+def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
+    """One session's turns, each with its new input, answer, next state, verdict, feedback and sample."""
+    session = store.session(session_id)
+    if session is None:
+        return None
+    entries = store.session_turns(session_id)
+    ids = [turn.id for turn, _, _ in entries]
+    judgments, samples = store.judgments_for(ids), TrainingStore(store).samples_for(ids)
+    turns = []
+    for turn, next_state, feedback in entries:
+        sample = samples.get(turn.id)
+        turns.append({
+            "id": turn.id, "index": turn.index, "kind": turn.kind, "policy_version": turn.policy_version,
+            "finish_reason": turn.finish_reason, "response_text": turn.response_text, "tool_calls": turn.tool_calls,
+            "input": new_input(turn.messages),
+            "prompt_tokens": len(turn.prompt_token_ids), "response_tokens": len(turn.response_token_ids),
+            "next_state": next_state_view(next_state),
+            "judgment": judgment_view(judgments.get(turn.id)),
+            "feedback": [{"score": row.score, "text": row.text} for row in feedback],
+            "sample": None if sample is None else {
+                "status": sample.status, "kind": sample.kind, "reward": sample.reward,
+                "drop_reason": sample.drop_reason, "trained_version": sample.trained_version,
+            },
+        })  # fmt: skip
+    return {**session_summary(session), "turns": turns}
+
+
+def new_input(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The messages of a request after its last assistant message: what this turn answers
+    (the whole request for a session's first turn, system prompt aside)."""
+    last_assistant = max((i for i, message in enumerate(messages) if message["role"] == "assistant"), default=-1)
+    return [
+        {"role": message["role"], "content": content_text(message.get("content"))}
+        for message in messages[last_assistant + 1:]
+        if message["role"] not in ("system", "developer")
+    ]
