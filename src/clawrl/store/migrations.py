@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, select, text
 
 from clawrl.store.schema import Base, Meta
 
 SCHEMA_VERSION = 3
+MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
 def _judging_tables(_connection: Connection) -> None:
@@ -37,6 +38,10 @@ def migrate(engine: Engine) -> int:
     writing to the same store while this one opens it.
     """
     with engine.execution_options(clawrl_write=True).begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Serving and its trainer open a new store at the same moment; concurrent CREATE TABLEs
+            # collide in PostgreSQL's catalog, so migrations take turns (released at commit).
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         Base.metadata.create_all(connection)
         row = connection.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
         found = int(row) if row is not None else SCHEMA_VERSION

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, delete, event, exists, func, or_, select, tuple_, update
+from sqlalchemy import Float, cast, create_engine, delete, event, exists, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from clawrl.store.migrations import migrate
 from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+
+
+RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
 
 
 @dataclass
@@ -116,8 +119,21 @@ class Store:
     def record_turn(self, turn: NewTurn, now: float | None = None) -> int:
         """Write a turn, attach the next state it carries to the turn it continues, and commit.
 
-        Returns the turn's index within its session."""
+        Returns the turn's index within its session. On a server database two requests can race
+        to create the same new session (or the same next state): the loser's transaction fails on
+        the primary key and is run again, when it finds (and locks) the winner's row. SQLite never
+        races here: its writers take turns (BEGIN IMMEDIATE).
+        """
         now = time.time() if now is None else now
+        for attempt in range(RECORD_ATTEMPTS):
+            try:
+                return self._record_turn_once(turn, now)
+            except IntegrityError:
+                if attempt == RECORD_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _record_turn_once(self, turn: NewTurn, now: float) -> int:
         with self.write() as db:
             session = db.get(SessionRow, turn.session_id, with_for_update=True)
             if session is None:
@@ -276,7 +292,7 @@ class Store:
             select(
                 TurnRow.policy_version,
                 func.count(JudgmentRow.turn_id),
-                func.avg(JudgmentRow.score),
+                func.avg(cast(JudgmentRow.score, Float)),  # PostgreSQL averages integers as numeric (Decimal)
                 func.avg(JudgmentRow.vote_agreement),
                 func.sum(JudgmentRow.invalid_votes),
                 func.sum(JudgmentRow.latency_s),

@@ -197,7 +197,7 @@ class TrainingStore:
         """
         now = time.time()
         with self.store.write() as db:
-            if _pointer(db) != version.parent:
+            if _pointer(db, lock=True) != version.parent:
                 raise PointerMovedError(f"serving moved off v{version.parent} during the step")
             marked = db.execute(
                 update(SampleRow)
@@ -242,11 +242,15 @@ class TrainingStore:
         with self.store.write() as db:
             if version != 0 and db.get(PolicyVersionRow, version) is None:
                 raise KeyError(f"no policy version v{version}")
+            _pointer(db, lock=True)
             _set_pointer(db, version, "rollback", time.time())
 
 
-def _pointer(db: Session) -> int:
-    row = db.get(PolicyPointerRow, SERVING)
+def _pointer(db: Session, lock: bool = False) -> int:
+    """The serving version; with `lock`, the pointer row stays locked until the transaction ends,
+    so that on a server database a rollback and a publish cannot interleave (SQLite's writers
+    take turns anyway)."""
+    row = db.get(PolicyPointerRow, SERVING, with_for_update=lock)
     return row.version if row is not None else 0
 
 
