@@ -3,23 +3,30 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test install clean
 
+# The project and what it runs on; the demo needs nothing more.
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The pinned CPU build of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+# The test and development tools on top (pytest, the openai client, datasets, psycopg, ...).
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(DEV_STAMP)
+
+install: $(DEV_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/clawrl demo
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/pytest -q
 
 clean:

@@ -70,7 +70,7 @@ def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp
 def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "clawrl.cli", "bench", "learn", "--method", "none", "--sessions", "2", "--seeds", "1",
-         "--out", str(tmp_path), "--model", str(model_dir), "--heldout-prompts", "8", "--eval-every", "1"],
+         "--out", str(tmp_path), "--model", str(model_dir), "--heldout-prompts", "8"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -78,6 +78,8 @@ def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:
     none = json.loads((tmp_path / "results.json").read_text())["arms"]["none"]
     assert none["per_seed"][0]["versions"] == 0
     assert len(none["curve"]) == 3
+    evaluations = json.loads((tmp_path / "runs.json").read_text())[0]["evaluations"]
+    assert [evaluation["session"] for evaluation in evaluations] == [0, 2]  # nothing changes in between
 
 
 def test_the_demo_shows_before_and_after_the_table_and_the_plot(model_dir: Path, tmp_path: Path) -> None:

@@ -391,13 +391,6 @@ class BenchConfig(_Settings):
     heldout_prompts: int = Field(
         48, ge=1, validation_alias=_env("bench_heldout_prompts"), description="Held-out prompts per evaluation (side turns)."
     )
-    eval_every: int = Field(
-        4,
-        ge=1,
-        validation_alias=_env("bench_eval_every"),
-        description="Sessions between held-out evaluations of the control arm (trained arms are evaluated at "
-        "every new policy version, the memory arm whenever its notes change).",
-    )
     max_tokens: int = Field(
         256, ge=16, validation_alias=_env("bench_max_tokens"), description="max_tokens of every answer the user reads."
     )

@@ -365,7 +365,7 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
                     remember_hints(store, continued, memory)
                 if arm in TRAINED_ARMS and config.catch_up:
                     catch_up(agent, store, continued, train_flags["batch_size"], config.settle_s)
-                if _evaluation_due(arm, config, index, agent, result, memory.system_prompt() != evaluated_prompt):
+                if _evaluation_due(arm, agent, result, memory.system_prompt() != evaluated_prompt):
                     evaluated_prompt = memory.system_prompt()
                     result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, index))
                 latest = result.evaluations[-1]
@@ -382,14 +382,13 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
     return result
 
 
-def _evaluation_due(arm: str, config: BenchConfig, index: int, agent: Agent, result: RunResult, notes_changed: bool) -> bool:
+def _evaluation_due(arm: str, agent: Agent, result: RunResult, notes_changed: bool) -> bool:
     """Whenever what answers changed: trained arms at every version serving has that was not yet
-    evaluated, the memory arm whenever its notes changed; the control every few sessions."""
+    evaluated, the memory arm whenever its notes changed. Nothing changes for the control (same
+    weights, prompt and request seeds), so it is evaluated at the start and after the last session."""
     if arm in TRAINED_ARMS:
         return agent.policy_version() != result.evaluations[-1].version
-    if arm == "memory":
-        return notes_changed
-    return index % config.eval_every == 0
+    return arm == "memory" and notes_changed
 
 
 # --------------------------------------------------------------------------- the benchmark
