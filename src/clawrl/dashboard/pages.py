@@ -14,6 +14,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from clawrl.dashboard.views import VERSION_METRICS
 
 CHART_WIDTH, CHART_HEIGHT, CHART_MARGIN = 640, 200, 32
+LIVE_SCORE_ROWS = 12  # versions listed under the chart, newest first (the chart has them all)
 
 
 def _environment() -> Environment:
@@ -52,7 +53,8 @@ def score_chart(live_score: list[dict[str, Any]]) -> dict[str, Any]:
 
 def render_overview(data: dict[str, Any], refresh_s: float, title: str) -> str:
     return _ENVIRONMENT.get_template("overview.html").render(
-        data=data, chart=score_chart(data["live_score"]), metric_columns=VERSION_METRICS, refresh_s=refresh_s, title=title
+        data=data, chart=score_chart(data["live_score"]), metric_columns=VERSION_METRICS, refresh_s=refresh_s, title=title,
+        live_score_rows=LIVE_SCORE_ROWS,
     )
 
 
