@@ -8,11 +8,10 @@ a deferred transaction that reads and then writes can fail with SQLITE_BUSY when
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,9 +97,7 @@ class Store:
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         # a lock only SQLite needs (see `write`); a server database takes concurrent writers itself
-        self._sqlite_write_lock: threading.Lock | contextlib.nullcontext[None] = (
-            threading.Lock() if self.is_sqlite else contextlib.nullcontext()
-        )
+        self._write_queue: AbstractContextManager[Any] = threading.Lock() if self.is_sqlite else nullcontext()
         migrate(self.engine)
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = sessionmaker(self.engine.execution_options(clawrl_write=True), expire_on_commit=False)
@@ -123,7 +120,7 @@ class Store:
         benchmarks/store_writes.py).
         Writers in other processes (the trainer, a standalone judge) still meet the busy handler.
         """
-        with self._sqlite_write_lock, self._writer.begin() as session:
+        with self._write_queue, self._writer.begin() as session:
             yield session
 
     @contextmanager
@@ -141,13 +138,12 @@ class Store:
         races here: its writers take turns (BEGIN IMMEDIATE).
         """
         now = time.time() if now is None else now
-        for attempt in range(RECORD_ATTEMPTS):
+        for _ in range(RECORD_ATTEMPTS - 1):
             try:
                 return self._record_turn_once(turn, now)
             except IntegrityError:
-                if attempt == RECORD_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+                continue  # another writer created the row first; the next try finds it
+        return self._record_turn_once(turn, now)
 
     def _record_turn_once(self, turn: NewTurn, now: float) -> int:
         with self.write() as db:
@@ -274,7 +270,7 @@ class Store:
         PostgreSQL the candidate query's snapshot can predate another worker's committed lease,
         and only the lease row itself, locked by the upsert, tells the truth.
         """
-        insert = postgresql_insert if not self.is_sqlite else sqlite_insert
+        insert = sqlite_insert if self.is_sqlite else postgresql_insert
         statement = (
             insert(JudgeLeaseRow)
             .values(turn_id=turn_id, worker_id=worker_id, expires_at=now + lease_s, attempts=1)
