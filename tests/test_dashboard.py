@@ -36,6 +36,7 @@ def test_the_dashboard_shows_sessions_verdicts_hints_and_feedback(tool_model_dir
             data = http.get("/dashboard/api/overview").json()
             session = http.get(f"/dashboard/sessions/{quote(session_id, safe='')}")
             missing = http.get("/dashboard/sessions/no-such-session")
+            bare = http.get("/", follow_redirects=False)
             metrics = http.get("/metrics").text
 
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -52,6 +53,7 @@ def test_the_dashboard_shows_sessions_verdicts_hints_and_feedback(tool_model_dir
     assert "short and plain, good" in session.text
     assert session.text.count('class="turn main"') == 3
     assert missing.status_code == 404 and "No session" in missing.text
+    assert bare.status_code == 307 and bare.headers["location"] == "/dashboard"  # a browser opening the address
     assert 'clawrl_requests_total{endpoint="/dashboard",status="200"}' in metrics
 
 

@@ -71,14 +71,18 @@ def dashboard_router(store: Store, api_key: str | None, title: str) -> APIRouter
     return router
 
 
-def create_dashboard_app(store: Store, api_key: str | None, title: str) -> FastAPI:
-    """The dashboard alone, over any store (`clawrl dashboard`): no model, no serving."""
-    app = FastAPI(title="clawrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
+def add_dashboard(app: FastAPI, store: Store, api_key: str | None, title: str) -> None:
+    """Mount the dashboard on `app`, and send a browser that opens the bare address there."""
     app.include_router(dashboard_router(store, api_key, title))
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
         return RedirectResponse("/dashboard")
 
+
+def create_dashboard_app(store: Store, api_key: str | None, title: str) -> FastAPI:
+    """The dashboard alone, over any store (`clawrl dashboard`): no model, no serving."""
+    app = FastAPI(title="clawrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    add_dashboard(app, store, api_key, title)
     return app

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
-from clawrl.dashboard.routes import dashboard_router
+from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import schemas
@@ -199,7 +199,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         return {"id": feedback_id, "turn": turn_id, "score": item.score, "recorded": True}
 
     if config.dashboard:
-        app.include_router(dashboard_router(store, config.api_key, served_name))
+        add_dashboard(app, store, config.api_key, served_name)
     return app
 
 
