@@ -11,9 +11,9 @@ from urllib.parse import quote
 import httpx
 
 from clawrl.config import JudgeConfig
-from clawrl.serve.runner import free_port
+from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
-from tests.conftest import start_server
+from tests.conftest import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, start_server
 from tests.test_judge_worker import CORRECTION, converse, wait_for_judgment
 from tests.test_train_store import store_with_samples, version
 
@@ -111,3 +111,19 @@ def _get_when_up(url: str, process: subprocess.Popen[bytes]) -> httpx.Response:
         except httpx.TransportError:
             assert time.monotonic() < deadline, "clawrl dashboard did not start"
             time.sleep(0.2)
+
+
+def test_a_tool_round_trip_shows_the_call_and_the_tool_result(server: ServerThread, store: Store) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        model = http.get("/models").json()["data"][0]["id"]
+        messages: list[dict] = [{"role": "user", "content": WEATHER_QUESTION}]
+        body = {"model": model, "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 40}
+        first = http.post("/chat/completions", json={**body, "messages": messages})
+        call = first.json()["choices"][0]["message"]["tool_calls"][0]
+        messages += [first.json()["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": WEATHER_RESULT}]
+        http.post("/chat/completions", json={**body, "messages": messages})
+        page = httpx.get(f"{root(server.base_url)}/dashboard/sessions/{first.headers['x-clawrl-session']}", timeout=30)
+    assert page.status_code == 200
+    assert "get_weather(" in page.text and "Lyon" in page.text  # the call, with its arguments
+    assert "next state (tool):" in page.text and '<span class="role">tool</span>' in page.text
+    assert WEATHER_ANSWER in page.text
