@@ -37,15 +37,15 @@ class PostgresServer:
         binaries = server_binaries()
         if binaries is None:
             pytest.skip("PostgreSQL server binaries not installed (Debian package `postgresql`)")
-        self.binaries, self.data, self.port = binaries, root / "data", free_port()
+        self.binaries, self.root, self.data, self.port = binaries, root, root / "data", free_port()
         if os.geteuid() == 0:
             shutil.chown(root, "postgres")
             root.chmod(0o755)
         subprocess.run(_as_server_user([str(binaries / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "clawrl",
-                                        "--no-sync"]), check=True, capture_output=True)  # fmt: skip
+                                        "--no-sync"]), check=True, capture_output=True, cwd=root)  # fmt: skip
         options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
         subprocess.run(_as_server_user([str(binaries / "pg_ctl"), "-D", str(self.data), "-l", str(self.data / "server.log"),
-                                        "-o", options, "-w", "start"]), check=True, capture_output=True)  # fmt: skip
+                                        "-o", options, "-w", "start"]), check=True, capture_output=True, cwd=root)  # fmt: skip
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://clawrl@127.0.0.1:{self.port}/{database}"
@@ -61,7 +61,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         subprocess.run(_as_server_user([str(self.binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
-                       capture_output=True)  # fmt: skip
+                       capture_output=True, cwd=self.root)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
