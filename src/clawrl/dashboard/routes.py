@@ -52,8 +52,8 @@ def dashboard_router(store: Store, api_key: str | None, title: str) -> APIRouter
     @router.get("", response_class=HTMLResponse)
     async def overview_page(request: Request, refresh: float = Query(10.0, ge=0, le=3600)) -> HTMLResponse:
         authorize(request)
-        data = await asyncio.to_thread(overview, store)
-        return HTMLResponse(render_overview(data, refresh, title))
+        # reading and rendering both run off the event loop: serving shares it
+        return HTMLResponse(await asyncio.to_thread(lambda: render_overview(overview(store), refresh, title)))
 
     @router.get("/api/overview")
     async def overview_json(request: Request) -> JSONResponse:
@@ -63,12 +63,17 @@ def dashboard_router(store: Store, api_key: str | None, title: str) -> APIRouter
     @router.get("/sessions/{session_id:path}", response_class=HTMLResponse)
     async def session(request: Request, session_id: str) -> HTMLResponse:
         authorize(request)
-        data = await asyncio.to_thread(session_page, store, session_id)
-        if data is None:
+        page = await asyncio.to_thread(_session_html, store, session_id, title)
+        if page is None:
             return HTMLResponse(render_not_found(f"No session '{session_id}' is recorded.", title), status_code=404)
-        return HTMLResponse(render_session(data, title))
+        return HTMLResponse(page)
 
     return router
+
+
+def _session_html(store: Store, session_id: str, title: str) -> str | None:
+    data = session_page(store, session_id)
+    return None if data is None else render_session(data, title)
 
 
 def add_dashboard(app: FastAPI, store: Store, api_key: str | None, title: str) -> None:
