@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from clawrl.engines.chat import answer_fingerprint
-from clawrl.serve.sessions import conversation_hashes
+from clawrl.messages import answer_fingerprint
+from clawrl.messages import conversation_hashes
 from clawrl.store import NewTurn, Store
 from machine import machine  # benchmarks/machine.py, beside this script
 

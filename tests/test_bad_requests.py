@@ -19,7 +19,7 @@ import pytest
 
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
-from tests.conftest import WEATHER_TOOL, start_server
+from tests.helpers import WEATHER_TOOL, start_server
 
 API_KEY = "secret-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -300,11 +300,6 @@ def test_method_not_allowed_says_which_methods_are(http: httpx.Client) -> None:
     assert "POST" in response.headers.get("allow", "")
 
 
-def test_the_table_is_broad(http: httpx.Client) -> None:
-    statuses = {case.status for case in BAD_REQUESTS}
-    assert len(BAD_REQUESTS) >= 24 and statuses == {400, 401, 404, 405, 413}
-
-
 def test_server_still_serves_and_recorded_no_bad_request(http: httpx.Client, bad_run_dir: Path) -> None:
     # Send the whole table again (it is cheap), so this test stands on its own whatever ran before.
     for case in BAD_REQUESTS:
@@ -318,7 +313,7 @@ def test_server_still_serves_and_recorded_no_bad_request(http: httpx.Client, bad
     store = Store.for_run_dir(bad_run_dir)
     try:
         sessions = store.list_sessions(limit=1000)
-        turns = [turn for session in sessions for turn, _next, _feedback in store.session_turns(session.id)]
+        turns = [entry.turn for session in sessions for entry in store.session_turns(session.id)]
         assert [turn.id for turn in turns] == [completion["id"]], "a refused request was recorded as a turn"
     finally:
         store.close()

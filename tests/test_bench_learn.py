@@ -59,9 +59,9 @@ def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp
     store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
     sessions = sorted(store.list_sessions(), key=lambda session: session.created_at)
     prompts = [turn.messages[0]["content"] for session in sessions
-               for turn, _, _ in store.session_turns(session.id) if turn.kind == "main"]
+               for turn in (entry.turn for entry in store.session_turns(session.id)) if turn.kind == "main"]
     assert NOTES_HEADING not in prompts[0]
-    hints = [judgment.hint for judgment in store.judgments_for([t.id for s in sessions for t, _, _ in store.session_turns(s.id)]).values()
+    hints = [judgment.hint for judgment in store.judgments_for([t.id for s in sessions for t in (entry.turn for entry in store.session_turns(s.id))]).values()
              if judgment.hint]
     assert hints, "the simulated student corrected nothing in four sessions"
     assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)

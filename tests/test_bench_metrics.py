@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clawrl.config import BenchConfig
-from clawrl.sim.bench import Evaluation, RunResult
+from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.metrics import bootstrap_ci, sessions_to_align, step_curve
 from clawrl.sim.report import median_sessions, write_report
 

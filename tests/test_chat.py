@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from clawrl.engines.chat import ResponseDecoder, answer_fingerprint, parse_tool_calls, render_prompt
+from clawrl.engines.chat import ResponseDecoder, parse_tool_calls, render_prompt
+from clawrl.messages import answer_fingerprint
 
 
 @pytest.fixture(scope="module")

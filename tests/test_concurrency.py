@@ -19,7 +19,7 @@ import pytest
 
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
-from tests.conftest import start_server
+from tests.helpers import start_server
 
 CLIENTS = 32
 MAX_TOKENS = 32

@@ -13,9 +13,18 @@ import httpx
 from clawrl.config import JudgeConfig
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
-from tests.conftest import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, start_server
-from tests.test_judge_worker import CORRECTION, converse, wait_for_judgment
-from tests.test_train_store import store_with_samples, version
+from tests.helpers import (
+    CORRECTION,
+    WEATHER_ANSWER,
+    WEATHER_QUESTION,
+    WEATHER_RESULT,
+    WEATHER_TOOL,
+    converse,
+    start_server,
+    store_with_samples,
+    version,
+    wait_for_judgment,
+)
 
 SCRIPT = '<script>alert("owned")</script>'
 

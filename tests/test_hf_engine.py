@@ -83,7 +83,7 @@ def logprobs(steps: list[TokenStep]) -> torch.Tensor:
 def batch_sizes(engine: HFEngine) -> list[int]:
     """Record the batch size of every forward pass of the base model."""
     sizes: list[int] = []
-    engine._base.register_forward_pre_hook(
+    engine.base_model.register_forward_pre_hook(
         lambda module, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
     return sizes
@@ -358,7 +358,7 @@ def test_worker_error_fails_only_the_affected_stream(model_dir: Path) -> None:
                     raise RuntimeError("simulated out of memory")
 
             healthy = engine.generate(prompt(engine, "hi"), GREEDY)
-            engine._base.register_forward_pre_hook(explode, with_kwargs=True)
+            engine.base_model.register_forward_pre_hook(explode, with_kwargs=True)
             failing = engine.generate(poison, GREEDY)
             error = None
             try:

@@ -2,7 +2,7 @@
 
 The model is fitted (a few seconds of real training) so that
 * the student prompt is followed by ANSWER;
-* the student prompt with hint HELPFUL appended (the teacher prompt, `judge/hints.py`) is also
+* the student prompt with hint HELPFUL appended (the teacher prompt, `messages.py`) is also
   followed by ANSWER: that hint keeps the teacher on the tokens the student produced;
 * the student prompt with hint UNRELATED appended is followed by something else entirely;
 * the PRM and hint-judge prompts of one fixed case are answered with a boxed -1 and a hint.
@@ -24,15 +24,14 @@ from clawrl.engines import build_engine
 from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
 from clawrl.judge.engine_backend import EngineJudge
-from clawrl.judge.hints import teacher_messages
 from clawrl.judge.prompts import hint_messages, prm_messages
 from clawrl.judge.selection import OverlapSelector, choose_hint, topk_overlap
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
 from clawrl.judge.worker import JudgeWorker, build_backend
+from clawrl.messages import teacher_messages
 from clawrl.store import Store
-from tests.conftest import _fit, start_server
-from tests.test_judge_worker import converse, wait_for_judgment
-from tests.test_session_inference import record, user
+from clawrl.types import NextState, TurnContext
+from tests.helpers import converse, fit, record, start_server, turn, user, wait_for_judgment
 
 QUESTION = [user("Tell me about the meeting on Friday.")]
 ANSWER = "The meeting is on Friday at ten."
@@ -55,7 +54,7 @@ def judge_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         (prm_messages(JUDGED_RESPONSE, None, JUDGED_NEXT_STATE), PRM_OUTPUT),
         (hint_messages(JUDGED_RESPONSE, None, JUDGED_NEXT_STATE), HINT_OUTPUT),
     ]
-    return _fit(tiny_model_dir, tmp_path_factory.mktemp("judge-model"), conversations, steps=80, tools=None)
+    return fit(tiny_model_dir, tmp_path_factory.mktemp("judge-model"), conversations, steps=80, tools=None)
 
 
 def engine_for(model_dir: Path) -> HFEngine:
@@ -64,19 +63,14 @@ def engine_for(model_dir: Path) -> HFEngine:
     return engine
 
 
-def case_for(engine: HFEngine, messages: list[dict[str, Any]], response: str, next_state: list[dict[str, Any]]) -> JudgeCase:
-    """A judge case with the token ids serving would have recorded for this answer."""
-    return JudgeCase(
-        turn_id="t1",
-        messages=messages,
-        tools=None,
-        prompt_token_ids=render_prompt(engine.tokenizer, messages, None),
-        response_token_ids=engine.tokenizer.encode(response + "<|im_end|>", add_special_tokens=False),
-        response_text=response,
-        tool_calls=None,
-        next_state=next_state,
-        feedback=[],
-    )
+def case_for(engine: HFEngine, messages: list[dict[str, Any]], response: str, next_state: list[dict[str, Any]]) -> TurnContext:
+    """What a judge reads of this answer, with the token ids serving would have recorded."""
+    response_token_ids = engine.tokenizer.encode(response + "<|im_end|>", add_special_tokens=False)
+    answered = turn(
+        "t1", "s1", messages, response, prompt_token_ids=render_prompt(engine.tokenizer, messages, None),
+        response_token_ids=response_token_ids, response_logprobs=[0.0] * len(response_token_ids),
+    )  # fmt: skip
+    return TurnContext(answered, NextState("t1", next_state, "t2"), feedback=[])
 
 
 async def _with_engine(engine: HFEngine, work: Any) -> Any:
@@ -105,7 +99,7 @@ def test_the_hint_that_keeps_the_teacher_on_the_response_is_chosen(judge_model_d
 
     unrelated_overlap, helpful_overlap = asyncio.run(_with_engine(engine, select))
     assert helpful_overlap > unrelated_overlap
-    assert helpful_overlap <= 4 * len(case.response_token_ids)
+    assert helpful_overlap <= 4 * len(case.turn.response_token_ids)
     assert choose_hint([UNRELATED, HELPFUL], [unrelated_overlap, helpful_overlap]) == HELPFUL
 
 
@@ -114,7 +108,7 @@ class ScriptedHints:
 
     name = "scripted"
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict:
+    async def judge(self, case: TurnContext) -> BackendVerdict:
         return BackendVerdict(score=-1, votes=[-1], rationale=None, hint_candidates=[UNRELATED, HELPFUL], source="prm")
 
 
@@ -130,7 +124,7 @@ def test_the_worker_stores_every_candidate_with_its_overlap(judge_model_dir: Pat
     assert asyncio.run(_with_engine(engine, worker.judge_available)) == 1
     judgment = store.judgment("t1")
     assert judgment.hint == HELPFUL
-    overlaps = {candidate["hint"]: candidate["overlap"] for candidate in judgment.hint_candidates}
+    overlaps = {candidate.hint: candidate.overlap for candidate in judgment.hint_candidates}
     assert overlaps[HELPFUL] > overlaps[UNRELATED] >= 0
 
 
@@ -169,4 +163,4 @@ def test_judging_with_the_serving_engine_records_no_extra_turns(judge_model_dir:
 
 
 def _turns(store: Store, session_id: str) -> list[dict[str, Any]]:
-    return [{"id": turn.id} for turn, _next_state, _feedback in store.session_turns(session_id)]
+    return [{"id": entry.turn.id} for entry in store.session_turns(session_id)]

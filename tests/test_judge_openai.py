@@ -27,11 +27,12 @@ from clawrl.cli import build_parser, config_from_args
 from clawrl.config import JudgeConfig
 from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.judge.prompts import PRM_SYSTEM
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
 from clawrl.judge.worker import JudgeWorker, build_backend
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.test_session_inference import record, user
+from clawrl.types import NextState, TurnContext
+from tests.helpers import record, turn, user
 
 MODEL = "scripted-judge"
 PLAIN_PROSE = "Answer in plain prose, without headings or bullet points."
@@ -122,18 +123,9 @@ def backend(server: ScriptedJudge, votes: int = 1, **options: Any) -> OpenAIJudg
     return OpenAIJudge(server.url, MODEL, votes=votes, call_timeout_s=0.3, backoff_s=0.01, **options)
 
 
-def case() -> JudgeCase:
-    return JudgeCase(
-        turn_id="t1",
-        messages=[user("Write a short note to my team about Friday.")],
-        tools=None,
-        prompt_token_ids=[],  # only hint selection reads token ids, and these tests have no engine
-        response_token_ids=[],
-        response_text="**Friday**\n1. Meeting at 10",
-        tool_calls=None,
-        next_state=[user("too AI-like, rewrite it without the bold")],
-        feedback=[],
-    )
+def case() -> TurnContext:
+    answered = turn("t1", "s1", [user("Write a short note to my team about Friday.")], "**Friday**\n1. Meeting at 10")
+    return TurnContext(answered, NextState("t1", [user("too AI-like, rewrite it without the bold")], "t2"), feedback=[])
 
 
 def judge(judge_backend: OpenAIJudge) -> BackendVerdict:

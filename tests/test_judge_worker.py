@@ -5,43 +5,17 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from clawrl.config import JudgeConfig
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
+from clawrl.types import TurnContext
 from clawrl.judge.worker import JudgeWorker, RuleJudge
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.conftest import start_server
-from tests.test_session_inference import record, user
-
-CORRECTION = "this looks too AI-like, rewrite it without the bold and the numbered list"
-
-
-def converse(base_url: str, lines: list[str]) -> tuple[str, list[str]]:
-    """An unmodified client's conversation; returns the session id and the turn ids."""
-    messages: list[dict[str, Any]] = []
-    turn_ids = []
-    with httpx.Client(base_url=base_url, timeout=60) as http:
-        model = http.get("/models").json()["data"][0]["id"]
-        for line in lines:
-            messages.append({"role": "user", "content": line})
-            response = http.post("/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8})
-            messages.append(response.json()["choices"][0]["message"])
-            turn_ids.append(response.headers["x-clawrl-turn"])
-    return response.headers["x-clawrl-session"], turn_ids
-
-
-def wait_for_judgment(store: Store, turn_id: str) -> Any:
-    deadline = time.monotonic() + 30
-    while (judgment := store.judgment(turn_id)) is None:
-        assert time.monotonic() < deadline, f"turn {turn_id} was never judged"
-        time.sleep(0.05)
-    return judgment
+from tests.helpers import CORRECTION, converse, record, start_server, user, wait_for_judgment
 
 
 def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_dir: Path, run_dir: Path) -> None:
@@ -72,7 +46,7 @@ def test_explicit_feedback_outranks_the_judge_and_its_text_is_a_hint(tmp_path: P
 class HangingJudge:
     name = "hanging"
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict:
+    async def judge(self, case: TurnContext) -> BackendVerdict:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 

@@ -12,7 +12,7 @@ import pytest
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.conftest import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, weather_conversations
+from tests.helpers import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, weather_conversations
 
 
 @pytest.fixture

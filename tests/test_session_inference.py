@@ -5,38 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from clawrl.engines.chat import answer_fingerprint
-from clawrl.serve.sessions import conversation_hashes, resolve_session
-from clawrl.store import NewTurn, Store
-
-
-def record(store: Store, turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: str, **extra: Any) -> None:
-    """Record a main turn of `session_id`; `extra` sets or overrides any other `NewTurn` field."""
-    fields: dict[str, Any] = {
-        "turn_id": turn_id,
-        "session_id": session_id,
-        "id_source": "new",
-        "kind": "main",
-        "model": "m",
-        "policy_version": 0,
-        "messages": messages,
-        "tools": None,
-        "sampling": {},
-        "prompt_token_ids": [1, 2],
-        "response_token_ids": [3],
-        "response_logprobs": [-0.1],
-        "response_text": answer,
-        "tool_calls": None,
-        "finish_reason": "stop",
-        "answer_fingerprint": answer_fingerprint(answer, None),
-        "message_hashes": conversation_hashes(messages),
-        "latency_s": 0.01,
-    }
-    store.record_turn(NewTurn(**(fields | extra)))
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": text}
+from clawrl.serve.sessions import resolve_session
+from clawrl.store import Store
+from tests.helpers import record, user
 
 
 def assistant(text: str) -> dict[str, Any]:
@@ -99,8 +70,8 @@ def test_next_state_is_attached_once(tmp_path: Path) -> None:
     record(store, "t3", second.session_id, [user("q"), assistant("A."), user("retry 2")], "C.",
            continues_turn_id=second.continues_turn_id, next_state=second.next_state)
     turns = store.session_turns("s1")
-    assert [t.id for t, _, _ in turns] == ["t1", "t2", "t3"]
-    assert turns[0][1].messages == [user("retry 1")]
+    assert [entry.turn.id for entry in turns] == ["t1", "t2", "t3"]
+    assert turns[0].next_messages == [user("retry 1")]
 
 
 def test_side_turn_never_carries_a_next_state(tmp_path: Path) -> None:

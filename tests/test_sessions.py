@@ -14,7 +14,7 @@ import pytest
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.conftest import start_server
+from tests.helpers import start_server
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. " * 50}
 

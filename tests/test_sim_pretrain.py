@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.judge.hints import HINT_MARKER
+from clawrl.messages import HINT_MARKER
 from clawrl.judge.rule import rule_hint
 from clawrl.sim import chats, pretrain
 from clawrl.sim.chats import DEFAULT_STYLES, HINTS, chat, default_chat, hinted_chat, remembered_chat

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawrl.store import NewJudgment, Store
+from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.test_session_inference import record, user
-
-
-def judgment(turn_id: str, score: int = 1) -> NewJudgment:
-    return NewJudgment(
-        turn_id=turn_id, score=score, votes=[score], vote_agreement=1.0, invalid_votes=0, rationale="r", hint=None, hint_candidates=[],
-        source="rule", judge_model="rule", latency_s=0.0,
-    )
+from tests.helpers import judgment, record, user
 
 
 def store_with_conversation(tmp_path: Path) -> Store:

@@ -17,13 +17,23 @@ from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
 from clawrl.judge.worker import build_worker
 from clawrl.serve.runner import ServerThread, free_port
-from clawrl.store import NewJudgment, Store
-from clawrl.store.training import NewSample, PointerMovedError, SamplesTakenError, TrainingStore
-from tests.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
-from tests.test_judge_worker import CORRECTION, converse, wait_for_judgment
-from tests.test_session_inference import record, user
-from tests.test_train_e2e import _cli, _healthy, teach, wait_until
-from tests.test_train_store import version
+from clawrl.store import Store
+from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
+from tests.helpers import (
+    CORRECTION,
+    PostgresServer,
+    converse,
+    healthz,
+    judgment,
+    ready_sample,
+    record,
+    run_cli,
+    teach,
+    user,
+    version,
+    wait_for_judgment,
+    wait_until,
+)
 
 
 def pg_server(model_dir: Path, url: str, judge: JudgeConfig | None = None) -> ServerThread:
@@ -45,7 +55,7 @@ def test_serving_judging_and_the_dashboard_on_postgres(tool_model_dir: Path, pos
         metrics = httpx.get(f"{root}/metrics", timeout=30)
     assert first.score == -1 and "without the bold" in first.hint and second.score == 1
     turns = store.session_turns(session_id)
-    assert [turn.index for turn, _, _ in turns] == [0, 1, 2]
+    assert [entry.turn.index for entry in turns] == [0, 1, 2]
     recorded, next_state, _ = turns[0]
     assert recorded.prompt_token_ids and len(recorded.response_token_ids) == len(recorded.response_logprobs)
     assert next_state is not None and next_state.messages[-1]["content"] == CORRECTION
@@ -68,8 +78,8 @@ def test_concurrent_requests_of_one_new_session_are_all_recorded(tool_model_dir:
             responses = list(pool.map(ask, range(16)))
     assert [response.status_code for response in responses] == [200] * 16, [r.text for r in responses if r.status_code != 200]
     turns = Store(postgres_url).session_turns("shared")
-    assert sorted(turn.index for turn, _, _ in turns) == list(range(16))
-    assert {turn.id for turn, _, _ in turns} == {response.headers["x-clawrl-turn"] for response in responses}
+    assert sorted(entry.turn.index for entry in turns) == list(range(16))
+    assert {entry.turn.id for entry in turns} == {response.headers["x-clawrl-turn"] for response in responses}
 
 
 def test_judge_workers_on_separate_handles_never_claim_the_same_turn(postgres_url: str) -> None:
@@ -96,7 +106,7 @@ def test_judge_workers_on_separate_handles_never_claim_the_same_turn(postgres_ur
 def test_a_verdict_is_written_once_when_two_workers_race(postgres_url: str) -> None:
     store = Store(postgres_url)
     record(store, "t0", "s", [user("q")], "a")
-    verdicts = [NewJudgment("t0", score, [score], 1.0, 0, None, None, [], "rule", "rule", 0.0) for score in (1, -1)]
+    verdicts = [judgment("t0", score) for score in (1, -1)]
     stores = [Store(postgres_url), Store(postgres_url)]
     with ThreadPoolExecutor(2) as pool:
         written = list(pool.map(lambda pair: pair[0].record_judgment(pair[1]), zip(stores, verdicts, strict=True)))
@@ -108,9 +118,9 @@ def test_training_records_are_exactly_once_on_postgres(postgres_url: str) -> Non
     store = Store(postgres_url)
     for index in range(4):
         record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
-        store.record_judgment(NewJudgment(f"t{index}", 1, [1], 1.0, 0, None, None, [], "rule", "rule", 0.0))
+        store.record_judgment(judgment(f"t{index}"))
     training = TrainingStore(store)
-    training.add_samples([NewSample(f"t{index}", "ready", "rl", 1.0, 0) for index in range(4)])
+    training.add_samples([ready_sample(f"t{index}") for index in range(4)])
     training.register_version(version(1, 0), ["t0", "t1"])
     with pytest.raises(SamplesTakenError):
         training.register_version(version(2, 1), ["t1", "t2"])  # t1 is trained already
@@ -133,7 +143,7 @@ def test_two_processes_opening_a_new_postgres_store_at_once(postgres_url: str) -
         assert list(pool.map(open_store, range(4))) == [0, 0, 0, 0]
 
 
-def test_the_store_survives_a_dropped_connection(postgres_url: str, postgres_server) -> None:  # noqa: F811
+def test_the_store_survives_a_dropped_connection(postgres_url: str, postgres_server: PostgresServer) -> None:
     import psycopg
 
     store = Store(postgres_url)
@@ -156,12 +166,12 @@ def test_clawrl_serve_and_its_trainer_share_a_postgres_store(tiny_model_dir: Pat
     serve = subprocess.Popen(command)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _healthy(base), 120, "clawrl serve")
+        wait_until(lambda: healthz(base), 120, "clawrl serve")
         teach(base + "/v1", sessions=2)
-        wait_until(lambda: _healthy(base)["policy_version"] == 2, 120, "v2 served")
-        listed = _cli("versions", "list", "--database-url", postgres_url, "--json")
-        _cli("versions", "rollback", "v1", "--database-url", postgres_url, parse=False)
-        wait_until(lambda: _healthy(base)["policy_version"] == 1, 30, "v1 served again")
+        wait_until(lambda: healthz(base)["policy_version"] == 2, 120, "v2 served")
+        listed = run_cli("versions", "list", "--database-url", postgres_url, "--json")
+        run_cli("versions", "rollback", "v1", "--database-url", postgres_url, parse=False)
+        wait_until(lambda: healthz(base)["policy_version"] == 1, 30, "v1 served again")
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)

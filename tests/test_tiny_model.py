@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from clawrl.sim import tiny
 from clawrl.sim.corpus import TARGET_CHARS, build_corpus
 from clawrl.sim.tiny import build_tiny_model, tiny_model_path
-from tests.conftest import WEATHER_TOOL
+from tests.helpers import WEATHER_TOOL
 
 # Odd spacing on purpose: string arguments must be rendered verbatim, not re-encoded.
 STRING_ARGUMENTS = '{"city":"Lyon" }'

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,53 +32,21 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, StoreConfig, TrainConfig
 from clawrl.engines.hf import HFEngine
+from clawrl.engines.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 from clawrl.train.process import TrainerProcess
-from clawrl.train.trainer import Trainer, forced_logprobs
-from tests.conftest import start_server
-from tests.test_judge_worker import CORRECTION
-from tests.test_train_samples import HINT, Conversation
+from clawrl.train.trainer import Trainer
+from tests.helpers import HINT, Conversation, healthz, run_cli, start_server, teach, wait_until
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 LOAD_CLIENTS = 16
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
-    return value
-
-
 def trainer_configs(model_dir: Path, run_dir: Path, **train: Any) -> tuple[EngineConfig, StoreConfig, TrainConfig]:
     options = {"method": "combine", "batch_size": 3, "lr": 1e-2, "train_poll_s": 0.1} | train
     return EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1), StoreConfig(run_dir=run_dir), TrainConfig(**options)
-
-
-def teach(base_url: str, sessions: int) -> list[str]:
-    """Sessions of three turns: a correction (-1 and a hint), thanks (+1), and a 👍 by /v1/feedback
-    on the last turn. Each gives three samples. Returns the turn ids."""
-    turn_ids = []
-    with httpx.Client(base_url=base_url, timeout=60) as http:
-        for index in range(sessions):
-            messages: list[dict[str, Any]] = []
-            session = f"teach-{index}-{time.monotonic_ns()}"
-            for line in [f"Write a short note to my team about Friday ({index}).", CORRECTION, "thanks, perfect"]:
-                messages.append({"role": "user", "content": line})
-                response = http.post(
-                    "/chat/completions",
-                    json={"model": "m", "messages": messages, "max_tokens": 8},
-                    headers={"X-Session-Id": session},
-                )
-                assert response.status_code == 200, response.text
-                messages.append(response.json()["choices"][0]["message"])
-                turn_ids.append(response.headers["x-clawrl-turn"])
-            feedback = http.post("/feedback", json={"session_id": session, "score": 1})
-            assert feedback.status_code == 200, feedback.text
-    return turn_ids
 
 
 def fixed_answer(http: httpx.Client) -> tuple[int, list[float], str]:
@@ -129,7 +96,7 @@ class LoadClients:
 def adapter_logprobs(model_dir: Path, version_path: Path, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
     """What a version's adapter gives the response, computed here from its files alone."""
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), str(version_path)).eval()
-    return forced_logprobs(model, prompt_ids, response_ids, 0).logprobs
+    return score_response(model, prompt_ids, response_ids, 0).logprobs
 
 
 def test_feedback_trains_new_versions_that_serving_swaps_in_under_load(tiny_model_dir: Path, run_dir: Path) -> None:
@@ -244,28 +211,28 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
     serve = subprocess.Popen(command)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _healthy(base), 120, "clawrl serve")
+        wait_until(lambda: healthz(base), 120, "clawrl serve")
         trainer_pids = _children(serve.pid)
         assert len(trainer_pids) == 1  # the trainer is its own process, not a thread of the server
-        assert _healthy(base)["trainer"] == {"running": True, "pid": trainer_pids[0], "restarts": 0, "given_up": False}
+        assert healthz(base)["trainer"] == {"running": True, "pid": trainer_pids[0], "restarts": 0, "given_up": False}
         os.kill(trainer_pids[0], signal.SIGKILL)  # serve starts it again
-        wait_until(lambda: (_healthy(base)["trainer"]["restarts"], _healthy(base)["trainer"]["running"]) == (1, True),
+        wait_until(lambda: (healthz(base)["trainer"]["restarts"], healthz(base)["trainer"]["running"]) == (1, True),
                    30, "the trainer started again")
         trainer_pids = _children(serve.pid)
-        assert len(trainer_pids) == 1 and _healthy(base)["trainer"]["pid"] == trainer_pids[0]
+        assert len(trainer_pids) == 1 and healthz(base)["trainer"]["pid"] == trainer_pids[0]
         scraped = httpx.get(base + "/metrics").text
         assert "clawrl_trainer_running 1.0" in scraped and "clawrl_trainer_restarts_total 1.0" in scraped
         taught = teach(base + "/v1", sessions=2)
-        wait_until(lambda: _healthy(base) and _healthy(base)["policy_version"] == 2, 120, "v2 served")
-        listed = _cli("versions", "list", "--run-dir", str(run_dir), "--json")
+        wait_until(lambda: healthz(base) and healthz(base)["policy_version"] == 2, 120, "v2 served")
+        listed = run_cli("versions", "list", "--run-dir", str(run_dir), "--json")
         assert [(item["version"], item["parent"]) for item in listed] == [(1, 0), (2, 1)]
         assert set(listed[0]) >= {"version", "created_at", "parent", "metrics"} and listed[1]["metrics"]["num_samples"] == 3
         with httpx.Client(base_url=base + "/v1", timeout=60) as http:
             version_2, logprobs_2, turn_id = fixed_answer(http)
             store = Store.for_run_dir(run_dir)
             prompt, response = store.turn(turn_id).prompt_token_ids, store.turn(turn_id).response_token_ids
-            _cli("versions", "rollback", "v1", "--run-dir", str(run_dir), parse=False)
-            wait_until(lambda: _healthy(base)["policy_version"] == 1, 30, "v1 served again")
+            run_cli("versions", "rollback", "v1", "--run-dir", str(run_dir), parse=False)
+            wait_until(lambda: healthz(base)["policy_version"] == 1, 30, "v1 served again")
             version_1, logprobs_1, turn_id_1 = fixed_answer(http)
         assert (version_2, version_1) == (2, 1) and store.turn(turn_id_1).policy_version == 1
         expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "v1", prompt, store.turn(turn_id_1).response_token_ids)
@@ -273,20 +240,13 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
         assert response  # the v2 answer was recorded with its token ids
         # The trainer continues from v1: the next version's parent is v1.
         teach(base + "/v1", sessions=1)
-        wait_until(lambda: _healthy(base)["policy_version"] == 3, 120, "v3 served")
+        wait_until(lambda: healthz(base)["policy_version"] == 3, 120, "v3 served")
         assert TrainingStore(store).version(3).parent == 1
         assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)
     assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in trainer_pids)  # stopped with the server
-
-
-def _healthy(base: str) -> dict[str, Any] | None:
-    try:
-        return httpx.get(base + "/healthz", timeout=5).json()
-    except httpx.HTTPError:
-        return None
 
 
 def _children(pid: int) -> list[int]:
@@ -296,12 +256,6 @@ def _children(pid: int) -> list[int]:
 
 def _zombie(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-
-
-def _cli(*args: str, parse: bool = True) -> Any:
-    result = subprocess.run([sys.executable, "-m", "clawrl.cli", *args], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout) if parse else result.stdout
 
 
 @pytest.fixture(autouse=True)
@@ -349,6 +303,6 @@ def test_other_parameterisations_publish_versions_the_engine_serves(tiny_model_d
             await engine.close()
 
     new, old = asyncio.run(served())
-    trained = forced_logprobs(trainer.model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+    trained = score_response(trainer.model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
     torch.testing.assert_close(torch.tensor(new), torch.tensor(trained), rtol=0, atol=1e-4)
     assert not torch.allclose(torch.tensor(new), torch.tensor(old), atol=1e-3)

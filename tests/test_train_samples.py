@@ -11,16 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig
-from clawrl.engines.chat import answer_fingerprint, render_prompt
+from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
-from clawrl.judge.hints import teacher_messages
-from clawrl.serve.sessions import conversation_hashes
-from clawrl.store import NewJudgment, NewTurn, Store
+from clawrl.engines.scoring import score_response
+from clawrl.messages import teacher_messages
+from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.samples import SampleBuilder, decide, to_sample
-from clawrl.train.trainer import forced_logprobs
-
-HINT = "Answer without bold text and without a numbered list."
+from clawrl.train.samples import SampleBuilder, decide
+from tests.helpers import HINT, Conversation
 
 
 @pytest.fixture(scope="module")
@@ -29,34 +27,9 @@ def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
     return AutoTokenizer.from_pretrained(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
-class Conversation:
-    """Records real turns (token ids from the tiny model's tokenizer) and their verdicts."""
-
-    def __init__(self, store: Store, tokenizer: Any) -> None:
-        self.store, self.tokenizer = store, tokenizer
-
-    def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False) -> None:
-        messages = [{"role": "user", "content": question}]
-        response = self.tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
-        self.store.record_turn(
-            NewTurn(
-                turn_id=turn_id, session_id=session, id_source="header", kind="main", model="tiny", policy_version=0,
-                messages=messages, tools=None, sampling={}, prompt_token_ids=render_prompt(self.tokenizer, messages, None),
-                response_token_ids=response, response_logprobs=[-1.0] * len(response), response_text=answer,
-                tool_calls=None, finish_reason="stop", answer_fingerprint=answer_fingerprint(answer, None),
-                message_hashes=conversation_hashes(messages), latency_s=0.01, continues_turn_id=after,
-                next_state=messages if after else None, session_done=done,
-            )
-        )  # fmt: skip
-
-    def judge(self, turn_id: str, score: int, hint: str | None = None) -> None:
-        verdict = NewJudgment(turn_id, score, [score], 1.0, 0, None, hint, [], "rule", "rule", 0.0)
-        assert self.store.record_judgment(verdict)
-
-
 def builder(store: Store, tokenizer: Any, model: Any, method: str = "combine", topk: int = 0) -> SampleBuilder:
     return SampleBuilder(
-        TrainingStore(store), tokenizer, method, lambda p, r, k: forced_logprobs(model, p, r, k), lambda: "base", topk=topk
+        TrainingStore(store), tokenizer, method, lambda p, r, k: score_response(model, p, r, k), lambda: "base", topk=topk
     )
 
 
@@ -97,15 +70,13 @@ def test_judged_turns_become_samples_in_arrival_order(tmp_path: Path, tiny: tupl
     assert builder(store, tokenizer, model).build() == 5
     training = TrainingStore(store)
     ready = training.ready_samples(10)
-    assert [row.turn_id for row, _ in ready] == ["a1", "a2", "a3", "a5"]
-    kinds = {row.turn_id: (row.kind, row.reward, row.teacher_logprobs is not None) for row, _ in ready}
+    assert [example.sample.turn_id for example in ready] == ["a1", "a2", "a3", "a5"]
+    kinds = {row.turn_id: (row.kind, row.reward, row.teacher_logprobs is not None) for row in (e.sample for e in ready)}
     assert kinds == {"a1": ("combined", -1.0, True), "a2": ("rl", 1.0, False), "a3": ("opd", 0.0, True), "a5": ("rl", -1.0, False)}
     dropped = training.sample("a4")
     assert dropped.status == "dropped" and dropped.drop_reason == "no_signal"
-    sample = to_sample(*ready[0])
-    turn = store.turn("a1")
-    assert sample.prompt_token_ids == turn.prompt_token_ids and sample.response_token_ids == turn.response_token_ids
-    assert sample.behaviour_logprobs == turn.response_logprobs and len(sample.teacher_logprobs) == len(turn.response_token_ids)
+    assert ready[0].turn == store.turn("a1")  # the update trains on the recorded ids and log-probs, as recorded
+    assert len(ready[0].sample.teacher_logprobs) == len(ready[0].turn.response_token_ids)
     assert builder(store, tokenizer, model).build() == 0  # each turn gets one sample row, once
 
 
@@ -148,7 +119,7 @@ def test_at_least_one_sample_per_judged_session(tmp_path: Path, tiny: tuple[Any,
     build.build()
     kept = training.sample("q1")
     assert (kept.status, kept.kind, kept.reward) == ("ready", "at_least_one", 0.0)
-    assert [row.turn_id for row, _ in training.ready_samples(10)] == ["q1", "r2"]
+    assert [example.sample.turn_id for example in training.ready_samples(10)] == ["q1", "r2"]
 
 
 def test_teacher_logprobs_follow_the_engine_score_contract_under_the_hinted_prompt(tmp_path: Path, tiny: tuple[Any, Any], tiny_model_dir: Path) -> None:
@@ -177,5 +148,5 @@ def test_teacher_logprobs_follow_the_engine_score_contract_under_the_hinted_prom
     assert row.teacher_topk_ids == expected.top_token_ids
     torch.testing.assert_close(torch.tensor(row.teacher_topk_logprobs), torch.tensor(expected.top_logprobs), rtol=0, atol=1e-4)
     # the hint really changes the teacher: it is not the student's own distribution
-    student = forced_logprobs(model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+    student = score_response(model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
     assert not torch.allclose(torch.tensor(student), torch.tensor(row.teacher_logprobs), atol=1e-3)

@@ -9,25 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from clawrl.store import NewJudgment, Store
+from clawrl.store import Store
 from clawrl.store.migrations import SCHEMA_VERSION
-from clawrl.store.training import NewSample, NewVersion, PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
 from clawrl.train.publish import ChecksumError, Manifest, discard_unregistered, verify_version, write_version
-from tests.test_session_inference import record, user
-
-
-def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore]:
-    store = Store.for_run_dir(tmp_path)
-    for index in range(count):
-        record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
-        store.record_judgment(NewJudgment(f"t{index}", 1, [1], 1.0, 0, None, None, [], "rule", "rule", 0.0))
-    training = TrainingStore(store)
-    training.add_samples([NewSample(f"t{index}", "ready", "rl", 1.0, 0) for index in range(count)])
-    return store, training
-
-
-def version(number: int, parent: int) -> NewVersion:
-    return NewVersion(number, parent, "lora", f"/runs/policy/v{number}", "0" * 64, number, {"loss": 0.5})
+from tests.helpers import judgment, ready_sample, record, store_with_samples, user, version
 
 
 def test_registering_a_version_marks_its_samples_and_moves_the_pointer_at_once(tmp_path: Path) -> None:
@@ -36,7 +22,7 @@ def test_registering_a_version_marks_its_samples_and_moves_the_pointer_at_once(t
     training.register_version(version(1, 0), ["t0", "t1"])
     assert training.serving_version() == 1 and training.newest_version() == 1
     assert [training.sample(t).trained_version for t in ("t0", "t1", "t2")] == [1, 1, None]
-    assert [row.turn_id for row, _ in training.ready_samples(10)] == ["t2", "t3"]
+    assert [example.sample.turn_id for example in training.ready_samples(10)] == ["t2", "t3"]
     # A sample is never trained twice: a second registration with a trained sample writes nothing.
     with pytest.raises(SamplesTakenError):
         training.register_version(version(2, 1), ["t1", "t2"])
@@ -101,7 +87,7 @@ def test_unregistered_directories_are_discarded(tmp_path: Path) -> None:
 def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     store = Store.for_run_dir(tmp_path)
     record(store, "t1", "s1", [user("q")], "a")
-    store.record_judgment(NewJudgment("t1", 1, [1], 1.0, 0, None, None, [], "rule", "rule", 0.0))
+    store.record_judgment(judgment("t1"))
     store.close()
     with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 3's store looked like
         for table in ("samples", "policy_versions", "policy_pointers"):
@@ -111,7 +97,7 @@ def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     assert store.judgment("t1").score == 1 and store.turn("t1").response_text == "a"
     training = TrainingStore(store)
     assert training.serving_version() == 0 and training.sample_counts() == {}
-    training.add_samples([NewSample("t1", "ready", "rl", 1.0, 0)])
+    training.add_samples([ready_sample("t1")])
     training.register_version(version(1, 0), ["t1"])
     with sqlite3.connect(tmp_path / "clawrl.db") as db:
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "3"

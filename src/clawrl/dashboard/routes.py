@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from clawrl.dashboard.pages import render_not_found, render_overview, render_session
 from clawrl.dashboard.views import overview, session_page
-from clawrl.serve.errors import APIError, install_error_handlers
+from clawrl.errors import APIError, install_error_handlers
 from clawrl.store import Store
 
 BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="clawrl dashboard", charset="UTF-8"'}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from clawrl.engines.chat import content_text
+from clawrl.messages import content_text
 from clawrl.store import Store
 from clawrl.store.inspect import judgment_view, next_state_view, session_summary
 from clawrl.store.training import TrainingStore
+from clawrl.types import Message
 
 # Step metrics shown in the versions table, in this order (StepMetrics field, column title).
 VERSION_METRICS = (
@@ -60,19 +61,19 @@ def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
     if session is None:
         return None
     entries = store.session_turns(session_id)
-    ids = [turn.id for turn, _, _ in entries]
+    ids = [entry.turn.id for entry in entries]
     judgments, samples = store.judgments_for(ids), TrainingStore(store).samples_for(ids)
     turns = []
-    for turn, next_state, feedback in entries:
-        sample = samples.get(turn.id)
+    for entry in entries:
+        turn, sample = entry.turn, samples.get(entry.turn.id)
         turns.append({
             "id": turn.id, "index": turn.index, "kind": turn.kind, "policy_version": turn.policy_version,
             "finish_reason": turn.finish_reason, "response_text": turn.response_text, "tool_calls": turn.tool_calls,
             "input": new_input(turn.messages),
             "prompt_tokens": len(turn.prompt_token_ids), "response_tokens": len(turn.response_token_ids),
-            "next_state": next_state_view(next_state),
+            "next_state": next_state_view(entry.next_state),
             "judgment": judgment_view(judgments.get(turn.id)),
-            "feedback": [{"score": row.score, "text": row.text} for row in feedback],
+            "feedback": [{"score": item.score, "text": item.text} for item in entry.feedback],
             "sample": None if sample is None else {
                 "status": sample.status, "kind": sample.kind, "reward": sample.reward,
                 "drop_reason": sample.drop_reason, "trained_version": sample.trained_version,
@@ -81,7 +82,7 @@ def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
     return {**session_summary(session), "turns": turns}
 
 
-def new_input(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+def new_input(messages: list[Message]) -> list[dict[str, str]]:
     """The messages of a request after its last assistant message: what this turn answers
     (the whole request for a session's first turn, system prompt aside)."""
     last_assistant = max((i for i, message in enumerate(messages) if message["role"] == "assistant"), default=-1)

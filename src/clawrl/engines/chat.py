@@ -6,40 +6,21 @@ and the resulting ids are the ones the engine is fed and the store records.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from clawrl.messages import canonical_arguments, content_text, teacher_messages
+from clawrl.types import Message, ToolSpec, Turn
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
-def content_text(content: str | Sequence[Any] | None) -> str:
-    """A message's content as one string: text parts joined by newlines, other parts dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = [part.get("text", "") if isinstance(part, dict) else getattr(part, "text", "") for part in content]
-    return "\n".join(part for part in parts if part)
-
-
-def _canonical_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value: clients re-serialise the string we sent them."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Messages as chat templates expect them: string content, tool-call arguments as objects."""
     rendered = []
     for message in messages:
@@ -51,7 +32,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": call["function"]["name"],
-                        "arguments": _canonical_arguments(call["function"].get("arguments", "{}")),
+                        "arguments": canonical_arguments(call["function"].get("arguments", "{}")),
                     },
                 }
                 for call in message["tool_calls"]
@@ -64,13 +45,23 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[ToolSpec] | None
 ) -> list[int]:
     """The exact token ids the engine will be fed for this conversation."""
     text = tokenizer.apply_chat_template(
         template_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
     )
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def teacher_prompt_ids(tokenizer: PreTrainedTokenizerBase, turn: Turn, hint: str) -> list[int]:
+    """The OPD teacher's prompt ids: the turn's request with the hint attached, rendered with its tools.
+
+    One function for the hint judge (which scores candidate hints under this prompt) and the
+    trainer (whose teacher log-probs are taken under it): the two must score the same prompt. Only
+    the prompt is new text; the response stays the turn's recorded ids.
+    """
+    return render_prompt(tokenizer, teacher_messages(turn.messages, hint), turn.tools)
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
@@ -105,36 +96,6 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     if not calls:
         return text, []
     return text[:start], calls
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def _calls_key(tool_calls: list[dict[str, Any]] | None) -> list[list[Any]]:
-    return [
-        [call["function"]["name"], _canonical_arguments(call["function"].get("arguments", "{}"))]
-        for call in tool_calls or []
-    ]
-
-
-def answer_fingerprint(content: str, tool_calls: list[dict[str, Any]] | None) -> str | None:
-    """Identity of an answer as a client echoes it back: stripped text plus tool calls (ids ignored)."""
-    if not content.strip() and not tool_calls:
-        return None
-    return _digest({"content": content.strip(), "tool_calls": _calls_key(tool_calls)})
-
-
-def message_hash(message: dict[str, Any]) -> str:
-    """Identity of one message, tolerant of the re-serialisation clients do."""
-    return _digest(
-        {
-            "role": message["role"],
-            "content": content_text(message.get("content")).strip(),
-            "tool_calls": _calls_key(message.get("tool_calls")),
-            "tool_call_id": message.get("tool_call_id"),
-        }
-    )[:16]
 
 
 class ResponseDecoder:

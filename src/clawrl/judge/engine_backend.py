@@ -15,7 +15,8 @@ from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine, SamplingParams
 from clawrl.engines.chat import render_prompt
 from clawrl.judge.sampled import judge_by_sampling
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
+from clawrl.types import TurnContext
 
 
 class EngineJudge:
@@ -43,7 +44,7 @@ class EngineJudge:
         judge_engine = build_engine(engine_config.model_copy(update={"model": config.judge_model}))
         return cls(judge_engine, owns_engine=True, **options)
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict:
+    async def judge(self, case: TurnContext) -> BackendVerdict:
         if self.owns_engine:
             await self.engine.start()  # idempotent: loads the judge model on the first turn
         return await judge_by_sampling(case, self.votes, self._complete)

@@ -20,7 +20,8 @@ import httpx
 
 from clawrl.config import JudgeConfig
 from clawrl.judge.sampled import judge_by_sampling
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
+from clawrl.types import TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class OpenAIJudge:
 
     @classmethod
     def from_config(cls, config: JudgeConfig) -> OpenAIJudge:
-        if not config.judge_url or not config.judge_model:
-            raise ValueError("--judge openai needs --judge-url and --judge-model")
+        assert config.judge_url and config.judge_model, "JudgeConfig refuses --judge openai without both"
         return cls(
             config.judge_url,
             config.judge_model,
@@ -67,7 +67,7 @@ class OpenAIJudge:
             call_timeout_s=config.judge_call_timeout_s,
         )
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict:
+    async def judge(self, case: TurnContext) -> BackendVerdict:
         # The client lives for one turn because a worker may be driven from different event loops
         # (an httpx pool is bound to its loop).
         async with httpx.AsyncClient(headers=self.headers, timeout=self.call_timeout_s) as client:

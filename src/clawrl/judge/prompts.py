@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clawrl.engines.chat import content_text
+from clawrl.messages import content_text
 from clawrl.judge.parsing import HINT_END, HINT_START
 
 PRM_SYSTEM = """\

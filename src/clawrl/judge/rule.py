@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from clawrl.engines.chat import content_text
+from clawrl.messages import content_text
 from clawrl.judge.parsing import MIN_HINT_CHARS
 
 RESTATEMENT_JACCARD = 0.6

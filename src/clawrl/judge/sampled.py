@@ -13,19 +13,20 @@ from typing import Any
 
 from clawrl.judge.parsing import parse_hint, prm_verdict
 from clawrl.judge.prompts import hint_messages, prm_messages
-from clawrl.judge.types import BackendVerdict, JudgeCase
+from clawrl.judge.types import BackendVerdict
+from clawrl.types import TurnContext
 
 Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 
-async def judge_by_sampling(case: JudgeCase, votes: int, complete: Complete) -> BackendVerdict:
+async def judge_by_sampling(case: TurnContext, votes: int, complete: Complete) -> BackendVerdict:
     """All 2·m calls concurrently; any call that finally fails fails the whole turn.
 
     A verdict built from the surviving votes would quietly change what "majority of m" means, so
     the failure propagates and the worker gives the turn back to be judged again in full.
     """
-    prm_request = prm_messages(case.response_text, case.tool_calls, case.next_state)
-    hint_request = hint_messages(case.response_text, case.tool_calls, case.next_state)
+    prm_request = prm_messages(case.turn.response_text, case.turn.tool_calls, case.next_messages)
+    hint_request = hint_messages(case.turn.response_text, case.turn.tool_calls, case.next_messages)
     try:
         async with asyncio.TaskGroup() as calls:  # the first failure cancels the other calls
             prm_calls = [calls.create_task(complete(prm_request)) for _ in range(votes)]

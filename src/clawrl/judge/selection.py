@@ -4,7 +4,7 @@ When the judge offers several hints for one turn, the useful one is the hint tha
 teacher would have said *at the tokens the student actually produced*. For each candidate h, the
 same recorded response is scored twice with the policy: under the student's prompt (the exact
 recorded prompt ids) and under the teacher prompt (the messages with h appended,
-`judge/hints.py`). At every response position we take the top-k token ids of both and count how
+`messages.py`). At every response position we take the top-k token ids of both and count how
 many they share; the candidate with the largest total overlap wins.
 
 Why overlap rather than divergence: a hint that makes the teacher's distribution unrelated to the
@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clawrl.engines.base import Engine
-from clawrl.engines.chat import render_prompt
-from clawrl.judge.hints import teacher_messages
-from clawrl.judge.types import JudgeCase
+from clawrl.engines.chat import teacher_prompt_ids
+from clawrl.types import TurnContext
 
 
 def topk_overlap(student_top_ids: list[list[int]], teacher_top_ids: list[list[int]]) -> int:
@@ -44,14 +43,15 @@ class OverlapSelector:
     engine: Engine
     top_k: int = 4
 
-    async def overlaps(self, case: JudgeCase, candidates: list[str]) -> list[int]:
+    async def overlaps(self, case: TurnContext, candidates: list[str]) -> list[int]:
         """Each candidate's total top-k overlap with the student, over the recorded response."""
-        if not case.response_token_ids:
+        turn = case.turn
+        if not turn.response_token_ids:
             return [0 for _ in candidates]
-        student = await self.engine.score(case.prompt_token_ids, case.response_token_ids, top_k=self.top_k)
+        student = await self.engine.score(turn.prompt_token_ids, turn.response_token_ids, top_k=self.top_k)
         overlaps = []
         for hint in candidates:
-            teacher_prompt_ids = render_prompt(self.engine.tokenizer, teacher_messages(case.messages, hint), case.tools)
-            teacher = await self.engine.score(teacher_prompt_ids, case.response_token_ids, top_k=self.top_k)
+            hinted_prompt_ids = teacher_prompt_ids(self.engine.tokenizer, turn, hint)
+            teacher = await self.engine.score(hinted_prompt_ids, turn.response_token_ids, top_k=self.top_k)
             overlaps.append(topk_overlap(student.top_token_ids, teacher.top_token_ids))
         return overlaps

@@ -1,25 +1,13 @@
-"""The judge loop's vocabulary: what a judge sees of a turn, what a backend answers, and the
-two roles a judge is built from (a backend that scores, a selector that picks among hints)."""
+"""The judge loop's own vocabulary: what a backend answers, and the two roles a judge is built
+from (a backend that scores, a selector that picks among hints). What a judge reads is a
+`clawrl.types.TurnContext`: the recorded turn, its next state and its explicit feedback."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-
-@dataclass
-class JudgeCase:
-    """What a judge sees of one turn."""
-
-    turn_id: str
-    messages: list[dict[str, Any]]  # the request the answer was given to
-    tools: list[dict[str, Any]] | None
-    prompt_token_ids: list[int]  # exactly what the engine was fed: the student prompt of hint selection
-    response_token_ids: list[int]
-    response_text: str
-    tool_calls: list[dict[str, Any]] | None
-    next_state: list[dict[str, Any]]
-    feedback: list[tuple[int, str | None]]  # explicit (score, text), oldest first
+from clawrl.types import JudgmentSource, TurnContext
 
 
 @dataclass
@@ -28,14 +16,14 @@ class BackendVerdict:
     votes: list[int | None]
     rationale: str | None
     hint_candidates: list[str]
-    source: str  # what kind of judge scored it: "prm" (a language model) or "rule"
+    source: JudgmentSource  # what kind of judge scored it: "prm" (a language model) or "rule"
 
 
 class JudgeBackend(Protocol):
     name: str  # the judge model (or "rule"), stored with each judgment
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict: ...
+    async def judge(self, case: TurnContext) -> BackendVerdict: ...
 
 
 class HintSelector(Protocol):
-    async def overlaps(self, case: JudgeCase, candidates: list[str]) -> list[int]: ...
+    async def overlaps(self, case: TurnContext, candidates: list[str]) -> list[int]: ...

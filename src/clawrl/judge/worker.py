@@ -15,12 +15,13 @@ import uuid
 
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine
-from clawrl.engines.chat import content_text
+from clawrl.messages import content_text
 from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import rule_hint, rule_score
 from clawrl.judge.selection import OverlapSelector, choose_hint
-from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend, JudgeCase
-from clawrl.store import NewJudgment, Store
+from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
+from clawrl.store import Store
+from clawrl.types import HintCandidate, Judgment, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,13 @@ class RuleJudge:
 
     name = "rule"
 
-    async def judge(self, case: JudgeCase) -> BackendVerdict:
-        previous_user = next((content_text(m.get("content")) for m in reversed(case.messages) if m["role"] == "user"), None)
-        score = rule_score(case.next_state, previous_user_text=previous_user)
+    async def judge(self, case: TurnContext) -> BackendVerdict:
+        previous_user = next(
+            (content_text(m.get("content")) for m in reversed(case.turn.messages) if m["role"] == "user"), None
+        )
+        score = rule_score(case.next_messages, previous_user_text=previous_user)
         # a directive inside praise ("thanks! please also add tests") is not a correction of this turn
-        hint = rule_hint(case.next_state) if score <= 0 else None
+        hint = rule_hint(case.next_messages) if score <= 0 else None
         return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=[hint] if hint else [], source="rule")
 
 
@@ -60,30 +63,31 @@ def build_backend(
     raise ValueError(f"judge backend {config.judge!r} cannot judge")
 
 
-def hint_candidates(case: JudgeCase, verdict: BackendVerdict) -> list[str]:
+def hint_candidates(case: TurnContext, verdict: BackendVerdict) -> list[str]:
     """The judge's hints, then the texts of explicit feedback long enough to direct the teacher."""
-    feedback_texts = [text.strip() for _, text in case.feedback if text and len(text.strip()) >= MIN_HINT_CHARS]
+    texts = [item.text.strip() for item in case.feedback if item.text]
+    feedback_texts = [text for text in texts if len(text) >= MIN_HINT_CHARS]
     return list(dict.fromkeys([*verdict.hint_candidates, *feedback_texts]))
 
 
 def final_judgment(
-    case: JudgeCase, verdict: BackendVerdict, judge_model: str, latency_s: float, overlaps: list[int | None] | None = None
-) -> NewJudgment:
+    case: TurnContext, verdict: BackendVerdict, judge_model: str, latency_s: float, overlaps: list[int | None] | None = None
+) -> Judgment:
     """The judge's verdict, with explicit feedback outranking its score and the hint chosen by overlap."""
     candidates = hint_candidates(case, verdict)
     overlaps = overlaps if overlaps is not None else [None] * len(candidates)
     score, source = verdict.score, verdict.source
     if case.feedback:
-        score, source = case.feedback[-1][0], "feedback"
-    return NewJudgment(
-        turn_id=case.turn_id,
+        score, source = case.feedback[-1].score, "feedback"
+    return Judgment(
+        turn_id=case.turn.id,
         score=score,
         votes=verdict.votes,
         vote_agreement=sum(vote == verdict.score for vote in verdict.votes) / max(1, len(verdict.votes)),
         invalid_votes=sum(vote is None for vote in verdict.votes),
         rationale=verdict.rationale,
         hint=choose_hint(candidates, overlaps),
-        hint_candidates=[{"hint": text, "overlap": overlap} for text, overlap in zip(candidates, overlaps, strict=True)],
+        hint_candidates=[HintCandidate(text, overlap) for text, overlap in zip(candidates, overlaps, strict=True)],
         source=source,
         judge_model=judge_model,
         latency_s=latency_s,
@@ -132,7 +136,7 @@ class JudgeWorker:
 
     async def _judge_turn(self, turn_id: str) -> bool:
         started = time.perf_counter()
-        case = await asyncio.to_thread(_load_case, self.store, turn_id)
+        case = await asyncio.to_thread(self.store.turn_context, turn_id)
         try:
             async with asyncio.timeout(self.config.judge_timeout_s):
                 verdict = await self.backend.judge(case)
@@ -146,7 +150,7 @@ class JudgeWorker:
         self.judged += written
         return written
 
-    async def _overlaps(self, case: JudgeCase, verdict: BackendVerdict) -> list[int | None] | None:
+    async def _overlaps(self, case: TurnContext, verdict: BackendVerdict) -> list[int | None] | None:
         """Overlap of each hint candidate, when there is a choice to make and an engine to make it."""
         candidates = hint_candidates(case, verdict)
         if self.selector is None or len(candidates) < 2:
@@ -168,18 +172,3 @@ def build_worker(
     backend = build_backend(config, serving_engine, engine_config)
     selector = OverlapSelector(serving_engine, config.hint_top_k) if serving_engine is not None else None
     return JudgeWorker(store, backend, config, selector=selector)
-
-
-def _load_case(store: Store, turn_id: str) -> JudgeCase:
-    turn, next_state, feedback = store.turn_context(turn_id)
-    return JudgeCase(
-        turn_id=turn.id,
-        messages=turn.messages,
-        tools=turn.tools,
-        prompt_token_ids=turn.prompt_token_ids,
-        response_token_ids=turn.response_token_ids,
-        response_text=turn.response_text,
-        tool_calls=turn.tool_calls,
-        next_state=next_state.messages if next_state is not None else [],
-        feedback=[(row.score, row.text) for row in feedback],
-    )

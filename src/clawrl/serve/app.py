@@ -26,7 +26,7 @@ from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import schemas
 from clawrl.serve.completions import ChatService
-from clawrl.serve.errors import APIError, describe_validation_error, install_error_handlers
+from clawrl.errors import APIError, describe_validation_error, install_error_handlers
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.policy import PolicyFollower
 from clawrl.store import Store
@@ -167,10 +167,10 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         authorize(request)
         started = time.perf_counter()
         body = await read_json(request, config.max_body_bytes)
-        turn = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()})
-        generation = service.start(turn)
+        prepared = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()})
+        generation = service.start(prepared)
         headers = service.headers(generation)
-        if turn.request.stream:
+        if prepared.request.stream:
             return StreamingResponse(
                 _timed(service.stream(generation), metrics, started),
                 media_type="text/event-stream",

@@ -8,6 +8,7 @@ client has seen fully is in the store. Everything else here (judging, training) 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -22,60 +23,66 @@ from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
-from clawrl.engines.chat import ResponseDecoder, answer_fingerprint, parse_tool_calls, render_prompt
+from clawrl.engines.chat import ResponseDecoder, parse_tool_calls, render_prompt
+from clawrl.messages import answer_fingerprint, conversation_hashes
 from clawrl.serve import schemas
-from clawrl.serve.errors import APIError, describe_validation_error, error_body
+from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import (
     SessionIdentity,
-    conversation_hashes,
     explicit_session,
     resolve_session,
     session_done,
     turn_kind,
 )
-from clawrl.store import NewTurn, Store
+from clawrl.store import Store
+from clawrl.types import FinishReason, NextState, Turn
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class PreparedTurn:
-    """A validated request, rendered to token ids and placed in its session."""
+class PreparedRequest:
+    """A validated request, rendered to token ids and placed in its session.
 
-    turn_id: str
+    `turn` is the turn it will record, complete but for the answer: `finish` fills that in.
+    """
+
     request: schemas.ChatCompletionRequest
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    kind: str
+    turn: Turn
     identity: SessionIdentity
-    done: bool
-    prompt_token_ids: list[int]
+    session_done: bool
     sampling: SamplingParams
     stop: list[str]
     started_at: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
-class FinishedTurn:
-    """What the engine produced, as the client sees it and as the store keeps it."""
-
-    content: str
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
-    steps: list[TokenStep]
-    policy_version: int
-
-
-@dataclass
 class Generation:
     """A turn being generated: the engine stream, its decoder, and what has come out so far."""
 
-    turn: PreparedTurn
+    prepared: PreparedRequest
     stream: GenerationStream
     decoder: ResponseDecoder
     steps: list[TokenStep] = field(default_factory=list)
-    result: FinishedTurn | None = None
+    result: Turn | None = None  # the finished turn, once generation has ended
+
+
+def finish(prepared: PreparedRequest, generation: Generation, text: str, tool_calls: list[dict[str, Any]], finish_reason: FinishReason) -> Turn:
+    """The prepared turn with its answer: the engine's exact ids and log-probs, as the store keeps it."""
+    received = finish_reason != "cancelled"
+    return dataclasses.replace(
+        prepared.turn,
+        policy_version=generation.stream.policy_version,
+        response_token_ids=[step.token_id for step in generation.steps],
+        response_logprobs=[step.logprob for step in generation.steps],
+        response_text=text,
+        tool_calls=tool_calls or None,
+        finish_reason=finish_reason,
+        # no client can echo an answer it never received in full
+        answer_fingerprint=answer_fingerprint(text, tool_calls) if received else None,
+        latency_s=time.perf_counter() - prepared.started_at,
+    )
 
 
 class ChatService:
@@ -86,7 +93,7 @@ class ChatService:
         self._background: set[asyncio.Task[None]] = set()
 
     # --- preparing ----------------------------------------------------------------------------
-    async def prepare(self, body: Any, headers: dict[str, str]) -> PreparedTurn:
+    async def prepare(self, body: Any, headers: dict[str, str]) -> PreparedRequest:
         try:
             request = schemas.ChatCompletionRequest.model_validate(body)
         except ValidationError as error:
@@ -112,18 +119,31 @@ class ChatService:
             seed=request.seed,
             top_logprobs=request.top_logprobs or 0,
         )
-        return PreparedTurn(
-            turn_id=f"chatcmpl-{uuid.uuid4().hex}",
-            request=request,
+        stop = request.stop or []
+        turn = Turn(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            session_id=identity.session_id,
+            kind=kind,
+            model=self.engine.model_name,
+            policy_version=self.engine.policy_version,  # fixed when generation starts
             messages=messages,
             tools=tools,
-            kind=kind,
-            identity=identity,
-            done=session_done(headers, request.session_done),
+            sampling={
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "max_tokens": sampling.max_tokens,
+                "stop": stop,
+                "seed": sampling.seed,
+            },
             prompt_token_ids=prompt_token_ids,
-            sampling=sampling,
-            stop=request.stop or [],
+            response_token_ids=[],
+            response_logprobs=[],
+            response_text="",
+            tool_calls=None,
+            finish_reason="stop",
+            message_hashes=conversation_hashes(messages),
         )
+        return PreparedRequest(request, turn, identity, session_done(headers, request.session_done), sampling, stop)
 
     def _response_budget(self, request: schemas.ChatCompletionRequest, prompt_length: int) -> int:
         window = self.engine.max_context_tokens
@@ -141,21 +161,22 @@ class ChatService:
         return requested if requested is not None else min(self.config.default_max_tokens, room)
 
     # --- generating -----------------------------------------------------------------------------
-    def start(self, turn: PreparedTurn) -> Generation:
+    def start(self, prepared: PreparedRequest) -> Generation:
         """Hand the prompt to the engine; the policy version is fixed from here on."""
+        turn = prepared.turn
         self.metrics.prompt_tokens.inc(len(turn.prompt_token_ids))
-        parse_tools = bool(turn.tools) and turn.request.tool_choice != "none"
-        decoder = ResponseDecoder(self.engine.tokenizer, turn.stop, parse_tools)
-        return Generation(turn, self.engine.generate(turn.prompt_token_ids, turn.sampling), decoder)
+        parse_tools = bool(turn.tools) and prepared.request.tool_choice != "none"
+        decoder = ResponseDecoder(self.engine.tokenizer, prepared.stop, parse_tools)
+        return Generation(prepared, self.engine.generate(turn.prompt_token_ids, prepared.sampling), decoder)
 
     async def _deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
         """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
-        turn, stream, decoder = generation.turn, generation.stream, generation.decoder
+        prepared, stream, decoder = generation.prepared, generation.stream, generation.decoder
         pending: list[TokenStep] = []
         try:
             async for step in stream:
                 if not generation.steps:
-                    self.metrics.time_to_first_token.observe(time.perf_counter() - turn.started_at)
+                    self.metrics.time_to_first_token.observe(time.perf_counter() - prepared.started_at)
                 generation.steps.append(step)
                 pending.append(step)
                 if delta := decoder.add(step.token_id):
@@ -168,54 +189,27 @@ class ChatService:
         self.metrics.generated_tokens.inc(len(generation.steps))
         content, tool_calls = parse_tool_calls(decoder.text) if decoder.parse_tools else (decoder.text, [])
         finish_reason = "tool_calls" if tool_calls else ("stop" if decoder.stopped else stream.finish_reason or "stop")
-        generation.result = FinishedTurn(content, tool_calls, finish_reason, generation.steps, stream.policy_version)
+        generation.result = finish(prepared, generation, content, tool_calls, finish_reason)
         tail = content[decoder.emitted :]  # held back at the end: a partial stop string that never completed
         if tail or pending:
             yield tail, pending
 
     # --- recording ------------------------------------------------------------------------------
-    async def record(self, turn: PreparedTurn, result: FinishedTurn) -> None:
-        """Commit the turn (and the next state it carries); returns once it is durable."""
-        received = result.finish_reason != "cancelled"
-        new_turn = NewTurn(
-            turn_id=turn.turn_id,
-            session_id=turn.identity.session_id,
-            id_source=turn.identity.id_source,
-            kind=turn.kind,
-            model=self.engine.model_name,
-            policy_version=result.policy_version,
-            messages=turn.messages,
-            tools=turn.tools,
-            sampling={
-                "temperature": turn.sampling.temperature,
-                "top_p": turn.sampling.top_p,
-                "max_tokens": turn.sampling.max_tokens,
-                "stop": turn.stop,
-                "seed": turn.sampling.seed,
-            },
-            prompt_token_ids=turn.prompt_token_ids,
-            response_token_ids=[step.token_id for step in result.steps],
-            response_logprobs=[step.logprob for step in result.steps],
-            response_text=result.content,
-            tool_calls=result.tool_calls or None,
-            finish_reason=result.finish_reason,
-            answer_fingerprint=answer_fingerprint(result.content, result.tool_calls) if received else None,
-            message_hashes=conversation_hashes(turn.messages),
-            latency_s=time.perf_counter() - turn.started_at,
-            continues_turn_id=turn.identity.continues_turn_id,
-            next_state=turn.identity.next_state,
-            session_done=turn.done,
-        )
-        await asyncio.to_thread(self.store.record_turn, new_turn)
+    async def record(self, prepared: PreparedRequest, turn: Turn) -> None:
+        """Commit the finished turn (and the next state its request carries); returns once it is durable."""
+        identity = prepared.identity
+        continues = None
+        if identity.continues_turn_id is not None and identity.next_state is not None:
+            continues = NextState(identity.continues_turn_id, identity.next_state, source_turn_id=turn.id)
+        await asyncio.to_thread(self.store.record_turn, turn, identity.id_source, continues, prepared.session_done)
         self.metrics.turns.labels(turn.kind).inc()
-        if turn.identity.continues_turn_id:
+        if continues is not None:
             self.metrics.next_states.inc()
 
     def _record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
-        text = generation.decoder.text
-        result = FinishedTurn(text, [], "cancelled", generation.steps, generation.stream.policy_version)
-        task = asyncio.get_running_loop().create_task(self.record(generation.turn, result))
+        result = finish(generation.prepared, generation, generation.decoder.text, [], "cancelled")
+        task = asyncio.get_running_loop().create_task(self.record(generation.prepared, result))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -226,52 +220,54 @@ class ChatService:
 
     # --- answering ------------------------------------------------------------------------------
     def headers(self, generation: Generation) -> dict[str, str]:
+        turn = generation.prepared.turn
         return {
-            "X-Clawrl-Turn": generation.turn.turn_id,
-            "X-Clawrl-Session": generation.turn.identity.session_id,
+            "X-Clawrl-Turn": turn.id,
+            "X-Clawrl-Session": turn.session_id,
             "X-Clawrl-Policy-Version": str(generation.stream.policy_version),
-            "X-Clawrl-Turn-Kind": generation.turn.kind,
+            "X-Clawrl-Turn-Kind": turn.kind,
         }
 
     async def complete(self, generation: Generation) -> schemas.ChatCompletion:
-        turn = generation.turn
+        prepared = generation.prepared
         async for _delta, _steps in self._deltas(generation):
             pass
         result = generation.result
         assert result is not None
-        await self.record(turn, result)
-        logprobs = schemas.Logprobs(content=self._logprob_entries(result.steps, turn)) if turn.request.logprobs else None
+        await self.record(prepared, result)
+        logprobs = schemas.Logprobs(content=self._logprob_entries(generation.steps, prepared)) if prepared.request.logprobs else None
         return schemas.ChatCompletion(
-            id=turn.turn_id,
+            id=result.id,
             created=int(time.time()),
-            model=turn.request.model,
+            model=prepared.request.model,
             choices=[
                 schemas.Choice(
                     message=schemas.ResponseMessage(
-                        content=result.content if (result.content or not result.tool_calls) else None,
-                        tool_calls=result.tool_calls or None,
+                        content=result.response_text if (result.response_text or not result.tool_calls) else None,
+                        tool_calls=result.tool_calls,
                     ),
                     logprobs=logprobs,
                     finish_reason=result.finish_reason,
                 )
             ],
-            usage=self._usage(turn, result),
+            usage=self._usage(result),
         )
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
-        turn = generation.turn
+        prepared = generation.prepared
+        request, turn_id = prepared.request, prepared.turn.id
         created = int(time.time())
 
-        def chunk(delta: schemas.Delta, steps: list[TokenStep] | None = None, finish: str | None = None) -> str:
+        def chunk(delta: schemas.Delta, steps: list[TokenStep] | None = None, finish_reason: str | None = None) -> str:
             logprobs = None
-            if turn.request.logprobs and steps:
-                logprobs = schemas.Logprobs(content=self._logprob_entries(steps, turn))
+            if request.logprobs and steps:
+                logprobs = schemas.Logprobs(content=self._logprob_entries(steps, prepared))
             body = schemas.ChatCompletionChunk(
-                id=turn.turn_id,
+                id=turn_id,
                 created=created,
-                model=turn.request.model,
-                choices=[schemas.ChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)],
+                model=request.model,
+                choices=[schemas.ChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish_reason)],
             )
             return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
@@ -285,16 +281,16 @@ class ChatService:
                 yield chunk(schemas.Delta(content=delta), steps)
             result = generation.result
             assert result is not None
-            await self.record(turn, result)
+            await self.record(prepared, result)
             if tail or tail_steps:
                 yield chunk(schemas.Delta(content=tail or None), tail_steps)
             if result.tool_calls:
                 calls = [{"index": i, **call} for i, call in enumerate(result.tool_calls)]
                 yield chunk(schemas.Delta(tool_calls=calls))
-            yield chunk(schemas.Delta(), finish=result.finish_reason)
-            if turn.request.stream_options and turn.request.stream_options.include_usage:
+            yield chunk(schemas.Delta(), finish_reason=result.finish_reason)
+            if request.stream_options and request.stream_options.include_usage:
                 usage = schemas.ChatCompletionChunk(
-                    id=turn.turn_id, created=created, model=turn.request.model, choices=[], usage=self._usage(turn, result)
+                    id=turn_id, created=created, model=request.model, choices=[], usage=self._usage(result)
                 )
                 yield f"data: {usage.model_dump_json()}\n\n"
             yield "data: [DONE]\n\n"
@@ -307,11 +303,11 @@ class ChatService:
             yield f"data: {json.dumps(error_body(500, f'generation failed: {error}', 'engine_error'))}\n\n"
             yield "data: [DONE]\n\n"
 
-    def _usage(self, turn: PreparedTurn, result: FinishedTurn) -> schemas.Usage:
-        prompt, completion = len(turn.prompt_token_ids), len(result.steps)
+    def _usage(self, turn: Turn) -> schemas.Usage:
+        prompt, completion = len(turn.prompt_token_ids), len(turn.response_token_ids)
         return schemas.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
-    def _logprob_entries(self, steps: list[TokenStep], turn: PreparedTurn) -> list[schemas.TokenLogprob]:
+    def _logprob_entries(self, steps: list[TokenStep], prepared: PreparedRequest) -> list[schemas.TokenLogprob]:
         decode = self.engine.tokenizer.decode
 
         def entry(token_id: int, logprob: float) -> schemas.TopLogprob:
@@ -321,7 +317,7 @@ class ChatService:
         return [
             schemas.TokenLogprob(
                 **entry(step.token_id, step.logprob).model_dump(),
-                top_logprobs=[entry(token_id, logprob) for token_id, logprob in step.top_logprobs[: turn.sampling.top_logprobs]],
+                top_logprobs=[entry(token_id, logprob) for token_id, logprob in step.top_logprobs[: prepared.sampling.top_logprobs]],
             )
             for step in steps
         ]

@@ -13,25 +13,28 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
-from clawrl.engines.chat import answer_fingerprint, content_text, message_hash
-from clawrl.serve.errors import APIError
+from clawrl.messages import answer_fingerprint, content_text, message_hash
+from clawrl.errors import APIError
 from clawrl.store import Store
-from clawrl.store.schema import TurnRow
+from clawrl.types import Message, SessionIdSource, Turn, TurnKind
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
 
 @dataclass
 class SessionIdentity:
+    """The session a request belongs to and, for a main turn, the earlier turn it continues."""
+
     session_id: str
-    id_source: str  # header | body | user | inferred | new
+    id_source: SessionIdSource
     continues_turn_id: str | None = None
-    next_state: list[dict[str, Any]] | None = None
+    next_state: list[Message] | None = None  # what the request adds after that turn's answer
 
 
-def explicit_session(headers: dict[str, str], body_session_id: str | None, user: str | None) -> tuple[str, str] | None:
+def explicit_session(
+    headers: dict[str, str], body_session_id: str | None, user: str | None
+) -> tuple[str, SessionIdSource] | None:
     """(session id, where it came from) when the client named the session."""
     header = headers.get("x-session-id", "").strip()
     if len(header) > 256:
@@ -45,13 +48,15 @@ def explicit_session(headers: dict[str, str], body_session_id: str | None, user:
     return None
 
 
-def turn_kind(headers: dict[str, str], body_turn_type: str | None, messages: list[dict[str, Any]], side_regex: re.Pattern[str] | None) -> str:
+def turn_kind(
+    headers: dict[str, str], body_turn_type: TurnKind | None, messages: list[Message], side_regex: re.Pattern[str] | None
+) -> TurnKind:
     """`main` unless the client or a configured rule says `side` (DESIGN §3: main by default)."""
     header = headers.get("x-turn-type", "").strip().lower()
     if header and header not in ("main", "side"):
         raise APIError(400, "X-Turn-Type must be 'main' or 'side'", "invalid_turn_type", "X-Turn-Type")
     if header:
-        return header
+        return "main" if header == "main" else "side"
     if body_turn_type:
         return body_turn_type
     if side_regex is not None:
@@ -66,7 +71,7 @@ def session_done(headers: dict[str, str], body_done: bool) -> bool:
 
 
 def resolve_session(
-    store: Store, explicit: tuple[str, str] | None, messages: list[dict[str, Any]], kind: str
+    store: Store, explicit: tuple[str, SessionIdSource] | None, messages: list[Message], kind: TurnKind
 ) -> SessionIdentity:
     """Find the session and, for a main turn, the earlier turn it continues and that turn's next state.
 
@@ -98,11 +103,11 @@ def resolve_session(
     return SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
 
 
-def _assistant_fingerprint(message: dict[str, Any]) -> str | None:
+def _assistant_fingerprint(message: Message) -> str | None:
     return answer_fingerprint(content_text(message.get("content")), message.get("tool_calls"))
 
 
-def _answer_positions(messages: list[dict[str, Any]]) -> dict[str, int]:
+def _answer_positions(messages: list[Message]) -> dict[str, int]:
     """Fingerprint of every assistant message -> its last position in the request."""
     return {
         fingerprint: position
@@ -111,17 +116,17 @@ def _answer_positions(messages: list[dict[str, Any]]) -> dict[str, int]:
     }
 
 
-def _answer_position(messages: list[dict[str, Any]], fingerprint: str | None) -> int | None:
+def _answer_position(messages: list[Message], fingerprint: str | None) -> int | None:
     return _answer_positions(messages).get(fingerprint) if fingerprint else None
 
 
-def _trailing_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _trailing_messages(messages: list[Message]) -> list[Message]:
     """For a client that names its session but does not echo answers: what follows the last assistant."""
     last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     return [m for m in messages[last_assistant + 1 :] if m["role"] not in ("system", "developer")]
 
 
-def _follows_conversation(prefix: list[dict[str, Any]], turn: TurnRow) -> bool:
+def _follows_conversation(prefix: list[Message], turn: Turn) -> bool:
     """Do the messages before the echoed answer come from the conversation that produced it?"""
     hashes = [message_hash(m) for m in prefix if m["role"] not in ("system", "developer")]
     if not hashes:
@@ -129,8 +134,3 @@ def _follows_conversation(prefix: list[dict[str, Any]], turn: TurnRow) -> bool:
     known = set(turn.message_hashes)
     found = sum(h in known for h in hashes)
     return hashes[-1] in known and 2 * found >= len(hashes)
-
-
-def conversation_hashes(messages: list[dict[str, Any]]) -> list[str]:
-    """What a turn stores so that later requests can be checked against its conversation."""
-    return [message_hash(m) for m in messages if m["role"] not in ("system", "developer")]

@@ -32,16 +32,18 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
-from clawrl.engines import model_source
 from clawrl.serve.runner import free_port
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, PromptMemory
+from clawrl.sim.models import resolve_model
+from clawrl.sim.report import command_line, flags_for, write_report
+from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
@@ -50,49 +52,6 @@ ARMS = ("none", "memory", "rl", "opd", "combine")
 TRAINED_ARMS = ("rl", "opd", "combine")
 CLOSING_MAX_TOKENS = 16  # the answer to "thanks, that's all" is never judged: keep it short
 SERVER_START_TIMEOUT_S = 600.0  # the first start may pre-train the tiny model
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass
-class Evaluation:
-    """The held-out score of the policy served after `session` sessions."""
-
-    session: int
-    version: int
-    outcomes: list[bool]  # one per held-out prompt: did the answer satisfy the preference?
-    example: str  # the answer to the first held-out prompt
-
-    @property
-    def score(self) -> float:
-        return sum(self.outcomes) / len(self.outcomes)
-
-
-@dataclass
-class RunResult:
-    """One arm under one seed."""
-
-    arm: str
-    seed: int
-    evaluations: list[Evaluation] = field(default_factory=list)
-    session_satisfied: list[bool] = field(default_factory=list)
-    versions: int = 0
-    seconds: float = 0.0
-
-    @property
-    def baseline(self) -> Evaluation:
-        return self.evaluations[0]
-
-    @property
-    def final(self) -> Evaluation:
-        return self.evaluations[-1]
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for evaluation, item in zip(self.evaluations, data["evaluations"], strict=True):
-            item["score"] = evaluation.score
-        return data
 
 
 # --------------------------------------------------------------------------- the server
@@ -108,18 +67,6 @@ def serve_command(arm: str, config: BenchConfig, train_flags: dict[str, Any], ru
     if arm in TRAINED_ARMS:
         command += ["--method", arm, *flags_for(train_flags)]
     return command + shlex.split(config.serve_args)
-
-
-def flags_for(values: dict[str, Any]) -> list[str]:
-    """`--name value` per setting (`--name` / `--no-name` for booleans)."""
-    flags: list[str] = []
-    for name, value in values.items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else f"--no-{flag[2:]}")
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 class ServerProcess:
@@ -407,9 +354,7 @@ BENCH_TRAIN_DEFAULTS: dict[str, Any] = {"full": True, "lr": 5e-4, "batch_size": 
 
 
 def voice_for(config: BenchConfig) -> Voice:
-    if config.user_url:
-        if not config.user_model:
-            raise ValueError("--user-url needs --user-model")
+    if config.user_url and config.user_model:  # BenchConfig refuses a --user-url without --user-model
         return LLMVoice(config.user_url, config.user_model, config.user_api_key)
     return ScriptedVoice()
 
@@ -421,7 +366,6 @@ def arms_for(method: str) -> list[str]:
 def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
               progress: Callable[[SessionDone], None] = print) -> dict[str, Any]:
     """Every arm under every seed; writes results.json, the report card and the plot to `config.out`."""
-    from clawrl.sim.report import command_line, write_report
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the progress
     print(f"model: {prepared_model(config)}")
@@ -439,7 +383,7 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
 def prepared_model(config: BenchConfig) -> str:
     """Where the served weights are; a locally built model is built here, once, before any server
     (and its trainer) asks for it at the same time."""
-    return model_source(EngineConfig(model=config.model, seed=config.model_seed))
+    return resolve_model(EngineConfig(model=config.model, seed=config.model_seed))
 
 
 def given_train_flags(args: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ styles of ``clawrl.sim.styles``:
 * without an instruction, in the default mix: AI-like most of the time, plain or warm sometimes,
   so that a user's preference is reachable without help and binary RL has successes to reinforce;
 * with a style instruction in the message, a ``[Hint]`` appended to it (the exact format of
-  ``clawrl.judge.hints.teacher_messages``, with the hints the rule judge extracts from the
+  ``clawrl.messages.teacher_messages``, with the hints the rule judge extracts from the
   simulated users' complaints), a complaint earlier in the conversation, or notes in the system
   prompt (the memory arm's format, ``clawrl.sim.memory``): the requested style, almost always.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from clawrl.judge.hints import teacher_messages
+from clawrl.messages import teacher_messages
 from clawrl.judge.rule import rule_hint
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from clawrl.judge.hints import teacher_messages
+from clawrl.messages import teacher_messages
 from clawrl.sim.chats import HINTS, Chat, ask, chat
 from clawrl.sim.corpus import Problem, build_corpus
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes

@@ -12,13 +12,11 @@ import json
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clawrl.config import BenchConfig
 from clawrl.sim.metrics import ALIGN_WINDOW, bootstrap_ci, mean, sessions_to_align, step_curve
-
-if TYPE_CHECKING:
-    from clawrl.sim.bench import RunResult
+from clawrl.sim.results import RunResult
 
 ARM_LABELS = {
     "none": "none (control)",
@@ -117,9 +115,19 @@ def report_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def report_card(results: dict[str, Any], command: str) -> str:
-    from clawrl.sim.bench import flags_for
+def flags_for(values: dict[str, Any]) -> list[str]:
+    """`--name value` per setting (`--name` / `--no-name` for booleans)."""
+    flags: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags += [flag, str(value)]
+    return flags
 
+
+def report_card(results: dict[str, Any], command: str) -> str:
     flags = " ".join(flags_for(results["train_flags"]))
     return "\n".join([
         f"# Learning benchmark ({results['persona']})",

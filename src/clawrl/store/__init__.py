@@ -1,5 +1,5 @@
 """Loop 2: the durable trajectory store, the only state the loops share."""
 
-from clawrl.store.repository import NewJudgment, NewTurn, Store
+from clawrl.store.repository import Store
 
-__all__ = ["NewJudgment", "NewTurn", "Store"]
+__all__ = ["Store"]

@@ -11,16 +11,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from clawrl.engines.chat import content_text
+from clawrl.messages import content_text
 from clawrl.store.repository import Store
-from clawrl.store.schema import FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.types import Judgment, Message, NextState, Session, TurnContext
 
 
 def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="milliseconds")
 
 
-def flat_message(message: dict[str, Any]) -> dict[str, Any]:
+def flat_message(message: Message) -> dict[str, Any]:
     """A message with a fixed set of keys and string content."""
     return {
         "role": message["role"],
@@ -37,11 +37,11 @@ def _arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
 
 
-def next_state_view(row: NextStateRow | None) -> dict[str, Any] | None:
+def next_state_view(next_state: NextState | None) -> dict[str, Any] | None:
     """The next state as one role and text (the role of what came first), plus the messages."""
-    if row is None or not row.messages:
+    if next_state is None or not next_state.messages:
         return None
-    messages = [flat_message(m) for m in row.messages]
+    messages = [flat_message(m) for m in next_state.messages]
     return {
         "role": messages[0]["role"],
         "content": "\n".join(m["content"] for m in messages if m["content"]),
@@ -49,7 +49,7 @@ def next_state_view(row: NextStateRow | None) -> dict[str, Any] | None:
     }
 
 
-def session_summary(session: SessionRow) -> dict[str, Any]:
+def session_summary(session: Session) -> dict[str, Any]:
     return {
         "id": session.id,
         "id_source": session.id_source,
@@ -61,15 +61,14 @@ def session_summary(session: SessionRow) -> dict[str, Any]:
     }
 
 
-def judgment_view(row: JudgmentRow | None) -> dict[str, Any] | None:
-    if row is None:
+def judgment_view(judgment: Judgment | None) -> dict[str, Any] | None:
+    if judgment is None:
         return None
-    return {"score": row.score, "votes": row.votes, "hint": row.hint, "source": row.source}
+    return {"score": judgment.score, "votes": judgment.votes, "hint": judgment.hint, "source": judgment.source}
 
 
-def turn_view(
-    turn: TurnRow, next_state: NextStateRow | None, feedback: list[FeedbackRow], judgment: JudgmentRow | None = None
-) -> dict[str, Any]:
+def turn_view(context: TurnContext, judgment: Judgment | None = None) -> dict[str, Any]:
+    turn, next_state, feedback = context.turn, context.next_state, context.feedback
     return {
         "id": turn.id,
         "index": turn.index,
@@ -94,8 +93,8 @@ def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
     if session is None:
         return None
     entries = store.session_turns(session_id)
-    judgments = store.judgments_for([turn.id for turn, _, _ in entries])
-    turns = [turn_view(turn, next_state, feedback, judgments.get(turn.id)) for turn, next_state, feedback in entries]
+    judgments = store.judgments_for([entry.turn.id for entry in entries])
+    turns = [turn_view(entry, judgments.get(entry.turn.id)) for entry in entries]
     return {**session_summary(session), "turns": turns}
 
 

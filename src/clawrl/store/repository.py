@@ -8,6 +8,7 @@ a deferred transaction that reads and then writes can fail with SQLITE_BUSY when
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -21,57 +22,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session as DBSession
+from sqlalchemy.orm import sessionmaker
 
+import clawrl.store.records as records
 from clawrl.store.migrations import migrate
 from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.types import Feedback, Judgment, NextState, Session, SessionIdSource, Turn, TurnContext
 
 
 RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
-
-
-@dataclass
-class NewTurn:
-    """Everything serving knows about a finished turn, written in one transaction."""
-
-    turn_id: str
-    session_id: str
-    id_source: str
-    kind: str
-    model: str
-    policy_version: int
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    sampling: dict[str, Any]
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_logprobs: list[float]
-    response_text: str
-    tool_calls: list[dict[str, Any]] | None
-    finish_reason: str
-    answer_fingerprint: str | None
-    message_hashes: list[str]
-    latency_s: float
-    continues_turn_id: str | None = None  # the earlier main turn this request's messages continue
-    next_state: list[dict[str, Any]] | None = None  # what this request added after that turn's answer
-    session_done: bool = False
-
-
-@dataclass
-class NewJudgment:
-    """A judge's verdict on one turn, as the judge worker writes it."""
-
-    turn_id: str
-    score: int
-    votes: list[int | None]
-    vote_agreement: float
-    invalid_votes: int
-    rationale: str | None
-    hint: str | None
-    hint_candidates: list[dict[str, Any]]
-    source: str
-    judge_model: str
-    latency_s: float
 
 
 @dataclass
@@ -110,7 +70,7 @@ class Store:
         self.engine.dispose()
 
     @contextmanager
-    def write(self) -> Iterator[Session]:
+    def write(self) -> Iterator[DBSession]:
         """A write transaction: committed on exit, rolled back on error.
 
         On SQLite, this process's writers queue on a lock before BEGIN IMMEDIATE: SQLite admits one
@@ -124,73 +84,55 @@ class Store:
             yield session
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
+    def read(self) -> Iterator[DBSession]:
         with self._reader() as session:
             yield session
 
     # --- serving ------------------------------------------------------------------------------
-    def record_turn(self, turn: NewTurn, now: float | None = None) -> int:
+    def record_turn(
+        self,
+        turn: Turn,
+        id_source: SessionIdSource,
+        continues: NextState | None = None,
+        session_done: bool = False,
+        now: float | None = None,
+    ) -> int:
         """Write a turn, attach the next state it carries to the turn it continues, and commit.
 
-        Returns the turn's index within its session. On a server database two requests can race
-        to create the same new session (or the same next state): the loser's transaction fails on
-        the primary key and is run again, when it finds (and locks) the winner's row. SQLite never
-        races here: its writers take turns (BEGIN IMMEDIATE).
+        `id_source` is how the turn's session was recognised (kept when the session is new);
+        `continues` is what this request added after an earlier turn's answer. Returns the turn's
+        index within its session. On a server database two requests can race to create the same
+        new session (or the same next state): the loser's transaction fails on the primary key and
+        is run again, when it finds (and locks) the winner's row. SQLite never races here: its
+        writers take turns (BEGIN IMMEDIATE).
         """
         now = time.time() if now is None else now
         for _ in range(RECORD_ATTEMPTS - 1):
             try:
-                return self._record_turn_once(turn, now)
+                return self._record_turn_once(turn, id_source, continues, session_done, now)
             except IntegrityError:
                 continue  # another writer created the row first; the next try finds it
-        return self._record_turn_once(turn, now)
+        return self._record_turn_once(turn, id_source, continues, session_done, now)
 
-    def _record_turn_once(self, turn: NewTurn, now: float) -> int:
+    def _record_turn_once(
+        self, turn: Turn, id_source: SessionIdSource, continues: NextState | None, session_done: bool, now: float
+    ) -> int:
         with self.write() as db:
             session = db.get(SessionRow, turn.session_id, with_for_update=True)
             if session is None:
-                session = SessionRow(id=turn.session_id, id_source=turn.id_source, created_at=now, num_turns=0)
+                session = SessionRow(id=turn.session_id, id_source=id_source, created_at=now, num_turns=0)
                 db.add(session)
-            session.done, session.done_reason = turn.session_done, ("client" if turn.session_done else None)
+            session.done, session.done_reason = session_done, ("client" if session_done else None)
             session.updated_at = now
             index = session.num_turns
             session.num_turns = index + 1
-            row = TurnRow(
-                id=turn.turn_id,
-                session_id=turn.session_id,
-                index=index,
-                kind=turn.kind,
-                created_at=now,
-                model=turn.model,
-                policy_version=turn.policy_version,
-                messages=turn.messages,
-                tools=turn.tools,
-                sampling=turn.sampling,
-                prompt_token_ids=turn.prompt_token_ids,
-                response_token_ids=turn.response_token_ids,
-                response_logprobs=turn.response_logprobs,
-                response_text=turn.response_text,
-                tool_calls=turn.tool_calls,
-                finish_reason=turn.finish_reason,
-                answer_fingerprint=turn.answer_fingerprint,
-                message_hashes=turn.message_hashes,
-                latency_s=turn.latency_s,
-            )
-            db.add(row)
-            if turn.continues_turn_id is not None and turn.next_state is not None:
-                # the first continuation wins: a regenerated or branched request never overwrites it
-                if db.get(NextStateRow, turn.continues_turn_id) is None:
-                    db.add(
-                        NextStateRow(
-                            turn_id=turn.continues_turn_id,
-                            messages=turn.next_state,
-                            source_turn_id=row.id,
-                            created_at=now,
-                        )
-                    )
+            db.add(records.turn_row(dataclasses.replace(turn, index=index, created_at=now)))
+            # the first continuation wins: a regenerated or branched request never overwrites it
+            if continues is not None and db.get(NextStateRow, continues.turn_id) is None:
+                db.add(records.next_state_row(dataclasses.replace(continues, created_at=now)))
             return index
 
-    def turns_with_answer(self, fingerprints: list[str]) -> list[TurnRow]:
+    def turns_with_answer(self, fingerprints: list[str]) -> list[Turn]:
         """Main turns whose answer has one of these fingerprints, newest first, open sessions only."""
         if not fingerprints:
             return []
@@ -202,9 +144,9 @@ class Store:
                 .order_by(TurnRow.created_at.desc())
                 .limit(64)
             )
-            return list(db.scalars(query))
+            return [records.turn(row) for row in db.scalars(query)]
 
-    def last_main_turn(self, session_id: str) -> TurnRow | None:
+    def last_main_turn(self, session_id: str) -> Turn | None:
         with self.read() as db:
             query = (
                 select(TurnRow)
@@ -212,7 +154,8 @@ class Store:
                 .order_by(TurnRow.index.desc())
                 .limit(1)
             )
-            return db.scalars(query).first()
+            row = db.scalars(query).first()
+            return records.turn(row) if row is not None else None
 
     def close_idle_sessions(self, idle_s: float, now: float | None = None) -> int:
         """Mark sessions with no request for `idle_s` seconds as done; returns how many."""
@@ -263,7 +206,7 @@ class Store:
             candidates = list(db.scalars(query))
             return [turn_id for turn_id in candidates if self._take_lease(db, turn_id, worker_id, now, lease_s)]
 
-    def _take_lease(self, db: Session, turn_id: str, worker_id: str, now: float, lease_s: float) -> bool:
+    def _take_lease(self, db: DBSession, turn_id: str, worker_id: str, now: float, lease_s: float) -> bool:
         """Create the turn's lease, or renew it if it has expired; False if a live lease exists.
 
         One statement (an upsert whose update is conditional) so that the database arbitrates: on
@@ -283,13 +226,13 @@ class Store:
         )
         return db.execute(statement).first() is not None
 
-    def record_judgment(self, judgment: NewJudgment) -> bool:
+    def record_judgment(self, judgment: Judgment) -> bool:
         """Write a verdict and drop the turn's lease. False if the turn already had one (judged once)."""
         try:
             with self.write() as db:
                 if db.get(JudgmentRow, judgment.turn_id) is not None:
                     return False
-                db.add(JudgmentRow(**vars(judgment), created_at=time.time()))
+                db.add(records.judgment_row(dataclasses.replace(judgment, created_at=time.time())))
                 db.execute(delete(JudgeLeaseRow).where(JudgeLeaseRow.turn_id == judgment.turn_id))
                 return True
         except IntegrityError:  # a concurrent writer on a server database inserted it first
@@ -308,9 +251,10 @@ class Store:
                 .values(expires_at=expired)
             )
 
-    def judgment(self, turn_id: str) -> JudgmentRow | None:
+    def judgment(self, turn_id: str) -> Judgment | None:
         with self.read() as db:
-            return db.get(JudgmentRow, turn_id)
+            row = db.get(JudgmentRow, turn_id)
+            return records.judgment(row) if row is not None else None
 
     def judgment_stats(self) -> list[JudgmentStats]:
         """Aggregates of all verdicts per policy version (what `/metrics` exports)."""
@@ -330,18 +274,24 @@ class Store:
         with self.read() as db:
             return [JudgmentStats(*row) for row in db.execute(query)]
 
-    def turn_context(self, turn_id: str) -> tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]:
+    def turn_context(self, turn_id: str) -> TurnContext:
         """A turn with its next state and explicit feedback (oldest first): what a judge needs."""
         with self.read() as db:
             turn = db.get(TurnRow, turn_id)
             if turn is None:
                 raise KeyError(turn_id)
             feedback = db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id == turn_id).order_by(FeedbackRow.id))
-            return turn, db.get(NextStateRow, turn_id), list(feedback)
+            next_state = db.get(NextStateRow, turn_id)
+            return TurnContext(
+                records.turn(turn),
+                records.next_state(next_state) if next_state is not None else None,
+                [records.feedback(row) for row in feedback],
+            )
 
-    def judgments_for(self, turn_ids: list[str]) -> dict[str, JudgmentRow]:
+    def judgments_for(self, turn_ids: list[str]) -> dict[str, Judgment]:
         with self.read() as db:
-            return {row.turn_id: row for row in db.scalars(select(JudgmentRow).where(JudgmentRow.turn_id.in_(turn_ids)))}
+            rows = db.scalars(select(JudgmentRow).where(JudgmentRow.turn_id.in_(turn_ids)))
+            return {row.turn_id: records.judgment(row) for row in rows}
 
     # --- inspection ---------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -358,30 +308,36 @@ class Store:
                 "feedback": db.scalar(select(func.count()).select_from(FeedbackRow)) or 0,
             }
 
-    def turn(self, turn_id: str) -> TurnRow | None:
+    def turn(self, turn_id: str) -> Turn | None:
         with self.read() as db:
-            return db.get(TurnRow, turn_id)
+            row = db.get(TurnRow, turn_id)
+            return records.turn(row) if row is not None else None
 
-    def session(self, session_id: str) -> SessionRow | None:
+    def session(self, session_id: str) -> Session | None:
         with self.read() as db:
-            return db.get(SessionRow, session_id)
+            row = db.get(SessionRow, session_id)
+            return records.session(row) if row is not None else None
 
-    def list_sessions(self, limit: int = 100) -> list[SessionRow]:
+    def list_sessions(self, limit: int = 100) -> list[Session]:
         with self.read() as db:
-            return list(db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)))
+            rows = db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit))
+            return [records.session(row) for row in rows]
 
-    def session_turns(self, session_id: str) -> list[tuple[TurnRow, NextStateRow | None, list[FeedbackRow]]]:
+    def session_turns(self, session_id: str) -> list[TurnContext]:
         """A session's turns in order, each with its next state and feedback (see `judgments_for`)."""
         with self.read() as db:
             turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.index)))
             ids = [turn.id for turn in turns]
-            next_states = {row.turn_id: row for row in db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(ids)))}
-            feedback: dict[str, list[FeedbackRow]] = {}
+            next_states = {
+                row.turn_id: records.next_state(row)
+                for row in db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(ids)))
+            }
+            feedback: dict[str, list[Feedback]] = {}
             for row in db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id.in_(ids)).order_by(FeedbackRow.id)):
-                feedback.setdefault(row.turn_id, []).append(row)
-            return [(turn, next_states.get(turn.id), feedback.get(turn.id, [])) for turn in turns]
+                feedback.setdefault(row.turn_id, []).append(records.feedback(row))
+            return [TurnContext(records.turn(turn), next_states.get(turn.id), feedback.get(turn.id, [])) for turn in turns]
 
-    def iter_main_turns(self, batch: int = 500) -> Iterator[tuple[TurnRow, NextStateRow | None]]:
+    def iter_main_turns(self, batch: int = 500) -> Iterator[tuple[Turn, NextState | None]]:
         """Every main turn in arrival order with its next state, read in batches."""
         after: tuple[float, str] = (-1.0, "")
         while True:
@@ -395,7 +351,8 @@ class Store:
                 ).all()
             if not rows:
                 return
-            yield from ((turn, next_state) for turn, next_state in rows)
+            for turn, next_state in rows:
+                yield records.turn(turn), (records.next_state(next_state) if next_state is not None else None)
             after = (rows[-1][0].created_at, rows[-1][0].id)
 
 

@@ -1,5 +1,8 @@
 """Tables of the trajectory store (DESIGN §2, loop 2).
 
+Rows never leave the store: `records.py` maps them to the records of `clawrl.types`, whose
+fields are named after these columns (the comments on what each holds are there).
+
 Token ids and log-probs are kept exactly as the engine produced them (JSON arrays), so training
 never has to re-tokenize. Times are UNIX seconds (float): cheap to compare, same on every backend.
 """
@@ -67,10 +70,6 @@ class TurnRow(Base):
     message_hashes: Mapped[list[str]] = mapped_column(JSON)
     latency_s: Mapped[float] = mapped_column(Float)
     __table_args__ = (UniqueConstraint("session_id", "index"),)
-
-    @property
-    def trainable(self) -> bool:
-        return self.kind == "main" and self.finish_reason != "cancelled"
 
 
 class NextStateRow(Base):

@@ -9,13 +9,14 @@ directory with no row, which the next trainer discards; killed after it, the ste
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+import clawrl.store.records as records
 from clawrl.store.repository import Store
 from clawrl.store.schema import (
     FeedbackRow,
@@ -27,6 +28,7 @@ from clawrl.store.schema import (
     SessionRow,
     TurnRow,
 )
+from clawrl.types import DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
 
 SERVING = "serving"  # the pointer serving follows and the trainer trains from
 
@@ -35,28 +37,11 @@ SERVING = "serving"  # the pointer serving follows and the trainer trains from
 class JudgedTurn:
     """A judged main turn with no sample row yet: what the sample table of DESIGN §6 looks at."""
 
-    turn: TurnRow
-    judgment: JudgmentRow
+    turn: Turn
+    judgment: Judgment
     has_next_state: bool
     has_feedback: bool
     first_judged_in_session: bool  # no earlier main turn of its session has a judgment
-
-
-@dataclass
-class NewSample:
-    """A sample row to insert: `status` ready, held (at-least-one pending) or dropped."""
-
-    turn_id: str
-    status: str
-    kind: str
-    reward: float
-    behaviour_version: int
-    hint: str | None = None
-    drop_reason: str | None = None
-    teacher: str | None = None
-    teacher_logprobs: list[float] | None = None
-    teacher_topk_ids: list[list[int]] | None = None
-    teacher_topk_logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -66,17 +51,6 @@ class HeldSample:
     turn_id: str
     session_done: bool
     session_has_sample: bool  # another turn of the session became a sample (ready or trained)
-
-
-@dataclass
-class NewVersion:
-    version: int
-    parent: int
-    kind: str
-    path: str
-    sha256: str
-    step: int
-    metrics: dict[str, Any]
 
 
 class PointerMovedError(RuntimeError):
@@ -110,16 +84,23 @@ class TrainingStore:
             with_next = set(db.scalars(select(NextStateRow.turn_id).where(NextStateRow.turn_id.in_(ids))))
             with_feedback = set(db.scalars(select(FeedbackRow.turn_id).where(FeedbackRow.turn_id.in_(ids))))
             return [
-                JudgedTurn(turn, judgment, turn.id in with_next, turn.id in with_feedback, _first_judged(db, turn))
+                JudgedTurn(
+                    records.turn(turn),
+                    records.judgment(judgment),
+                    turn.id in with_next,
+                    turn.id in with_feedback,
+                    _first_judged(db, turn),
+                )
                 for turn, judgment in rows
             ]
 
-    def add_samples(self, samples: list[NewSample]) -> None:
+    def add_samples(self, samples: list[Sample]) -> None:
         now = time.time()
         with self.store.write() as db:
             for sample in samples:
-                settled = now if sample.status == "dropped" else None
-                db.add(SampleRow(**vars(sample), created_at=now, settled_at=settled))
+                row = records.sample_row(dataclasses.replace(sample, created_at=now))
+                row.settled_at = now if sample.status == "dropped" else None
+                db.add(row)
 
     def held_samples(self) -> list[HeldSample]:
         held = select(SampleRow.turn_id, TurnRow.session_id, SessionRow.done).join(TurnRow, TurnRow.id == SampleRow.turn_id)
@@ -145,7 +126,7 @@ class TrainingStore:
                 .values(status="ready", kind="at_least_one")
             )
 
-    def drop_samples(self, turn_ids: list[str], reason: str, from_status: str = "ready") -> None:
+    def drop_samples(self, turn_ids: list[str], reason: DropReason, from_status: SampleStatus = "ready") -> None:
         with self.store.write() as db:
             db.execute(
                 update(SampleRow)
@@ -154,7 +135,7 @@ class TrainingStore:
             )
 
     # --- training -------------------------------------------------------------------------------
-    def ready_samples(self, limit: int) -> list[tuple[SampleRow, TurnRow]]:
+    def ready_samples(self, limit: int) -> list[TrainingExample]:
         """The oldest `limit` ready samples with their turns, in arrival order."""
         query = (
             select(SampleRow, TurnRow)
@@ -164,16 +145,18 @@ class TrainingStore:
             .limit(limit)
         )
         with self.store.read() as db:
-            return [(sample, turn) for sample, turn in db.execute(query).all()]
+            return [TrainingExample(records.turn(turn), records.sample(sample)) for sample, turn in db.execute(query).all()]
 
-    def sample(self, turn_id: str) -> SampleRow | None:
+    def sample(self, turn_id: str) -> Sample | None:
         with self.store.read() as db:
-            return db.scalars(select(SampleRow).where(SampleRow.turn_id == turn_id)).first()
+            row = db.scalars(select(SampleRow).where(SampleRow.turn_id == turn_id)).first()
+            return records.sample(row) if row is not None else None
 
-    def samples_for(self, turn_ids: list[str]) -> dict[str, SampleRow]:
-        """The sample row of each of `turn_ids` that has one."""
+    def samples_for(self, turn_ids: list[str]) -> dict[str, Sample]:
+        """The sample of each of `turn_ids` that has one."""
         with self.store.read() as db:
-            return {row.turn_id: row for row in db.scalars(select(SampleRow).where(SampleRow.turn_id.in_(turn_ids)))}
+            rows = db.scalars(select(SampleRow).where(SampleRow.turn_id.in_(turn_ids)))
+            return {row.turn_id: records.sample(row) for row in rows}
 
     def drop_reasons(self) -> dict[str, int]:
         """Dropped samples by reason."""
@@ -188,7 +171,7 @@ class TrainingStore:
             rows = db.execute(select(SampleRow.status, func.count()).group_by(SampleRow.status)).all()
         return {status: count for status, count in rows}
 
-    def register_version(self, version: NewVersion, sample_turn_ids: list[str]) -> None:
+    def register_version(self, version: PolicyVersion, sample_turn_ids: list[str]) -> None:
         """Register `version`, mark its samples trained and point serving at it, atomically.
 
         Raises PointerMovedError when the serving pointer no longer names `version.parent` (a
@@ -206,7 +189,7 @@ class TrainingStore:
             ).rowcount
             if marked != len(set(sample_turn_ids)):
                 raise SamplesTakenError(f"{len(sample_turn_ids) - marked} of the step's samples are not ready any more")
-            db.add(PolicyVersionRow(**vars(version), num_samples=marked, created_at=now))
+            db.add(records.policy_version_row(dataclasses.replace(version, num_samples=marked, created_at=now)))
             _set_pointer(db, version.version, "publish", now)
 
     # --- versions -------------------------------------------------------------------------------
@@ -215,22 +198,28 @@ class TrainingStore:
         with self.store.read() as db:
             return _pointer(db)
 
-    def serving_target(self) -> tuple[int, str, PolicyVersionRow | None]:
+    def serving_target(self) -> tuple[int, PointerReason, PolicyVersion | None]:
         """The serving pointer, why it was last moved (publish | rollback) and its version row
         (None for the base model), in one read."""
         with self.store.read() as db:
             pointer = db.get(PolicyPointerRow, SERVING)
-            if pointer is None or pointer.version == 0:
-                return 0, pointer.reason if pointer is not None else "publish", None
-            return pointer.version, pointer.reason, db.get(PolicyVersionRow, pointer.version)
+            if pointer is None:
+                return 0, "publish", None
+            reason: PointerReason = "rollback" if pointer.reason == "rollback" else "publish"
+            if pointer.version == 0:
+                return 0, reason, None
+            row = db.get(PolicyVersionRow, pointer.version)
+            return pointer.version, reason, records.policy_version(row) if row is not None else None
 
-    def version(self, version: int) -> PolicyVersionRow | None:
+    def version(self, version: int) -> PolicyVersion | None:
         with self.store.read() as db:
-            return db.get(PolicyVersionRow, version)
+            row = db.get(PolicyVersionRow, version)
+            return records.policy_version(row) if row is not None else None
 
-    def versions(self) -> list[PolicyVersionRow]:
+    def versions(self) -> list[PolicyVersion]:
         with self.store.read() as db:
-            return list(db.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.version)))
+            rows = db.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.version))
+            return [records.policy_version(row) for row in rows]
 
     def newest_version(self) -> int:
         """The highest version number registered (0 when none): the age reference for staleness."""
@@ -254,7 +243,7 @@ def _pointer(db: Session, lock: bool = False) -> int:
     return row.version if row is not None else 0
 
 
-def _set_pointer(db: Session, version: int, reason: str, now: float) -> None:
+def _set_pointer(db: Session, version: int, reason: PointerReason, now: float) -> None:
     row = db.get(PolicyPointerRow, SERVING)
     if row is None:
         db.add(PolicyPointerRow(name=SERVING, version=version, reason=reason, updated_at=now))

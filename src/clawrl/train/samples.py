@@ -19,9 +19,10 @@ sample after all, so every session that was judged contributes at least one). A 
 state (a session's last) is trained on only when it carries explicit feedback.
 
 Teacher log-probs are forced-decoding log-probs of the turn's recorded response token ids under the
-teacher prompt: the recorded request with the hint appended to its last user message
-(`judge.hints.teacher_messages`), rendered by the same chat template with the same tools as
-serving. The response is never re-tokenized; only the teacher's *prompt* is new text.
+teacher prompt (`engines.chat.teacher_prompt_ids`: the recorded request with the hint appended to
+its last user message, rendered by the same chat template with the same tools as serving, the
+prompt hint selection scored). The response is never re-tokenized; only the teacher's *prompt*
+is new text.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from clawrl.engines.base import ScoredResponse
-from clawrl.engines.chat import render_prompt
-from clawrl.judge.hints import teacher_messages
-from clawrl.store.schema import SampleRow, TurnRow
-from clawrl.store.training import JudgedTurn, NewSample, TrainingStore
-from clawrl.train.types import Sample
+from clawrl.engines.chat import teacher_prompt_ids
+from clawrl.store.training import JudgedTurn, TrainingStore
+from clawrl.types import DropReason, Method, Sample, SampleKind, Turn
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +48,12 @@ TeacherScorer = Callable[[list[int], list[int], int], ScoredResponse]
 class Decision:
     """What a judged turn becomes before the at-least-one rule: a sample kind, or none."""
 
-    kind: str  # combined | opd | rl | none
+    kind: SampleKind  # combined, opd, rl or none
     reward: float
     needs_teacher: bool
 
 
-def decide(score: int, hint: str | None, method: str) -> Decision:
+def decide(score: int, hint: str | None, method: Method) -> Decision:
     """The table above, filtered by what `method` can learn from."""
     uses_reward, uses_teacher = method in ("rl", "combine"), method in ("opd", "combine")
     reward = float(score) if uses_reward else 0.0  # `opd` distils only: every sample is OPD-only
@@ -73,7 +72,7 @@ class SampleBuilder:
         self,
         training: TrainingStore,
         tokenizer: PreTrainedTokenizerBase,
-        method: str,
+        method: Method,
         teacher: TeacherScorer,
         teacher_name: Callable[[], str],
         topk: int = 0,
@@ -91,10 +90,10 @@ class SampleBuilder:
         self._settle_held()
         return len(judged)
 
-    def _sample_for(self, item: JudgedTurn) -> NewSample:
+    def _sample_for(self, item: JudgedTurn) -> Sample:
         turn, judgment = item.turn, item.judgment
         decision = decide(judgment.score, judgment.hint, self.method)
-        base = NewSample(
+        base = Sample(
             turn_id=turn.id,
             status="ready",
             kind=decision.kind,
@@ -122,8 +121,8 @@ class SampleBuilder:
                 base.teacher_topk_ids, base.teacher_topk_logprobs = scored.top_token_ids, scored.top_logprobs
         return base
 
-    def _teacher_scores(self, turn: TurnRow, hint: str) -> ScoredResponse | None:
-        prompt = render_prompt(self.tokenizer, teacher_messages(turn.messages, hint), turn.tools)
+    def _teacher_scores(self, turn: Turn, hint: str) -> ScoredResponse | None:
+        prompt = teacher_prompt_ids(self.tokenizer, turn, hint)
         if self.max_context_tokens is not None and len(prompt) + len(turn.response_token_ids) > self.max_context_tokens:
             return None
         return self.teacher(prompt, list(turn.response_token_ids), self.topk)
@@ -138,21 +137,6 @@ class SampleBuilder:
             self.training.release_held(ended)
 
 
-def _dropped(sample: NewSample, reason: str) -> NewSample:
+def _dropped(sample: Sample, reason: DropReason) -> Sample:
     sample.status, sample.drop_reason = "dropped", reason
     return sample
-
-
-def to_sample(row: SampleRow, turn: TurnRow) -> Sample:
-    """The update's view of a ready sample: the engine's exact ids and log-probs, and the signal."""
-    return Sample(
-        turn_id=turn.id,
-        prompt_token_ids=list(turn.prompt_token_ids),
-        response_token_ids=list(turn.response_token_ids),
-        behaviour_logprobs=list(turn.response_logprobs),
-        policy_version=turn.policy_version,
-        reward=row.reward,
-        teacher_logprobs=row.teacher_logprobs,
-        teacher_topk_ids=row.teacher_topk_ids,
-        teacher_topk_logprobs=row.teacher_topk_logprobs,
-    )

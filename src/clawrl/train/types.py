@@ -1,30 +1,12 @@
-"""The vocabulary shared by the trainer loop and the update math.
+"""What one optimizer step reports (the step consumes `clawrl.types.TrainingExample`s).
 
-A `Sample` is what the store yields for one judged main turn: the exact token ids the engine
-saw and produced, the log-probs it reported, and the training signal (reward, teacher
-log-probs). `StepMetrics` is what one optimizer step reports; every field is a plain number so
-that `dataclasses.asdict` gives a JSON-serialisable record for the store, `/metrics` and
-TensorBoard.
+Every field of `StepMetrics` is a plain number, so `dataclasses.asdict` gives a JSON-serialisable
+record for the version row in the store, `/metrics` and TensorBoard.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-
-@dataclass
-class Sample:
-    """One judged main turn turned into training signal (DESIGN §6)."""
-
-    turn_id: str
-    prompt_token_ids: list[int]  # exactly what the engine was fed (from the store)
-    response_token_ids: list[int]  # exactly what it produced
-    behaviour_logprobs: list[float]  # the engine's log-probs at `policy_version` (pi_behaviour)
-    policy_version: int  # the version that produced the turn
-    reward: float  # PRM/feedback score r in {-1, 0, +1}; 0 for OPD-only samples
-    teacher_logprobs: list[float] | None = None  # OPD: log pi_T of the same response tokens under the hinted prompt
-    teacher_topk_ids: list[list[int]] | None = None  # --opd-topk K: teacher's top-K ids per response position
-    teacher_topk_logprobs: list[list[float]] | None = None  # their log-probs, aligned with teacher_topk_ids
 
 
 @dataclass

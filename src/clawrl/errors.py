@@ -1,4 +1,5 @@
-"""OpenAI-style error objects: every refusal is `{"error": {"message", "type", "param", "code"}}`.
+"""OpenAI-style error objects for every HTTP surface of clawrl (the API and the dashboard):
+every refusal is `{"error": {"message", "type", "param", "code"}}`.
 
 Bad input gets a 4xx with a sentence a person can act on, never a 500 and never a pydantic dump.
 """

@@ -1,0 +1,25 @@
+"""Model names to weights: the locally built models by name, anything else passed through.
+
+`tiny` is the tiny model with random weights (`tiny.py`, seconds to build) and `tiny-pretrained`
+the same architecture pre-trained on the learning benchmark's conversations (`pretrain.py`,
+minutes, once per machine); both are cached under `EngineConfig.cache_dir`. Anything else is a
+local directory or a hub id and is returned as it is. The commands that load a model (serve,
+train, judge with a second model, the benchmark) resolve it here and hand the engine and the
+trainer a path, so serving and training always start from the same weights and the engines never
+depend on how the tiny models are made.
+"""
+
+from __future__ import annotations
+
+from clawrl.config import EngineConfig
+from clawrl.sim.pretrain import pretrained_model_path
+from clawrl.sim.tiny import tiny_model_path
+
+
+def resolve_model(config: EngineConfig) -> str:
+    """Where the weights of `config.model` live, building a locally built model first if needed."""
+    if config.model == "tiny":
+        return str(tiny_model_path(config.cache_dir, config.seed))
+    if config.model == "tiny-pretrained":
+        return str(pretrained_model_path(config.cache_dir, config.seed))
+    return config.model

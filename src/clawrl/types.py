@@ -1,0 +1,190 @@
+"""The RL vocabulary: the few plain records every loop passes around (DESIGN §2-§6).
+
+One request/answer pair is a `Turn`: the exact prompt token ids the engine was fed, the
+response ids and log-probs it produced, and the policy version that produced them. What the
+session's next request adds after the answer is the turn's `NextState`; a judge turns both into a
+`Judgment`; the trainer turns a judged turn into a `Sample`; one optimizer step consumes
+`TrainingExample`s (a sample with its turn) and publishes a `PolicyVersion`.
+
+serve builds the Turn, the store keeps it (mapping rows to and from these records in one place,
+`store/records.py`), judge and train read it back; nobody keeps a copy of its fields under other
+names. Statuses and kinds are `Literal` aliases, so a typo is a type error, not a silent
+no-match in a query.
+
+Room for general agents (DESIGN §9): an environment step is a main `Turn` whose `NextState` is the
+environment's observation (tool results); an episode is a session's turns in order; a group is
+the episodes of one task. Their rewards arrive as `Judgment`s (outcome and step scores) and the
+group-normalised advantage goes into `Sample.reward`, so the trainer needs no second shape.
+
+This module imports nothing from clawrl: it is the ground floor every package builds on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, Any]  # an OpenAI chat message, normalised (role, content, tool_calls, ...)
+ToolSpec = dict[str, Any]  # an OpenAI tool definition ({"type": "function", "function": {...}})
+
+TurnKind = Literal["main", "side"]  # side: served and recorded, never judged or trained on
+SessionIdSource = Literal["header", "body", "user", "inferred", "new"]
+SessionDoneReason = Literal["client", "idle"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]  # cancelled: the client hung up
+JudgmentSource = Literal["prm", "rule", "feedback"]  # a language model, the rules, or explicit feedback
+SampleStatus = Literal["ready", "held", "dropped", "trained"]  # held: waiting on the at-least-one rule
+SampleKind = Literal["combined", "opd", "rl", "at_least_one", "none"]
+DropReason = Literal["no_signal", "no_next_state", "untrainable", "teacher_too_long", "stale", "non_finite_gradient"]
+Method = Literal["rl", "opd", "combine"]
+WeightsKind = Literal["lora", "full"]
+PointerReason = Literal["publish", "rollback"]
+
+
+@dataclass
+class Session:
+    """One conversation; `id_source` says how its requests were recognised as one."""
+
+    id: str
+    id_source: SessionIdSource
+    created_at: float
+    updated_at: float
+    done: bool = False
+    done_reason: SessionDoneReason | None = None
+    num_turns: int = 0
+
+
+@dataclass
+class Turn:
+    """One request and the answer the engine produced, token for token (DESIGN §4: never re-tokenize).
+
+    The id is chosen when the request arrives (it is the OpenAI response id and the X-Clawrl-Turn
+    header). `index` and `created_at` are set by the store when the turn is recorded.
+    """
+
+    id: str
+    session_id: str
+    kind: TurnKind
+    model: str
+    policy_version: int  # the version that produced the response (pi_behaviour)
+    messages: list[Message]  # the request's messages
+    tools: list[ToolSpec] | None
+    sampling: dict[str, Any]  # temperature, top_p, max_tokens, stop, seed
+    prompt_token_ids: list[int]  # exactly what the engine was fed
+    response_token_ids: list[int]  # exactly what it produced (including any stop-string tokens)
+    response_logprobs: list[float]  # the engine's raw log-probs of those tokens
+    response_text: str  # what the client was shown (cut at a stop string, tool calls parsed out)
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: FinishReason
+    # sha256 of the answer as a client echoes it (text and tool calls): how an unmodified client's
+    # next request is matched to this turn. None for an answer no client received.
+    answer_fingerprint: str | None = None
+    message_hashes: list[str] = field(default_factory=list)  # of the prompt's non-system messages
+    latency_s: float = 0.0
+    index: int = -1  # position within the session, from 0
+    created_at: float = 0.0
+
+    @property
+    def trainable(self) -> bool:
+        """A main turn the client received in full: a side turn or a hang-up is never trained on."""
+        return self.kind == "main" and self.finish_reason != "cancelled"
+
+
+@dataclass
+class NextState:
+    """What the session's next request added after a main turn's answer, with roles (DESIGN §3)."""
+
+    turn_id: str  # the turn it follows
+    messages: list[Message]
+    source_turn_id: str  # the turn whose request carried it
+    created_at: float = 0.0
+
+
+@dataclass
+class Feedback:
+    """Explicit 👍/👎 (and optional text) for one turn; outranks the judge's score (DESIGN §5)."""
+
+    turn_id: str
+    score: int  # +1 or -1
+    text: str | None = None
+    created_at: float = 0.0
+
+
+@dataclass
+class TurnContext:
+    """A turn with what came after it: what a judge reads."""
+
+    turn: Turn
+    next_state: NextState | None
+    feedback: list[Feedback]  # oldest first
+
+    @property
+    def next_messages(self) -> list[Message]:
+        return self.next_state.messages if self.next_state is not None else []
+
+
+@dataclass
+class HintCandidate:
+    """A directive hint a judge proposed, with its top-k overlap when hints were compared."""
+
+    hint: str
+    overlap: int | None = None
+
+
+@dataclass
+class Judgment:
+    """The verdict on one main turn (DESIGN §5): a score in {+1, -1, 0} and perhaps a hint."""
+
+    turn_id: str
+    score: int
+    votes: list[int | None]  # each PRM vote; None = unreadable
+    vote_agreement: float  # share of votes equal to the judge's score
+    invalid_votes: int
+    rationale: str | None
+    hint: str | None  # the chosen hint (overlap-guided), None when no judge gave one
+    hint_candidates: list[HintCandidate]
+    source: JudgmentSource
+    judge_model: str
+    latency_s: float
+    created_at: float = 0.0
+
+
+@dataclass
+class Sample:
+    """What the trainer made of one judged main turn (DESIGN §6): training signal, or why not."""
+
+    turn_id: str
+    status: SampleStatus
+    kind: SampleKind
+    reward: float  # r in {-1, 0, +1}; 0 for OPD-only samples
+    behaviour_version: int  # the turn's policy version, for staleness
+    hint: str | None = None
+    drop_reason: DropReason | None = None
+    teacher: str | None = None  # "base" or "policy vN": who scored the teacher log-probs
+    teacher_logprobs: list[float] | None = None  # log pi_T of the turn's response tokens under the hinted prompt
+    teacher_topk_ids: list[list[int]] | None = None  # --opd-topk K: the teacher's top-K ids per response position
+    teacher_topk_logprobs: list[list[float]] | None = None  # their log-probs, aligned with teacher_topk_ids
+    trained_version: int | None = None  # the version whose step used it
+    created_at: float = 0.0
+
+
+@dataclass
+class TrainingExample:
+    """A ready sample with its turn: the exact ids and log-probs plus the signal, for one update step."""
+
+    turn: Turn
+    sample: Sample
+
+
+@dataclass
+class PolicyVersion:
+    """A published policy: one optimizer step's weights under RUN_DIR/policy/vN/ (v0 = the base model)."""
+
+    version: int
+    parent: int  # the version it was trained from
+    kind: WeightsKind
+    path: str
+    sha256: str  # of the version's manifest.json, which lists the digest of every other file
+    step: int  # optimizer steps from the base along its lineage
+    metrics: dict[str, Any]  # the step's StepMetrics
+    num_samples: int = 0
+    created_at: float = 0.0

@@ -1,0 +1,353 @@
+"""What several test modules share: plain functions, classes and constants (the fixtures that use
+them are in conftest.py). Test modules import shared things from here or take conftest's fixtures,
+never from one another.
+
+* the weather tool round trip that `tool_model_dir` is fitted to, and `fit` that fits it;
+* `start_server`: a real server on a free port;
+* recording turns, verdicts and samples straight into a store (`record`, `Conversation`,
+  `store_with_samples`, `version`);
+* talking to a running server as a client does (`converse`, `teach`, `healthz`) and waiting for
+  what it does in the background (`wait_for_judgment`, `wait_until`), and the `clawrl` command
+  (`run_cli`);
+* `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
+from clawrl.engines import build_engine
+from clawrl.engines.chat import render_prompt
+from clawrl.judge.worker import build_worker
+from clawrl.messages import answer_fingerprint, conversation_hashes
+from clawrl.serve.runner import ServerThread, free_port
+from clawrl.store import Store
+from clawrl.store.training import TrainingStore
+from clawrl.types import Judgment, NextState, PolicyVersion, Sample, SessionIdSource, Turn
+
+# --------------------------------------------------------------------------- the weather tool round trip
+
+# The tool, the question, the model's call, the tool's result and the final answer that
+# `tool_model_dir` (conftest.py) is fitted to produce under greedy decoding.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+WEATHER_QUESTION = "What's the weather in Lyon?"
+WEATHER_CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+WEATHER_RESULT = '{"temp_c": 14, "sky": "cloudy"}'
+WEATHER_ANSWER = "It is 14 degrees and cloudy in Lyon."
+
+# A user's correction that the rule judge scores -1 with the hint "... without the bold and the
+# numbered list".
+CORRECTION = "this looks too AI-like, rewrite it without the bold and the numbered list"
+
+# A hint as a judge would give it for an AI-like answer.
+HINT = "Answer without bold text and without a numbered list."
+
+
+def weather_conversations() -> list[tuple[list[dict[str, Any]], str]]:
+    """The two steps of the weather round trip as (messages, the assistant's answer): the question
+    answered with the tool call, then the tool's result answered with WEATHER_ANSWER."""
+    question = [{"role": "user", "content": WEATHER_QUESTION}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lyon"}'}}
+    after_tool = question + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": WEATHER_RESULT},
+    ]
+    return [(question, WEATHER_CALL_TEXT), (after_tool, WEATHER_ANSWER)]
+
+
+def fit(
+    model_dir: Path,
+    out_dir: Path,
+    conversations: list[tuple[list[dict[str, Any]], str]],
+    steps: int,
+    tools: list[dict[str, Any]] | None = (WEATHER_TOOL,),  # type: ignore[assignment]
+) -> Path:
+    """Overfit the tiny model so that each conversation's prompt (rendered with `tools`) is followed by its answer."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    examples = []
+    for messages, answer in conversations:
+        prompt = tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        answer_ids = tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        ids = torch.tensor([prompt_ids + answer_ids])
+        labels = ids.clone()
+        labels[0, : len(prompt_ids)] = -100
+        examples.append((ids, labels))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        for ids, labels in examples:
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------- a real server
+
+
+def start_server(model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, **serve_options: Any) -> ServerThread:
+    """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`."""
+    engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
+    engine = build_engine(engine_config)
+    store = Store.for_run_dir(run_dir)
+    worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
+    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker)
+
+
+# --------------------------------------------------------------------------- records in a store
+
+
+def user(text: str) -> dict[str, Any]:
+    """A user message with plain text content."""
+    return {"role": "user", "content": text}
+
+
+def turn(turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: str, **fields: Any) -> Turn:
+    """A finished main turn answering `messages` with `answer`; `fields` sets or overrides any other field."""
+    defaults: dict[str, Any] = {
+        "id": turn_id,
+        "session_id": session_id,
+        "kind": "main",
+        "model": "m",
+        "policy_version": 0,
+        "messages": messages,
+        "tools": None,
+        "sampling": {},
+        "prompt_token_ids": [1, 2],
+        "response_token_ids": [3],
+        "response_logprobs": [-0.1],
+        "response_text": answer,
+        "tool_calls": None,
+        "finish_reason": "stop",
+        "answer_fingerprint": answer_fingerprint(answer, None),
+        "message_hashes": conversation_hashes(messages),
+        "latency_s": 0.01,
+    }
+    return Turn(**(defaults | fields))
+
+
+def record(
+    store: Store,
+    turn_id: str,
+    session_id: str,
+    messages: list[dict[str, Any]],
+    answer: str,
+    *,
+    continues_turn_id: str | None = None,
+    next_state: list[dict[str, Any]] | None = None,
+    session_done: bool = False,
+    id_source: SessionIdSource = "new",
+    **fields: Any,
+) -> None:
+    """Record a main turn of `session_id` as serving would; with `continues_turn_id`, its request
+    carries `next_state` for that earlier turn. `fields` sets or overrides any other `Turn` field."""
+    continues = NextState(continues_turn_id, next_state or [], turn_id) if continues_turn_id is not None else None
+    store.record_turn(turn(turn_id, session_id, messages, answer, **fields), id_source, continues, session_done)
+
+
+def judgment(turn_id: str, score: int = 1, hint: str | None = None) -> Judgment:
+    """A rule verdict on `turn_id`."""
+    return Judgment(turn_id, score, [score], 1.0, 0, None, hint, [], "rule", "rule", 0.0)
+
+
+class Conversation:
+    """Records real turns (token ids from the tiny model's tokenizer) and their verdicts."""
+
+    def __init__(self, store: Store, tokenizer: Any) -> None:
+        self.store, self.tokenizer = store, tokenizer
+
+    def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False) -> None:
+        """Record `answer` to `question` as a main turn; `after` names the turn it continues (whose
+        next state `question` becomes), `done` ends the session with it."""
+        messages = [{"role": "user", "content": question}]
+        response = self.tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        record(
+            self.store, turn_id, session, messages, answer, continues_turn_id=after, next_state=messages,
+            session_done=done, id_source="header", model="tiny", prompt_token_ids=render_prompt(self.tokenizer, messages, None),
+            response_token_ids=response, response_logprobs=[-1.0] * len(response),
+        )  # fmt: skip
+
+    def judge(self, turn_id: str, score: int, hint: str | None = None) -> None:
+        """Record a rule verdict on `turn_id`."""
+        assert self.store.record_judgment(judgment(turn_id, score, hint))
+
+
+def ready_sample(turn_id: str, reward: float = 1.0) -> Sample:
+    """A ready RL sample of the turn, produced by version 0."""
+    return Sample(turn_id, "ready", "rl", reward, 0)
+
+
+def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore]:
+    """A store under `tmp_path` holding `count` judged turns t0, t1, ... of session "s", each with a
+    ready RL sample of reward 1."""
+    store = Store.for_run_dir(tmp_path)
+    for index in range(count):
+        record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
+        store.record_judgment(judgment(f"t{index}"))
+    training = TrainingStore(store)
+    training.add_samples([ready_sample(f"t{index}") for index in range(count)])
+    return store, training
+
+
+def version(number: int, parent: int) -> PolicyVersion:
+    """A LoRA version `number` trained from `parent`, as the trainer would register it."""
+    return PolicyVersion(number, parent, "lora", f"/runs/policy/v{number}", "0" * 64, number, {"loss": 0.5})
+
+
+# --------------------------------------------------------------------------- a client of a running server
+
+
+def converse(base_url: str, lines: list[str]) -> tuple[str, list[str]]:
+    """An unmodified client's conversation; returns the session id and the turn ids."""
+    messages: list[dict[str, Any]] = []
+    turn_ids = []
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        model = http.get("/models").json()["data"][0]["id"]
+        for line in lines:
+            messages.append({"role": "user", "content": line})
+            response = http.post("/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8})
+            messages.append(response.json()["choices"][0]["message"])
+            turn_ids.append(response.headers["x-clawrl-turn"])
+    return response.headers["x-clawrl-session"], turn_ids
+
+
+def teach(base_url: str, sessions: int) -> list[str]:
+    """Sessions of three turns: a correction (-1 and a hint), thanks (+1), and a 👍 by /v1/feedback
+    on the last turn. Each gives three samples. Returns the turn ids."""
+    turn_ids = []
+    with httpx.Client(base_url=base_url, timeout=60) as http:
+        for index in range(sessions):
+            messages: list[dict[str, Any]] = []
+            session = f"teach-{index}-{time.monotonic_ns()}"
+            for line in [f"Write a short note to my team about Friday ({index}).", CORRECTION, "thanks, perfect"]:
+                messages.append({"role": "user", "content": line})
+                response = http.post(
+                    "/chat/completions",
+                    json={"model": "m", "messages": messages, "max_tokens": 8},
+                    headers={"X-Session-Id": session},
+                )
+                assert response.status_code == 200, response.text
+                messages.append(response.json()["choices"][0]["message"])
+                turn_ids.append(response.headers["x-clawrl-turn"])
+            feedback = http.post("/feedback", json={"session_id": session, "score": 1})
+            assert feedback.status_code == 200, feedback.text
+    return turn_ids
+
+
+def healthz(base: str) -> dict[str, Any] | None:
+    """The server's /healthz body at `base` (no /v1), or None while it does not answer."""
+    try:
+        return httpx.get(base + "/healthz", timeout=5).json()
+    except httpx.HTTPError:
+        return None
+
+
+def wait_for_judgment(store: Store, turn_id: str) -> Any:
+    """The judgment of `turn_id` once the judge has recorded it; fails after 30 s."""
+    deadline = time.monotonic() + 30
+    while (judgment := store.judgment(turn_id)) is None:
+        assert time.monotonic() < deadline, f"turn {turn_id} was never judged"
+        time.sleep(0.05)
+    return judgment
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll `condition` every `every` seconds until it is truthy and return its value; fail after
+    `timeout` seconds, naming `what` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+    return value
+
+
+def run_cli(*args: str, parse: bool = True) -> Any:
+    """Run `clawrl *args` in a new process; it must succeed. Returns its stdout parsed as JSON, or
+    as text with `parse=False`."""
+    result = subprocess.run([sys.executable, "-m", "clawrl.cli", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout) if parse else result.stdout
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def server_binaries() -> Path | None:
+    """The directory holding initdb and pg_ctl: on PATH, else Debian's /usr/lib/postgresql/<major>/bin."""
+    on_path = shutil.which("initdb")
+    if on_path and shutil.which("pg_ctl"):
+        return Path(on_path).resolve().parent
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda path: int(Path(path).parts[-3]))
+    return Path(found[-1]).parent if found else None
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    """initdb and postgres refuse to run as root; as root, run them as the package's `postgres` user."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+class PostgresServer:
+    """A real PostgreSQL server from Debian's `postgresql` package: initdb in `root`, started on a
+    free loopback port. Skips the test where the server binaries are not installed (`.ci/run`
+    installs them)."""
+
+    def __init__(self, root: Path) -> None:
+        binaries = server_binaries()
+        if binaries is None:
+            pytest.skip("PostgreSQL server binaries not installed (Debian package `postgresql`)")
+        self.binaries, self.root, self.data, self.port = binaries, root, root / "data", free_port()
+        if os.geteuid() == 0:
+            shutil.chown(root, "postgres")
+            root.chmod(0o755)
+        subprocess.run(_as_server_user([str(binaries / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "clawrl",
+                                        "--no-sync"]), check=True, capture_output=True, cwd=root)  # fmt: skip
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        subprocess.run(_as_server_user([str(binaries / "pg_ctl"), "-D", str(self.data), "-l", str(self.data / "server.log"),
+                                        "-o", options, "-w", "start"]), check=True, capture_output=True, cwd=root)  # fmt: skip
+
+    def url(self, database: str = "postgres") -> str:
+        """The SQLAlchemy URL of `database` on this server."""
+        return f"postgresql+psycopg://clawrl@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=clawrl dbname=postgres", autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        """Stop the server at once (`pg_ctl -m immediate`)."""
+        subprocess.run(_as_server_user([str(self.binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
+                       capture_output=True, cwd=self.root)  # fmt: skip
