@@ -28,29 +28,28 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from clawrl.messages import answer_fingerprint
-from clawrl.messages import conversation_hashes
-from clawrl.store import NewTurn, Store
+from clawrl.messages import answer_fingerprint, conversation_hashes
+from clawrl.store import Store
+from clawrl.types import NextState, Turn
 from machine import machine  # benchmarks/machine.py, beside this script
 
 
-def turn_for(session_id: str, index: int, args: argparse.Namespace, rng: random.Random) -> NewTurn:
-    """A turn of realistic size; after the first, it carries the next state of the one before."""
+def turn_for(session_id: str, index: int, args: argparse.Namespace, rng: random.Random) -> Turn:
+    """A turn of realistic size (its request's last message is the next state of the one before)."""
     messages = [{"role": "system", "content": "You are a helpful assistant. " * 20}]
     for earlier in range(index + 1):
         messages.append({"role": "user", "content": f"question {earlier}: " + "words " * 60})
         if earlier < index:
             messages.append({"role": "assistant", "content": f"answer {earlier}: " + "words " * 80})
     answer = f"answer {index}: " + "words " * 80
-    return NewTurn(
-        turn_id=f"chatcmpl-{uuid.uuid4().hex}", session_id=session_id, id_source="header", kind="main", model="bench",
+    return Turn(
+        id=f"chatcmpl-{uuid.uuid4().hex}", session_id=session_id, kind="main", model="bench",
         policy_version=0, messages=messages, tools=None, sampling={"temperature": 1.0, "max_tokens": 256},
         prompt_token_ids=[rng.randrange(150_000) for _ in range(args.prompt_tokens)],
         response_token_ids=[rng.randrange(150_000) for _ in range(args.response_tokens)],
         response_logprobs=[-rng.random() * 3 for _ in range(args.response_tokens)],
         response_text=answer, tool_calls=None, finish_reason="stop", answer_fingerprint=answer_fingerprint(answer, None),
         message_hashes=conversation_hashes(messages), latency_s=0.5,
-        continues_turn_id=None, next_state=[messages[-1]] if index > 0 else None,
     )  # fmt: skip
 
 
@@ -69,11 +68,11 @@ def run_level(store: Store, writers: int, args: argparse.Namespace) -> dict[str,
             if index == 0:
                 session_id, previous = f"bench-{uuid.uuid4().hex}", None
             turn = turn_for(session_id, index, args, rng)
-            turn.continues_turn_id = previous
+            continues = NextState(previous, [turn.messages[-1]], turn.id) if previous is not None else None
             started = time.perf_counter()
-            store.record_turn(turn)
+            store.record_turn(turn, "header", continues)
             mine.append(time.perf_counter() - started)
-            previous = turn.turn_id
+            previous = turn.id
         with lock:
             latencies.extend(mine)
 
