@@ -1,6 +1,6 @@
 """Training throughput: clawrl's `update_step` against TRL's GRPO loss step, same model, same batch.
 
-Both sides start from the same `Sample`s (random token ids, rewards ±1, on-policy behaviour
+Both sides start from the same samples (random token ids, rewards ±1, on-policy behaviour
 log-probs), the same weights (one LoRA adapter, rank 16, alpha 32, all linear projections, copied
 to both; or full fine-tuning with `--full`) and the same micro-batches (clawrl's length-sorted
 chunks), and do one full optimizer step: pack the samples into tensors, forward and backward
@@ -48,7 +48,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
-from clawrl.train.types import Sample
+from clawrl.types import Sample, TrainingExample, Turn
 from clawrl.train.update import micro_batches, update_step
 from machine import machine  # benchmarks/machine.py, beside this script
 
@@ -115,7 +115,7 @@ def load_policy(model_dir: Path, full: bool, device: str) -> torch.nn.Module:
     return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
 
 
-def make_samples(model: torch.nn.Module, args: argparse.Namespace) -> list[Sample]:
+def make_samples(model: torch.nn.Module, args: argparse.Namespace) -> list[TrainingExample]:
     """Random prompts and responses; behaviour log-probs are the model's own (on-policy)."""
     generator = torch.Generator().manual_seed(args.seed)
     vocab = model.config.vocab_size
@@ -128,16 +128,14 @@ def make_samples(model: torch.nn.Module, args: argparse.Namespace) -> list[Sampl
         with torch.no_grad():
             logits = model(input_ids=ids.unsqueeze(0).to(device)).logits[0, prompt_length - 1 : -1].float()
         behaviour = torch.log_softmax(logits, -1).gather(-1, ids[prompt_length:].unsqueeze(-1).to(device)).squeeze(-1)
-        samples.append(
-            Sample(
-                turn_id=f"bench-{index}",
-                prompt_token_ids=ids[:prompt_length].tolist(),
-                response_token_ids=ids[prompt_length:].tolist(),
-                behaviour_logprobs=behaviour.cpu().tolist(),
-                policy_version=0,
-                reward=1.0 if index % 2 == 0 else -1.0,
-            )
-        )
+        turn = Turn(
+            id=f"bench-{index}", session_id="bench", kind="main", model="bench", policy_version=0,
+            messages=[], tools=None, sampling={}, prompt_token_ids=ids[:prompt_length].tolist(),
+            response_token_ids=ids[prompt_length:].tolist(), response_logprobs=behaviour.cpu().tolist(),
+            response_text="", tool_calls=None, finish_reason="stop",
+        )  # fmt: skip
+        reward = 1.0 if index % 2 == 0 else -1.0
+        samples.append(TrainingExample(turn, Sample(turn.id, "ready", "rl", reward, behaviour_version=0)))
     return samples
 
 
@@ -174,41 +172,41 @@ def trl_trainer(model: torch.nn.Module, model_dir: Path, scratch: Path) -> GRPOT
     return trainer
 
 
-def trl_inputs(chunk: list[Sample], total_tokens: int, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+def trl_inputs(chunk: list[TrainingExample], total_tokens: int, pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """What GRPOTrainer's generation step hands to its loss: left-padded prompts, right-padded completions."""
-    prompt_width = max(len(sample.prompt_token_ids) for sample in chunk)
-    response_width = max(len(sample.response_token_ids) for sample in chunk)
+    prompt_width = max(len(example.turn.prompt_token_ids) for example in chunk)
+    response_width = max(len(example.turn.response_token_ids) for example in chunk)
     prompt_ids, prompt_mask, completion_ids, completion_mask = [], [], [], []
-    for sample in chunk:
-        left = prompt_width - len(sample.prompt_token_ids)
-        right = response_width - len(sample.response_token_ids)
-        prompt_ids.append([pad_id] * left + sample.prompt_token_ids)
-        prompt_mask.append([0] * left + [1] * len(sample.prompt_token_ids))
-        completion_ids.append(sample.response_token_ids + [pad_id] * right)
-        completion_mask.append([1] * len(sample.response_token_ids) + [0] * right)
+    for example in chunk:
+        left = prompt_width - len(example.turn.prompt_token_ids)
+        right = response_width - len(example.turn.response_token_ids)
+        prompt_ids.append([pad_id] * left + example.turn.prompt_token_ids)
+        prompt_mask.append([0] * left + [1] * len(example.turn.prompt_token_ids))
+        completion_ids.append(example.turn.response_token_ids + [pad_id] * right)
+        completion_mask.append([1] * len(example.turn.response_token_ids) + [0] * right)
     tensor = lambda rows: torch.tensor(rows, dtype=torch.long, device=device)  # noqa: E731
     return {
         "prompt_ids": tensor(prompt_ids),
         "prompt_mask": tensor(prompt_mask),
         "completion_ids": tensor(completion_ids),
         "completion_mask": tensor(completion_mask),
-        "advantages": torch.tensor([sample.reward for sample in chunk], device=device),
+        "advantages": torch.tensor([example.sample.reward for example in chunk], device=device),
         "num_items_in_batch": torch.tensor(float(total_tokens), device=device),
     }
 
 
-def trl_accumulate(trainer: GRPOTrainer, samples: list[Sample], micro_batch_size: int) -> None:
+def trl_accumulate(trainer: GRPOTrainer, samples: list[TrainingExample], micro_batch_size: int) -> None:
     """TRL's loss, forward and backward over the same micro-batches as clawrl's."""
     model = trainer.model
     device = next(model.parameters()).device
-    total = sum(len(sample.response_token_ids) for sample in samples)
+    total = sum(len(example.turn.response_token_ids) for example in samples)
     pad_id = trainer.processing_class.pad_token_id
     model.train()
     for chunk in micro_batches(samples, micro_batch_size):
         trainer.compute_loss(model, trl_inputs(chunk, total, pad_id, device)).backward()
 
 
-def trl_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer, samples: list[Sample], micro_batch_size: int):
+def trl_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer, samples: list[TrainingExample], micro_batch_size: int):
     optimizer.zero_grad(set_to_none=True)
     trl_accumulate(trainer, samples, micro_batch_size)
     torch.nn.utils.clip_grad_norm_([p for p in trainer.model.parameters() if p.requires_grad], GRAD_CLIP)
@@ -220,7 +218,7 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: parameter for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
-def grad_difference(ours: torch.nn.Module, trainer: GRPOTrainer, samples: list[Sample], micro_batch_size: int) -> float:
+def grad_difference(ours: torch.nn.Module, trainer: GRPOTrainer, samples: list[TrainingExample], micro_batch_size: int) -> float:
     """One step's gradient both ways on identical weights: max abs difference over max abs gradient."""
     weights = trainable(ours)
     before = {name: parameter.detach().clone() for name, parameter in weights.items()}
@@ -273,7 +271,7 @@ def measure(shape: str, args: argparse.Namespace, scratch: Path) -> ShapeResult:
         if repetition:
             ours_s.append(our_time)
             trl_s.append(trl_time)
-    response_tokens = sum(len(sample.response_token_ids) for sample in samples)
+    response_tokens = sum(len(example.turn.response_token_ids) for example in samples)
     ours_median, trl_median = statistics.median(ours_s), statistics.median(trl_s)
     return ShapeResult(
         shape=shape,
@@ -281,7 +279,7 @@ def measure(shape: str, args: argparse.Namespace, scratch: Path) -> ShapeResult:
         trainable_parameters=sum(parameter.numel() for parameter in trainable(ours).values()),
         samples=len(samples),
         response_tokens=response_tokens,
-        prompt_tokens=sum(len(sample.prompt_token_ids) for sample in samples),
+        prompt_tokens=sum(len(example.turn.prompt_token_ids) for example in samples),
         clawrl_step_s=ours_median,
         trl_step_s=trl_median,
         clawrl_tokens_per_s=response_tokens / ours_median,

@@ -24,6 +24,7 @@ from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
 from clawrl.engines.hf import EngineClosedError, HFEngine
+from clawrl.sim.models import resolve_model
 from clawrl.sim.tiny import tiny_model_path
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -89,8 +90,9 @@ def batch_sizes(engine: HFEngine) -> list[int]:
     return sizes
 
 
-def test_build_engine_resolves_tiny(tmp_path: Path) -> None:
-    engine = build_engine(EngineConfig(model="tiny", cache_dir=tmp_path, device="cpu"))
+def test_the_tiny_model_is_resolved_and_served_under_its_name(tmp_path: Path) -> None:
+    config = EngineConfig(model="tiny", cache_dir=tmp_path, device="cpu")
+    engine = build_engine(config, resolve_model(config))
     assert isinstance(engine, HFEngine)
     assert engine.model_name == "tiny"
     assert engine.max_context_tokens == 32768

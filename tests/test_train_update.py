@@ -18,9 +18,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.train.types import Sample
 from clawrl.config import LossConfig
-from clawrl.train.update import advantages, pack_samples, update_step
+from clawrl.train.update import advantages, pack_examples, update_step
+from clawrl.types import Sample, TrainingExample
+from tests.helpers import turn
 
 torch.set_num_threads(1)
 
@@ -57,14 +58,20 @@ def logprobs_of(model: torch.nn.Module, prompt: list[int], response: list[int]) 
     return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
 
 
-def on_policy_sample(model: torch.nn.Module, model_dir: Path, index: int, reward: float, **teacher) -> Sample:
+def training_example(turn_id: str, prompt: list[int], response: list[int], behaviour: list[float], reward: float, **teacher) -> TrainingExample:
+    """A ready sample of a turn that produced `response` after `prompt` with `behaviour` log-probs at version 0."""
+    answered = turn(turn_id, "s", [], "", prompt_token_ids=prompt, response_token_ids=response, response_logprobs=behaviour)
+    return TrainingExample(answered, Sample(turn_id, "ready", "rl", reward, 0, **teacher))
+
+
+def on_policy_sample(model: torch.nn.Module, model_dir: Path, index: int, reward: float, **teacher) -> TrainingExample:
     """A sample whose behaviour log-probs are the model's own (as if it had just generated it)."""
     prompt, response = encode(model_dir, *CONVERSATIONS[index])
     behaviour = logprobs_of(model, prompt, response).tolist()
-    return Sample(f"turn-{index}", prompt, response, behaviour, policy_version=0, reward=reward, **teacher)
+    return training_example(f"turn-{index}", prompt, response, behaviour, reward, **teacher)
 
 
-def train(model: torch.nn.Module, samples: list[Sample], config: LossConfig, steps: int, lr: float = 1e-2, **options):
+def train(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig, steps: int, lr: float = 1e-2, **options):
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     return [update_step(model, optimizer, samples, config, micro_batch_size=2, **options) for _ in range(steps)]
 
@@ -72,13 +79,13 @@ def train(model: torch.nn.Module, samples: list[Sample], config: LossConfig, ste
 @pytest.mark.parametrize("reward", [1.0, -1.0])
 def test_reward_moves_the_response_log_prob_its_way(tiny_model_dir: Path, reward: float) -> None:
     model = load_policy(tiny_model_dir)
-    sample = on_policy_sample(model, tiny_model_dir, 0, reward)
-    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
-    metrics = train(model, [sample], LossConfig(method="rl"), steps=3)
-    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    example = on_policy_sample(model, tiny_model_dir, 0, reward)
+    before = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
+    metrics = train(model, [example], LossConfig(method="rl"), steps=3)
+    after = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
     assert (after - before) * reward > 1.0
     first = metrics[0]
-    assert first.num_samples == 1 and first.num_tokens == len(sample.response_token_ids)
+    assert first.num_samples == 1 and first.num_tokens == len(example.turn.response_token_ids)
     assert first.mean_reward == reward and first.mean_advantage == pytest.approx(reward)
     assert first.logprob_drift == pytest.approx(0.0, abs=1e-5) and first.mean_is_weight == pytest.approx(1.0, abs=1e-5)
     assert first.grad_norm > 0 and first.tokens_per_s > 0 and first.skipped_step == 0
@@ -89,26 +96,26 @@ def test_reward_moves_the_response_log_prob_its_way(tiny_model_dir: Path, reward
 def test_opd_follows_the_teacher(tiny_model_dir: Path, teacher_shift: float) -> None:
     model = load_policy(tiny_model_dir)
     probe = on_policy_sample(model, tiny_model_dir, 1, 0.0)
-    teacher = [logprob + teacher_shift for logprob in probe.behaviour_logprobs]
-    sample = on_policy_sample(model, tiny_model_dir, 1, 0.0, teacher_logprobs=teacher)
-    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
-    metrics = train(model, [sample], LossConfig(method="opd"), steps=3)
-    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    teacher = [logprob + teacher_shift for logprob in probe.turn.response_logprobs]
+    example = on_policy_sample(model, tiny_model_dir, 1, 0.0, teacher_logprobs=teacher)
+    before = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
+    metrics = train(model, [example], LossConfig(method="opd"), steps=3)
+    after = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
     assert (after - before) * teacher_shift > 1.0
     assert metrics[0].mean_advantage == pytest.approx(teacher_shift, abs=1e-5)
     assert metrics[0].opd_fraction == 1.0
 
 
-def mixed_samples(model: torch.nn.Module, model_dir: Path) -> list[Sample]:
+def mixed_samples(model: torch.nn.Module, model_dir: Path) -> list[TrainingExample]:
     """Different lengths, rewards, a teacher, and behaviour log-probs off the current policy."""
     samples = [on_policy_sample(model, model_dir, index, reward) for index, reward in enumerate([1.0, -1.0, 1.0])]
-    samples[0].behaviour_logprobs = [logprob - 0.4 for logprob in samples[0].behaviour_logprobs]
-    samples[1].behaviour_logprobs = [logprob + 0.3 for logprob in samples[1].behaviour_logprobs]
-    samples[2].teacher_logprobs = [logprob + 0.7 for logprob in samples[2].behaviour_logprobs]
+    samples[0].turn.response_logprobs = [logprob - 0.4 for logprob in samples[0].turn.response_logprobs]
+    samples[1].turn.response_logprobs = [logprob + 0.3 for logprob in samples[1].turn.response_logprobs]
+    samples[2].sample.teacher_logprobs = [logprob + 0.7 for logprob in samples[2].turn.response_logprobs]
     return samples
 
 
-def sgd_delta(model: torch.nn.Module, samples: list[Sample], config: LossConfig, micro_batch_size: int):
+def sgd_delta(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig, micro_batch_size: int):
     """Parameter change of one plain SGD step (lr 1, no clipping): minus the gradient."""
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     before = {name: p.detach().clone() for name, p in trainable.items()}
@@ -119,21 +126,21 @@ def sgd_delta(model: torch.nn.Module, samples: list[Sample], config: LossConfig,
     return {name: trainable[name].detach() - before[name] for name in trainable}
 
 
-def independent_gradient(model: torch.nn.Module, samples: list[Sample], config: LossConfig) -> dict[str, torch.Tensor]:
+def independent_gradient(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig) -> dict[str, torch.Tensor]:
     """The gradient written out directly: at ρ = 1 the PPO loss's gradient is −(1/N) Σ_t w_t A_t ∇log π(a_t),
-    computed here one unpadded sample at a time."""
+    computed here one unpadded example at a time."""
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    total = sum(len(sample.response_token_ids) for sample in samples)
+    total = sum(len(example.turn.response_token_ids) for example in samples)
     model.zero_grad()
-    for sample in samples:
-        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+    for example in samples:
+        prompt, response = example.turn.prompt_token_ids, example.turn.response_token_ids
         logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
         logprobs = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
         old = logprobs.detach()
-        weights = torch.exp(old - torch.tensor(sample.behaviour_logprobs)).clamp(max=config.is_cap)
-        advantage = torch.full_like(old, config.w_rl * sample.reward)
-        if sample.teacher_logprobs is not None:
-            teacher = torch.tensor(sample.teacher_logprobs)
+        weights = torch.exp(old - torch.tensor(example.turn.response_logprobs)).clamp(max=config.is_cap)
+        advantage = torch.full_like(old, config.w_rl * example.sample.reward)
+        if example.sample.teacher_logprobs is not None:
+            teacher = torch.tensor(example.sample.teacher_logprobs)
             advantage += config.w_opd * (teacher - old).clamp(-config.opd_clip, config.opd_clip)
         (-(weights * advantage * logprobs).sum() / total).backward()
     gradient = {name: p.grad.detach().clone() for name, p in trainable.items()}
@@ -158,11 +165,11 @@ def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path) ->
 def test_metrics_report_drift_and_importance_weights(tiny_model_dir: Path) -> None:
     model = load_policy(tiny_model_dir)
     stale = on_policy_sample(model, tiny_model_dir, 0, 1.0)
-    stale.behaviour_logprobs = [logprob - 1.0 for logprob in stale.behaviour_logprobs]  # π_old/π_b = e > cap
+    stale.turn.response_logprobs = [logprob - 1.0 for logprob in stale.turn.response_logprobs]  # π_old/π_b = e > cap
     fresh = on_policy_sample(model, tiny_model_dir, 2, -1.0)
-    fresh.behaviour_logprobs = [logprob + 0.5 for logprob in fresh.behaviour_logprobs]  # π_old/π_b = e^-0.5
+    fresh.turn.response_logprobs = [logprob + 0.5 for logprob in fresh.turn.response_logprobs]  # π_old/π_b = e^-0.5
     metrics = train(model, [stale, fresh], LossConfig(method="rl"), steps=1)[0]
-    n_stale, n_fresh = len(stale.response_token_ids), len(fresh.response_token_ids)
+    n_stale, n_fresh = len(stale.turn.response_token_ids), len(fresh.turn.response_token_ids)
     total = n_stale + n_fresh
     assert metrics.logprob_drift == pytest.approx((1.0 * n_stale + 0.5 * n_fresh) / total, rel=1e-4)
     assert metrics.mean_is_weight == pytest.approx((2.0 * n_stale + math.exp(-0.5) * n_fresh) / total, rel=1e-4)
@@ -173,14 +180,14 @@ def test_metrics_report_drift_and_importance_weights(tiny_model_dir: Path) -> No
 def test_a_sample_without_teacher_log_probs_contributes_the_rl_term(tiny_model_dir: Path) -> None:
     model = load_policy(tiny_model_dir)
     with_teacher = on_policy_sample(model, tiny_model_dir, 0, 1.0)
-    with_teacher.teacher_logprobs = [logprob + 3.0 for logprob in with_teacher.behaviour_logprobs]  # clipped to +C
+    with_teacher.sample.teacher_logprobs = [logprob + 3.0 for logprob in with_teacher.turn.response_logprobs]  # clipped to +C
     without = on_policy_sample(model, tiny_model_dir, 1, -1.0)
-    batch = pack_samples([with_teacher, without], LossConfig(), torch.device("cpu"))
+    batch = pack_examples([with_teacher, without], LossConfig(), torch.device("cpu"))
     old = batch.behaviour_logprobs  # on-policy: π_old = π_behaviour
     expected = {"rl": (2.0, -2.0), "opd": (0.5 * 1.0, -2.0), "combine": (2.0 + 0.5, -2.0)}
     for method, (first, second) in expected.items():
         config = LossConfig(method=method, w_rl=2.0, w_opd=0.5)
-        values = advantages(pack_samples([with_teacher, without], config, torch.device("cpu")), old, config)
+        values = advantages(pack_examples([with_teacher, without], config, torch.device("cpu")), old, config)
         assert torch.allclose(values[0][batch.mask[0]], torch.tensor(first)), method
         assert torch.allclose(values[1][batch.mask[1]], torch.tensor(second)), method
 
@@ -188,18 +195,18 @@ def test_a_sample_without_teacher_log_probs_contributes_the_rl_term(tiny_model_d
 def test_full_fine_tuning_and_the_kl_pull_to_the_reference(tiny_model_dir: Path) -> None:
     reference = load_policy(tiny_model_dir, lora=False).eval()
     policy = load_policy(tiny_model_dir, lora=False)
-    sample = on_policy_sample(policy, tiny_model_dir, 0, 1.0)
-    start = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
-    train(policy, [sample], LossConfig(method="rl"), steps=3, lr=3e-3)  # kl_beta 0: no reference needed
-    drifted = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    example = on_policy_sample(policy, tiny_model_dir, 0, 1.0)
+    start = logprobs_of(policy, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
+    train(policy, [example], LossConfig(method="rl"), steps=3, lr=3e-3)  # kl_beta 0: no reference needed
+    drifted = logprobs_of(policy, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
     assert drifted - start > 1.0
     with pytest.raises(ValueError, match="reference"):
-        train(policy, [sample], LossConfig(method="rl", kl_beta=1.0), steps=1)
-    neutral = Sample(sample.turn_id, sample.prompt_token_ids, sample.response_token_ids,
-                     sample.behaviour_logprobs, 0, reward=0.0)  # no reward: only the KL acts
+        train(policy, [example], LossConfig(method="rl", kl_beta=1.0), steps=1)
+    neutral = training_example(example.turn.id, example.turn.prompt_token_ids, example.turn.response_token_ids,
+                      example.turn.response_logprobs, reward=0.0)  # no reward: only the KL acts
     kl_only = LossConfig(method="rl", kl_beta=1.0)
     metrics = train(policy, [neutral], kl_only, steps=4, lr=3e-3, reference_model=reference)
-    pulled = logprobs_of(policy, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    pulled = logprobs_of(policy, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
     assert metrics[0].kl_to_reference > 0.05
     assert metrics[-1].kl_to_reference < 0.5 * metrics[0].kl_to_reference
     assert abs(pulled - start) < 0.5 * abs(drifted - start)
@@ -207,13 +214,13 @@ def test_full_fine_tuning_and_the_kl_pull_to_the_reference(tiny_model_dir: Path)
 
 def test_lora_reference_is_the_model_without_its_adapter(tiny_model_dir: Path) -> None:
     model = load_policy(tiny_model_dir)
-    sample = on_policy_sample(model, tiny_model_dir, 1, 1.0)
-    metrics = train(model, [sample], LossConfig(method="rl", kl_beta=0.1), steps=3)
+    example = on_policy_sample(model, tiny_model_dir, 1, 1.0)
+    metrics = train(model, [example], LossConfig(method="rl", kl_beta=0.1), steps=3)
     assert metrics[0].kl_to_reference == pytest.approx(0.0, abs=1e-6)  # a fresh adapter changes nothing
     assert metrics[-1].kl_to_reference > 1e-3
     with model.disable_adapter():
-        base = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids)
-    assert torch.allclose(base, torch.tensor(sample.behaviour_logprobs), atol=1e-5)  # the base never trains
+        base = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids)
+    assert torch.allclose(base, torch.tensor(example.turn.response_logprobs), atol=1e-5)  # the base never trains
 
 
 def test_topk_opd_moves_the_policy_onto_the_teacher_distribution(tiny_model_dir: Path) -> None:
@@ -221,21 +228,21 @@ def test_topk_opd_moves_the_policy_onto_the_teacher_distribution(tiny_model_dir:
     # Full fine-tuning: the teacher's top 4 are random ids at every position, far from anything
     # the random tiny model predicts, and a LoRA adapter on it moves the output layer too slowly.
     model = load_policy(tiny_model_dir, lora=False)
-    sample = on_policy_sample(model, tiny_model_dir, 2, 0.0)
+    example = on_policy_sample(model, tiny_model_dir, 2, 0.0)
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    ids = [torch.randperm(vocab, generator=generator)[:k].tolist() for _ in sample.response_token_ids]
-    sample.teacher_topk_ids = ids
-    sample.teacher_topk_logprobs = [[math.log(0.9 / k)] * k for _ in ids]  # 90% on its top 4, 10% tail
+    ids = [torch.randperm(vocab, generator=generator)[:k].tolist() for _ in example.turn.response_token_ids]
+    example.sample.teacher_topk_ids = ids
+    example.sample.teacher_topk_logprobs = [[math.log(0.9 / k)] * k for _ in ids]  # 90% on its top 4, 10% tail
 
     def teacher_mass() -> float:
-        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+        prompt, response = example.turn.prompt_token_ids, example.turn.response_token_ids
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
         return torch.softmax(logits, -1).gather(-1, torch.tensor(ids)).sum(-1).mean().item()
 
     before = teacher_mass()
-    metrics = train(model, [sample], LossConfig(method="opd", opd_topk=k), steps=10)
+    metrics = train(model, [example], LossConfig(method="opd", opd_topk=k), steps=10)
     assert before < 0.05
     assert teacher_mass() > 0.3
     assert metrics[-1].topk_reverse_kl < 0.5 * metrics[0].topk_reverse_kl
@@ -245,19 +252,19 @@ def test_topk_opd_moves_the_policy_onto_the_teacher_distribution(tiny_model_dir:
 def test_entropy_bonus_broadens_a_sharpened_policy(tiny_model_dir: Path) -> None:
     # Full fine-tuning: the random tiny model is near-uniform, and only full weights move it fast.
     model = load_policy(tiny_model_dir, lora=False)
-    sample = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+    example = on_policy_sample(model, tiny_model_dir, 0, 1.0)
 
     def entropy() -> float:
-        prompt, response = sample.prompt_token_ids, sample.response_token_ids
+        prompt, response = example.turn.prompt_token_ids, example.turn.response_token_ids
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
         return torch.distributions.Categorical(logits=logits).entropy().mean().item()
 
     start = entropy()
-    train(model, [sample], LossConfig(method="rl"), steps=4)  # reward +1 sharpens the policy
+    train(model, [example], LossConfig(method="rl"), steps=4)  # reward +1 sharpens the policy
     sharpened = entropy()
-    sample.reward = 0.0  # now only the bonus acts
-    metrics = train(model, [sample], LossConfig(method="rl", entropy_coef=1.0), steps=4)
+    example.sample.reward = 0.0  # now only the bonus acts
+    metrics = train(model, [example], LossConfig(method="rl", entropy_coef=1.0), steps=4)
     assert sharpened < start - 0.3
     assert entropy() > sharpened + 0.3
     assert metrics[-1].entropy > metrics[0].entropy
@@ -267,11 +274,11 @@ def test_bfloat16_weights_train_in_float32_loss_math(tiny_model_dir: Path) -> No
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
-    sample = on_policy_sample(model, tiny_model_dir, 0, 1.0)
-    sample.teacher_logprobs = [logprob + 0.3 for logprob in sample.behaviour_logprobs]
-    before = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
-    metrics = train(model, [sample], LossConfig(kl_beta=0.1, entropy_coef=0.01), steps=3)
-    after = logprobs_of(model, sample.prompt_token_ids, sample.response_token_ids).sum().item()
+    example = on_policy_sample(model, tiny_model_dir, 0, 1.0)
+    example.sample.teacher_logprobs = [logprob + 0.3 for logprob in example.turn.response_logprobs]
+    before = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
+    metrics = train(model, [example], LossConfig(kl_beta=0.1, entropy_coef=0.01), steps=3)
+    after = logprobs_of(model, example.turn.prompt_token_ids, example.turn.response_token_ids).sum().item()
     assert after > before + 1.0
     assert all(math.isfinite(value) for value in (metrics[-1].loss, metrics[-1].grad_norm, metrics[-1].kl_to_reference))
 
@@ -280,7 +287,7 @@ def test_nothing_to_train_leaves_the_weights_alone(tiny_model_dir: Path) -> None
     model = load_policy(tiny_model_dir)
     before = [p.detach().clone() for p in model.parameters()]
     prompt, _ = encode(tiny_model_dir, *CONVERSATIONS[0])
-    empty = Sample("empty", prompt, [], [], policy_version=0, reward=1.0)
+    empty = training_example("empty", prompt, [], [], reward=1.0)
     for samples in ([], [empty]):
         metrics = train(model, samples, LossConfig(), steps=1)[0]
         assert metrics.num_tokens == 0 and metrics.loss == 0.0
@@ -299,6 +306,6 @@ def test_update_is_deterministic(tiny_model_dir: Path) -> None:
 
 def test_mismatched_lengths_are_refused(tiny_model_dir: Path) -> None:
     prompt, response = encode(tiny_model_dir, *CONVERSATIONS[0])
-    broken = Sample("broken", prompt, response, [0.0] * (len(response) - 1), policy_version=0, reward=1.0)
+    broken = training_example("broken", prompt, response, [0.0] * (len(response) - 1), reward=1.0)
     with pytest.raises(ValueError, match="behaviour log-probs"):
-        pack_samples([broken], LossConfig(), torch.device("cpu"))
+        pack_examples([broken], LossConfig(), torch.device("cpu"))

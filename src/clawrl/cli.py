@@ -15,9 +15,19 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from clawrl.config import BenchConfig, DashboardConfig, EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
+from clawrl.config import (
+    BenchConfig,
+    DashboardConfig,
+    EngineConfig,
+    JudgeConfig,
+    ServeConfig,
+    StoreConfig,
+    TrainConfig,
+    describe_settings_error,
+)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
@@ -49,9 +59,16 @@ def _strip_optional(annotation: Any) -> Any:
 
 
 def config_from_args(config: type[BaseSettings], args: argparse.Namespace) -> Any:
-    """Build a config from the flags that were given (the rest come from the environment)."""
+    """Build a config from the flags that were given (the rest come from the environment).
+
+    A setting the config refuses (a bad value, or flags that do not go together) ends the command
+    with a one-line error: this is where every command reads its settings.
+    """
     given = {name: getattr(args, name) for name in config.model_fields if hasattr(args, name)}
-    return config(**given)
+    try:
+        return config(**given)
+    except ValidationError as error:
+        raise SystemExit(f"error: {describe_settings_error(config, error)}") from None
 
 
 def _print_json(value: Any) -> None:
@@ -72,10 +89,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine_config = config_from_args(EngineConfig, args)
     store_config = config_from_args(StoreConfig, args)
     serve_config = config_from_args(ServeConfig, args)
+    # every setting is checked before the model is loaded, which can take minutes
+    judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
     store = Store(store_config.resolved_database_url())
-    engine = build_engine(engine_config)
-    judge = _judge_worker(store, config_from_args(JudgeConfig, args), engine, engine_config)
-    trainer = _trainer_process(config_from_args(TrainConfig, args), engine_config, store_config)
+    engine = build_engine(engine_config, _resolved_model(engine_config))
+    judge = _judge_worker(store, judge_config, engine, engine_config)
+    trainer = _trainer_process(train_config, engine_config, store_config)
     app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
@@ -87,6 +106,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if trainer is not None:
             trainer.stop()
     return 0
+
+
+def _resolved_model(config: EngineConfig) -> str:
+    """The weights `--model` names; the locally built models (`tiny`, ...) are built on first use."""
+    from clawrl.sim.models import resolve_model
+
+    return resolve_model(config)
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:
@@ -149,7 +175,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         exit_with_parent(args.parent_pid)
     try:
         with trainer_lock(store_config.run_dir):
-            trainer = Trainer(config, config_from_args(EngineConfig, args), Store(store_config.resolved_database_url()), store_config.run_dir)
+            engine_config = config_from_args(EngineConfig, args)
+            engine_config = engine_config.model_copy(update={"model": _resolved_model(engine_config)})
+            trainer = Trainer(config, engine_config, Store(store_config.resolved_database_url()), store_config.run_dir)
             try:
                 trainer.start()
                 made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s)

@@ -4,24 +4,58 @@ Every field is documented, has a default that works, and can be overridden by an
 variable `CLAWRL_<FIELD>` or a `clawrl` flag `--<field-with-dashes>` (flags win over the
 environment). A few upstream (OpenClaw-RL) variable names are accepted as aliases so its users can
 switch without renaming their deployment's environment.
+
+Settings that only make sense together are checked here, by validators on the settings classes, so
+that a bad combination is refused when the settings are read, whichever command reads them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-def _env(name: str, *upstream: str) -> AliasChoices:
-    """Accept `CLAWRL_NAME` and upstream aliases (keyword construction uses the field name)."""
+def _with_upstream(name: str, *upstream: str) -> AliasChoices:
+    """`CLAWRL_<NAME>` first, then upstream's names for the same setting.
+
+    pydantic-settings does not put `env_prefix` in front of an alias, so a field with upstream
+    names has to list its own `CLAWRL_` name too; keyword construction still uses the field name
+    (`populate_by_name`).
+    """
     return AliasChoices(f"CLAWRL_{name.upper()}", *upstream)
 
 
 class _Settings(BaseSettings):
+    # `env_prefix` gives every field its `CLAWRL_<FIELD>` variable (case-insensitive).
     model_config = SettingsConfigDict(env_prefix="CLAWRL_", populate_by_name=True, extra="ignore")
+
+
+def describe_settings_error(config: type[BaseSettings], error: ValidationError) -> str:
+    """One line for the `clawrl` user: each problem with the flag and the variables that set it."""
+    problems = []
+    for item in error.errors(include_url=False):
+        if not item["loc"]:  # a cross-field validator: its message already names the flags
+            problems.append(str(item["ctx"]["error"]) if "ctx" in item else item["msg"])
+            continue
+        problems.append(f"{_setting_names(config, str(item['loc'][0]))}: {item['msg']} (got {item['input']!r})")
+    return "; ".join(problems)
+
+
+def _setting_names(config: type[BaseSettings], where: str) -> str:
+    """`--flag (VARIABLE)` of the field that an error's location names.
+
+    pydantic reports a value read through an alias under the first alias, whichever one the user
+    set (`CLAWRL_PORT` for `PORT=abc`), so an aliased field lists all of its variables.
+    """
+    for name, info in config.model_fields.items():
+        aliases = info.validation_alias.choices if isinstance(info.validation_alias, AliasChoices) else []
+        if where == name or where in aliases:
+            variables = aliases or [f"{config.model_config.get('env_prefix', '')}{name.upper()}"]
+            return f"--{name.replace('_', '-')} ({' or '.join(map(str, variables))})"
+    return where
 
 
 class EngineConfig(_Settings):
@@ -29,41 +63,28 @@ class EngineConfig(_Settings):
 
     model: str = Field(
         "tiny",
-        validation_alias=_env("model"),
         description="Model to serve: a local Hugging Face directory, a hub id, or `tiny` for the "
         "locally built tiny model (cached under --cache-dir).",
     )
-    engine: Literal["hf"] = Field("hf", validation_alias=_env("engine"), description="Engine kind.")
-    device: str = Field(
-        "auto", validation_alias=_env("device"), description="`auto` (CUDA when present), `cpu` or `cuda[:N]`."
-    )
+    engine: Literal["hf"] = Field("hf", description="Engine kind.")
+    device: str = Field("auto", description="`auto` (CUDA when present), `cpu` or `cuda[:N]`.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto",
-        validation_alias=_env("dtype"),
-        description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA.",
+        "auto", description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA."
     )
-    max_batch_size: int = Field(
-        32, ge=1, validation_alias=_env("max_batch_size"), description="Most sequences decoded in one batch."
-    )
+    max_batch_size: int = Field(32, ge=1, description="Most sequences decoded in one batch.")
     cpu_threads: int | None = Field(
         None,
         ge=1,
-        validation_alias=_env("cpu_threads"),
         description="torch intra-op threads when running on the CPU (process-wide); unset keeps torch's "
         "default. Tiny models run fastest with 1: their matrices are too small to split.",
     )
     max_context_tokens: int | None = Field(
-        None,
-        ge=16,
-        validation_alias=_env("max_context_tokens"),
-        description="Prompt plus response limit; defaults to the model's max_position_embeddings.",
+        None, ge=16, description="Prompt plus response limit; defaults to the model's max_position_embeddings."
     )
     cache_dir: Path = Field(
-        Path.home() / ".cache" / "clawrl",
-        validation_alias=_env("cache_dir"),
-        description="Where locally built models (the tiny model) are cached.",
+        Path.home() / ".cache" / "clawrl", description="Where locally built models (the tiny model) are cached."
     )
-    seed: int = Field(0, validation_alias=_env("seed"), description="Seed of the tiny model when --model tiny.")
+    seed: int = Field(0, description="Seed of the tiny model when --model tiny.")
 
 
 class StoreConfig(_Settings):
@@ -71,13 +92,10 @@ class StoreConfig(_Settings):
 
     run_dir: Path = Field(
         Path("runs/default"),
-        validation_alias=_env("run_dir"),
         description="Directory of this run: the database, policy versions and checkpoints live here.",
     )
     database_url: str | None = Field(
-        None,
-        validation_alias=_env("database_url"),
-        description="SQLAlchemy URL of the store; defaults to SQLite at RUN_DIR/clawrl.db.",
+        None, description="SQLAlchemy URL of the store; defaults to SQLite at RUN_DIR/clawrl.db."
     )
 
     def resolved_database_url(self) -> str:
@@ -87,44 +105,36 @@ class StoreConfig(_Settings):
 class ServeConfig(_Settings):
     """The OpenAI-compatible HTTP server (DESIGN §3)."""
 
-    host: str = Field("127.0.0.1", validation_alias=_env("host"), description="Interface to listen on.")
-    port: int = Field(30000, ge=0, le=65535, validation_alias=_env("port", "PORT"), description="TCP port.")
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(30000, ge=0, le=65535, validation_alias=_with_upstream("port", "PORT"), description="TCP port.")
     api_key: str | None = Field(
         None,
-        validation_alias=_env("api_key", "SGLANG_API_KEY"),
+        validation_alias=_with_upstream("api_key", "SGLANG_API_KEY"),
         description="When set, every /v1 request needs `Authorization: Bearer <key>`.",
     )
     served_model_name: str | None = Field(
         None,
-        validation_alias=_env("served_model_name", "SERVED_MODEL_NAME"),
+        validation_alias=_with_upstream("served_model_name", "SERVED_MODEL_NAME"),
         description="Model id clients use; defaults to the --model value.",
     )
-    max_body_bytes: int = Field(
-        8 * 1024 * 1024, ge=1024, validation_alias=_env("max_body_bytes"), description="Larger bodies get 413."
-    )
-    default_max_tokens: int = Field(
-        512, ge=1, validation_alias=_env("default_max_tokens"), description="Response limit when a request sets none."
-    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    default_max_tokens: int = Field(512, ge=1, description="Response limit when a request sets none.")
     session_idle_timeout_s: float = Field(
         1800.0,
         gt=0,
-        validation_alias=_env("session_idle_timeout_s"),
         description="A session with no request for this long is closed; its last turn gets no next state.",
     )
     side_turn_system_regex: str | None = Field(
         None,
-        validation_alias=_env("side_turn_system_regex"),
         description="Requests whose system prompt matches this regex are side turns (served, never trained on).",
     )
     policy_poll_s: float = Field(
         0.25,
         gt=0,
-        validation_alias=_env("policy_poll_s"),
         description="How often serving looks in the store for a newly published (or rolled back) policy version.",
     )
     dashboard: bool = Field(
         True,
-        validation_alias=_env("dashboard"),
         description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
         "score, read from the store (protected by --api-key when one is set).",
     )
@@ -133,13 +143,11 @@ class ServeConfig(_Settings):
 class DashboardConfig(_Settings):
     """`clawrl dashboard`: the dashboard alone, over a run's store, while the loops run elsewhere."""
 
-    dashboard_host: str = Field("127.0.0.1", validation_alias=_env("dashboard_host"), description="Interface to listen on.")
-    dashboard_port: int = Field(
-        30080, ge=0, le=65535, validation_alias=_env("dashboard_port"), description="TCP port of the dashboard."
-    )
+    dashboard_host: str = Field("127.0.0.1", description="Interface to listen on.")
+    dashboard_port: int = Field(30080, ge=0, le=65535, description="TCP port of the dashboard.")
     api_key: str | None = Field(
         None,
-        validation_alias=_env("api_key", "SGLANG_API_KEY"),
+        validation_alias=_with_upstream("api_key", "SGLANG_API_KEY"),
         description="When set, the dashboard needs it: as a Bearer token or as the HTTP Basic password (any user).",
     )
 
@@ -149,88 +157,74 @@ class JudgeConfig(_Settings):
 
     judge: Literal["rule", "openai", "engine", "off"] = Field(
         "rule",
-        validation_alias=_env("judge"),
         description="Judge backend: `rule` (deterministic rules over the next state; the CPU default), "
         "`openai` (a language model behind any OpenAI-compatible endpoint: --judge-url, --judge-model), "
         "`engine` (the serving model itself, or a second local model named by --judge-model) or "
         "`off` (record only; run `clawrl judge` elsewhere).",
     )
-    judge_concurrency: int = Field(
-        4, ge=1, validation_alias=_env("judge_concurrency"), description="Turns judged at the same time per worker."
-    )
-    judge_timeout_s: float = Field(
-        60.0, gt=0, validation_alias=_env("judge_timeout_s"), description="Limit on judging one turn; then it is retried."
-    )
+    judge_concurrency: int = Field(4, ge=1, description="Turns judged at the same time per worker.")
+    judge_timeout_s: float = Field(60.0, gt=0, description="Limit on judging one turn; then it is retried.")
     judge_lease_s: float = Field(
         300.0,
         gt=0,
-        validation_alias=_env("judge_lease_s"),
         description="How long a claimed turn stays reserved for its worker; a killed worker's turns are retried after it.",
     )
-    judge_poll_s: float = Field(
-        0.5, gt=0, validation_alias=_env("judge_poll_s"), description="Pause between looks for new turns when idle."
-    )
+    judge_poll_s: float = Field(0.5, gt=0, description="Pause between looks for new turns when idle.")
     judge_url: str | None = Field(
         None,
-        validation_alias=_env("judge_url"),
         description="Base URL of the OpenAI-compatible judge endpoint, up to `/v1` (needed by --judge openai).",
     )
     judge_model: str | None = Field(
         None,
-        validation_alias=_env("judge_model"),
         description="With --judge openai: the model id the endpoint serves (required). With --judge engine: a local "
         "model directory or hub id to judge with instead of the serving model. Stored with each judgment.",
     )
     judge_api_key: str | None = Field(
-        None,
-        validation_alias=_env("judge_api_key"),
-        description="Sent as `Authorization: Bearer <key>` to the judge endpoint when set.",
+        None, description="Sent as `Authorization: Bearer <key>` to the judge endpoint when set."
     )
     prm_m: int = Field(
         1,
         ge=1,
-        validation_alias=_env("prm_m"),
         description="PRM votes (and hint-judge samples) per turn, run concurrently; the majority wins, a tie is 0.",
     )
     judge_temperature: float = Field(
         0.6,
         ge=0,
-        validation_alias=_env("judge_temperature"),
         description="Sampling temperature of the judge calls; above 0 so that several votes can disagree.",
     )
     judge_max_tokens: int = Field(
-        512,
-        ge=1,
-        validation_alias=_env("judge_max_tokens"),
-        description="Response limit of one judge call: room for the reasoning before the boxed score.",
+        512, ge=1, description="Response limit of one judge call: room for the reasoning before the boxed score."
     )
     judge_retries: int = Field(
         4,
         ge=1,
-        validation_alias=_env("judge_retries"),
         description="Attempts per judge call on transport errors, timeouts and 5xx (back-off 0.2 s, 0.4 s, ...); "
         "4xx is never retried.",
     )
     judge_max_attempts: int = Field(
         5,
         ge=1,
-        validation_alias=_env("judge_max_attempts"),
         description="Claims of one turn before judging it is given up (a turn whose judge prompt can never work, "
         "say); such a turn stays unjudged and untrained, and the worker moves on.",
     )
     hint_top_k: int = Field(
         4,
         ge=1,
-        validation_alias=_env("hint_top_k"),
         description="k of overlap-guided hint selection: top-k tokens per response position compared between the "
         "student prompt and each hinted teacher prompt.",
     )
     judge_call_timeout_s: float = Field(
         20.0,
         gt=0,
-        validation_alias=_env("judge_call_timeout_s"),
         description="Limit on one judge call; a call that runs past it is retried (--judge-timeout-s bounds the turn).",
     )
+
+    @model_validator(mode="after")
+    def _openai_needs_an_endpoint(self) -> Self:
+        if self.judge == "openai" and not (self.judge_url and self.judge_model):
+            missing = [flag for flag, value in (("--judge-url", self.judge_url), ("--judge-model", self.judge_model)) if not value]
+            raise ValueError(f"--judge openai needs --judge-url and --judge-model (missing: {', '.join(missing)})")
+        return self
 
 
 class LossConfig(_Settings):
@@ -242,44 +236,30 @@ class LossConfig(_Settings):
 
     method: Literal["rl", "opd", "combine"] = Field(
         "combine",
-        validation_alias=_env("method"),
         description="Training signal: `rl` (advantage = reward), `opd` (advantage = clipped teacher-minus-policy "
         "log-prob) or `combine` (w_rl * reward + w_opd * teacher term). A sample without teacher log-probs "
         "contributes the RL term only, whatever the method.",
     )
-    eps_low: float = Field(
-        0.2, ge=0, lt=1, validation_alias=_env("eps_low"), description="PPO clip below: the ratio is floored at 1 - eps_low."
-    )
-    eps_high: float = Field(
-        0.28, ge=0, validation_alias=_env("eps_high"), description="PPO clip above: the ratio is capped at 1 + eps_high."
-    )
+    eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: the ratio is floored at 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="PPO clip above: the ratio is capped at 1 + eps_high.")
     kl_beta: float = Field(
         0.0,
         ge=0,
-        validation_alias=_env("kl_beta"),
         description="Weight of the k3 KL to the reference policy (the adapter-free base for LoRA, the frozen "
         "starting weights for full fine-tuning); 0 skips the reference forward pass entirely.",
     )
-    entropy_coef: float = Field(
-        0.0, ge=0, validation_alias=_env("entropy_coef"), description="Weight of the entropy bonus (subtracted from the loss)."
-    )
-    opd_clip: float = Field(
-        1.0, gt=0, validation_alias=_env("opd_clip"), description="C in the OPD advantage clip(log pi_T - log pi_old, -C, C)."
-    )
-    w_rl: float = Field(1.0, validation_alias=_env("w_rl"), description="Weight of the reward term in the advantage.")
-    w_opd: float = Field(
-        1.0, validation_alias=_env("w_opd"), description="Weight of the teacher term (OPD advantage or top-K reverse KL)."
-    )
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus (subtracted from the loss).")
+    opd_clip: float = Field(1.0, gt=0, description="C in the OPD advantage clip(log pi_T - log pi_old, -C, C).")
+    w_rl: float = Field(1.0, description="Weight of the reward term in the advantage.")
+    w_opd: float = Field(1.0, description="Weight of the teacher term (OPD advantage or top-K reverse KL).")
     is_cap: float = Field(
         2.0,
         gt=0,
-        validation_alias=_env("is_cap"),
         description="Cap of the per-token importance weight min(pi_old / pi_behaviour, cap) for off-policy samples.",
     )
     opd_topk: int = Field(
         0,
         ge=0,
-        validation_alias=_env("opd_topk"),
         description="With K > 0, keep the teacher's top-K tokens per position and train OPD with the top-K reverse "
         "KL (K + 1 bins) instead of the sampled-token advantage; 0 is off.",
     )
@@ -294,58 +274,42 @@ class TrainConfig(LossConfig):
 
     method: Literal["rl", "opd", "combine"] | None = Field(
         None,
-        validation_alias=_env("method"),
         description="Update: `rl` (binary reward, A = r), `opd` (on-policy distillation from the hinted teacher) or "
         "`combine` (both). On `clawrl serve`, unset means no trainer; `clawrl train` uses `combine` when unset.",
     )
-    batch_size: int = Field(
-        16, ge=1, validation_alias=_env("batch_size"), description="Samples per optimizer step; a step fires when this many are ready."
-    )
+    batch_size: int = Field(16, ge=1, description="Samples per optimizer step; a step fires when this many are ready.")
     micro_batch_size: int = Field(
         4,
         ge=1,
-        validation_alias=_env("micro_batch_size"),
         description="Samples per forward/backward pass (gradients are accumulated over the batch): bounds the memory.",
     )
-    lr: float | None = Field(
-        None, gt=0, validation_alias=_env("lr"), description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full."
-    )
-    grad_clip: float = Field(1.0, gt=0, validation_alias=_env("grad_clip"), description="Gradient norm clip per step.")
+    lr: float | None = Field(None, gt=0, description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip per step.")
     full: bool = Field(
         False,
-        validation_alias=_env("full"),
         description="Fine-tune every weight instead of a LoRA adapter (publishes full weights; needs a second copy "
         "of the model in memory for the frozen teacher/reference).",
     )
-    lora_rank: int = Field(16, ge=1, validation_alias=_env("lora_rank"), description="LoRA rank r.")
-    lora_alpha: float = Field(32.0, gt=0, validation_alias=_env("lora_alpha"), description="LoRA alpha (scale alpha / r).")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r.")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale alpha / r).")
     lora_target_modules: str = Field(
         "all-linear",
-        validation_alias=_env("lora_target_modules"),
         description="Modules that get LoRA adapters: `all-linear` (every linear projection except the output head) "
         "or a comma-separated list of module names such as `q_proj,v_proj`.",
     )
     teacher: Literal["base", "policy"] = Field(
         "base",
-        validation_alias=_env("teacher"),
         description="OPD teacher: `base` (the frozen starting weights) or `policy` (the trainer's current weights), "
         "each given the hint; its log-probs of the recorded response are computed when the sample is built.",
     )
     max_staleness: int = Field(
         8,
         ge=0,
-        validation_alias=_env("max_staleness"),
         description="Drop a sample when more than this many versions were published since the version that produced it.",
     )
-    train_seed: int = Field(
-        0, validation_alias=_env("train_seed"), description="Seed of the trainer (LoRA initialisation, any sampling)."
-    )
-    tensorboard: bool = Field(
-        False, validation_alias=_env("tensorboard"), description="Write TensorBoard event files to RUN_DIR/tensorboard/."
-    )
-    train_poll_s: float = Field(
-        1.0, gt=0, validation_alias=_env("train_poll_s"), description="Pause between looks for new judged turns when idle."
-    )
+    train_seed: int = Field(0, description="Seed of the trainer (LoRA initialisation, any sampling).")
+    tensorboard: bool = Field(False, description="Write TensorBoard event files to RUN_DIR/tensorboard/.")
+    train_poll_s: float = Field(1.0, gt=0, description="Pause between looks for new judged turns when idle.")
 
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (1e-5 if self.full else 1e-4)
@@ -358,56 +322,42 @@ class BenchConfig(_Settings):
     settings (`CLAWRL_MODEL`, `CLAWRL_METHOD`) by accident.
     """
 
+    model_config = SettingsConfigDict(env_prefix="CLAWRL_BENCH_")
+
     method: Literal["none", "memory", "rl", "opd", "combine", "all"] = Field(
         "all",
-        validation_alias=_env("bench_method"),
         description="Arm to run: `none` (control: no training), `memory` (past hints in the system prompt), `rl`, "
         "`opd`, `combine` (clawrl serve --method ...), or `all` of them.",
     )
-    sessions: int = Field(36, ge=1, validation_alias=_env("bench_sessions"), description="Sessions per arm and seed.")
-    seeds: int = Field(3, ge=1, validation_alias=_env("bench_seeds"), description="Seeds per arm (0, 1, ...).")
+    sessions: int = Field(36, ge=1, description="Sessions per arm and seed.")
+    seeds: int = Field(3, ge=1, description="Seeds per arm (0, 1, ...).")
     out: Path = Field(
         Path("runs/bench-learn"),
-        validation_alias=_env("bench_out"),
         description="Output directory: results.json, report.md, learning.png, and one run directory per arm and seed.",
     )
     persona: Literal["student", "teacher"] = Field(
         "student",
-        validation_alias=_env("bench_persona"),
         description="Simulated user: `student` (every step, no bold or numbered lists) or `teacher` (detailed, warm).",
     )
     model: str = Field(
         "tiny-pretrained",
-        validation_alias=_env("bench_model"),
         description="Model the arms serve (clawrl serve --model): `tiny-pretrained` (built locally), a local "
         "directory or a hub id.",
     )
-    model_seed: int = Field(
-        0, validation_alias=_env("bench_model_seed"), description="Seed of the locally built model (clawrl serve --seed)."
-    )
-    problems_per_session: int = Field(
-        2, ge=1, validation_alias=_env("bench_problems_per_session"), description="Word problems the user asks per session."
-    )
-    heldout_prompts: int = Field(
-        48, ge=1, validation_alias=_env("bench_heldout_prompts"), description="Held-out prompts per evaluation (side turns)."
-    )
-    max_tokens: int = Field(
-        256, ge=16, validation_alias=_env("bench_max_tokens"), description="max_tokens of every answer the user reads."
-    )
-    temperature: float = Field(
-        1.0, ge=0, le=2, validation_alias=_env("bench_temperature"), description="Sampling temperature of every request."
-    )
+    model_seed: int = Field(0, description="Seed of the locally built model (clawrl serve --seed).")
+    problems_per_session: int = Field(2, ge=1, description="Word problems the user asks per session.")
+    heldout_prompts: int = Field(48, ge=1, description="Held-out prompts per evaluation (side turns).")
+    max_tokens: int = Field(256, ge=16, description="max_tokens of every answer the user reads.")
+    temperature: float = Field(1.0, ge=0, le=2, description="Sampling temperature of every request.")
     top_p: float = Field(
         0.95,
         gt=0,
         le=1,
-        validation_alias=_env("bench_top_p"),
         description="Nucleus sampling top_p of every request (0.95 keeps the tiny model's long tail of unlikely "
         "tokens from garbling answers whatever their style).",
     )
     catch_up: bool = Field(
         True,
-        validation_alias=_env("bench_catch_up"),
         description="Between sessions of a trained arm, the user waits until training has caught up with what was "
         "played (as a real user's pause between conversations would allow); --no-catch-up starts the next session at "
         "once, so what has been trained by then depends on the machine's speed.",
@@ -415,23 +365,22 @@ class BenchConfig(_Settings):
     settle_s: float = Field(
         120.0,
         ge=0,
-        validation_alias=_env("bench_settle_s"),
         description="How long a trained arm may take to train and serve what is due, between sessions and after the last.",
     )
     user_url: str | None = Field(
         None,
-        validation_alias=_env("bench_user_url"),
         description="OpenAI-compatible endpoint (base URL up to /v1) of a model that words the user's replies; "
         "unset: scripted replies.",
     )
-    user_model: str | None = Field(
-        None, validation_alias=_env("bench_user_model"), description="Model id at --user-url that plays the user."
-    )
-    user_api_key: str | None = Field(
-        None, validation_alias=_env("bench_user_api_key"), description="Bearer key for --user-url, when it needs one."
-    )
+    user_model: str | None = Field(None, description="Model id at --user-url that plays the user.")
+    user_api_key: str | None = Field(None, description="Bearer key for --user-url, when it needs one.")
     serve_args: str = Field(
         "",
-        validation_alias=_env("bench_serve_args"),
         description="Extra `clawrl serve` flags for every arm, e.g. \"--judge openai --judge-url URL --judge-model M\".",
     )
+
+    @model_validator(mode="after")
+    def _user_url_needs_user_model(self) -> Self:
+        if self.user_url and not self.user_model:
+            raise ValueError("--user-url needs --user-model (the model id at that endpoint that plays the user)")
+        return self

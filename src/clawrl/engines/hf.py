@@ -33,7 +33,8 @@ Log-probs
 Every reported log-prob (`TokenStep.logprob`, `TokenStep.top_logprobs`, `score`) is taken from the
 RAW model distribution, `log_softmax(logits)` at temperature 1, before temperature and top-p
 reshape it for sampling. That is the distribution the trainer recomputes for the same tokens
-(pi_behaviour in the importance ratio, DESIGN §6), so the two are directly comparable.
+(pi_behaviour in the importance ratio, DESIGN §6), so the two are directly comparable; `score`
+and the trainer share the very function that computes it (`clawrl.engines.scoring`).
 
 Policy versions
 ---------------
@@ -65,6 +66,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from clawrl.config import EngineConfig
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, ScoredResponse, TokenStep
+from clawrl.engines.scoring import score_response
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +386,14 @@ class HFEngine(Engine):
 
     # --- public API -------------------------------------------------------------------------
 
+    @property
+    def base_model(self) -> PreTrainedModel | None:
+        """The loaded base model, None before `start()`: version 0 and every LoRA version run their
+        forward passes through it (a full-weight version has its own model). Read-only; for tests and
+        diagnostics, e.g. a forward hook that sees each pass's batch. The worker thread owns the
+        model: do not run it from other threads."""
+        return self._base
+
     def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
         """Queue a generation and return its stream at once; see `TokenStep` for what it yields.
 
@@ -424,8 +434,6 @@ class HFEngine(Engine):
             raise ValueError(f"prompt + response exceed the context of {self.max_context_tokens} tokens")
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
-        if not response:
-            return ScoredResponse(logprobs=[], top_token_ids=[], top_logprobs=[])
         return await self._call(lambda: self._score(prompt, response, top_k, version))
 
     async def load_version(self, version: int, path: Path) -> None:
@@ -582,17 +590,7 @@ class HFEngine(Engine):
     def _score(self, prompt: list[int], response: list[int], top_k: int, version: int | None) -> ScoredResponse:
         with torch.inference_mode():
             model = self._model_for(self.policy_version if version is None else version)
-            ids = torch.tensor([prompt + response], device=self.device)
-            # Logits at positions len(prompt)-1 .. end-1 predict the response tokens; the last
-            # position (predicting past the response) is computed by logits_to_keep and dropped.
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(response) + 1).logits[0, :-1]
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            targets = torch.tensor(response, device=self.device)
-            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-            if not top_k:
-                return ScoredResponse(chosen, [[] for _ in response], [[] for _ in response])
-            top_values, top_ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
-            return ScoredResponse(chosen, top_ids.tolist(), top_values.tolist())
+            return score_response(model, prompt, response, top_k)
 
     # --- policy versions (worker thread) ----------------------------------------------------
 

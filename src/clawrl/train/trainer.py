@@ -37,16 +37,16 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
-from clawrl.engines import model_source
 from clawrl.engines.base import ScoredResponse
 from clawrl.engines.hf import resolve_device, resolve_dtype
+from clawrl.engines.scoring import score_response
 from clawrl.store import Store
-from clawrl.store.schema import SampleRow, TurnRow
-from clawrl.store.training import NewVersion, PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
 from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
-from clawrl.train.samples import SampleBuilder, to_sample
+from clawrl.train.samples import SampleBuilder
 from clawrl.train.types import StepMetrics
 from clawrl.train.update import update_step
+from clawrl.types import PolicyVersion, TrainingExample, WeightsKind
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +56,6 @@ _NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): r
 
 class TrainerLockedError(RuntimeError):
     """Another trainer already trains this run directory."""
-
-
-def forced_logprobs(model: PreTrainedModel, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
-    """Teacher-forced raw log-probs of `response` after `prompt` (the `Engine.score` contract)."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        ids = torch.tensor([prompt + response], device=device)
-        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(response) + 1).logits[0, :-1]
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        chosen = logprobs.gather(1, torch.tensor(response, device=device)[:, None])[:, 0].tolist()
-        if not top_k:
-            return ScoredResponse(chosen, [[] for _ in response], [[] for _ in response])
-        values, ids = logprobs.topk(min(top_k, logprobs.shape[-1]), dim=-1)
-        return ScoredResponse(chosen, ids.tolist(), values.tolist())
 
 
 def lora_config(config: TrainConfig) -> LoraConfig:
@@ -88,12 +74,12 @@ class Trainer:
     def __init__(self, config: TrainConfig, engine_config: EngineConfig, store: Store, run_dir: Path) -> None:
         self.config, self.run_dir = config, Path(run_dir)
         self.method = config.method or "combine"
-        self.kind = "full" if config.full else "lora"
+        self.kind: WeightsKind = "full" if config.full else "lora"
         self.training = TrainingStore(store)
         self.device = resolve_device(engine_config.device)
         if self.device.type == "cpu" and engine_config.cpu_threads:
             torch.set_num_threads(engine_config.cpu_threads)
-        self._source = source = model_source(engine_config)
+        self._source = source = engine_config.model  # a local directory or hub id: `tiny` is resolved by the caller
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         dtype = resolve_dtype(engine_config.dtype, self.device)
         torch.manual_seed(config.train_seed)
@@ -164,31 +150,34 @@ class Trainer:
             self._writer.close()
 
     # --- one step ---------------------------------------------------------------------------------
-    def _take_batch(self) -> list[tuple[SampleRow, TurnRow]] | None:
+    def _take_batch(self) -> list[TrainingExample] | None:
         """The oldest `batch_size` ready samples once there are that many, stale ones dropped first."""
         while True:
-            rows = self.training.ready_samples(self.config.batch_size)
+            examples = self.training.ready_samples(self.config.batch_size)
             newest = self.training.newest_version()
-            stale = [row.turn_id for row, _ in rows if newest - row.behaviour_version > self.config.max_staleness]
+            stale = [
+                example.turn.id
+                for example in examples
+                if newest - example.sample.behaviour_version > self.config.max_staleness
+            ]
             if not stale:
-                return rows if len(rows) == self.config.batch_size else None
+                return examples if len(examples) == self.config.batch_size else None
             self.training.drop_samples(stale, "stale")
             log.info("dropped %d sample(s) more than %d versions old", len(stale), self.config.max_staleness)
 
-    def _train_and_publish(self, batch: list[tuple[SampleRow, TurnRow]]) -> None:
+    def _train_and_publish(self, batch: list[TrainingExample]) -> None:
         newest = self.training.newest_version()
-        samples = [to_sample(row, turn) for row, turn in batch]
         metrics = update_step(
             self.model,
             self.optimizer,
-            samples,
+            batch,
             self.loss_config,
             micro_batch_size=self.config.micro_batch_size,
             grad_clip=self.config.grad_clip,
             reference_model=self.reference,
         )
-        metrics.mean_staleness = sum(newest - row.behaviour_version for row, _ in batch) / len(batch)
-        sample_ids = [sample.turn_id for sample in samples]
+        metrics.mean_staleness = sum(newest - example.sample.behaviour_version for example in batch) / len(batch)
+        sample_ids = [example.turn.id for example in batch]
         if metrics.skipped_step:  # a non-finite gradient: the weights are unchanged, the batch would do it again
             self.training.drop_samples(sample_ids, "non_finite_gradient")
             log.warning("dropped a batch of %d samples whose gradient was not finite", len(sample_ids))
@@ -196,7 +185,7 @@ class Trainer:
         version, parent = newest + 1, self.head
         manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics))
         path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
-        record = NewVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics))
+        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics))
         try:
             self.training.register_version(record, sample_ids)
         except (PointerMovedError, SamplesTakenError) as reason:
@@ -288,7 +277,7 @@ class Trainer:
     # --- the OPD teacher --------------------------------------------------------------------------
     def _teacher_score(self, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
         with self._teacher() as teacher:
-            return forced_logprobs(teacher, prompt, response, top_k)
+            return score_response(teacher, prompt, response, top_k)
 
     @contextmanager
     def _teacher(self) -> Iterator[PreTrainedModel]:

@@ -1,6 +1,6 @@
-"""One optimizer step on a batch of samples: the update of DESIGN §6.
+"""One optimizer step on a batch of examples: the update of DESIGN §6.
 
-`update_step` packs the samples into micro-batches, runs the policy over each, builds the
+`update_step` packs the examples into micro-batches, runs the policy over each, builds the
 per-token advantage of the chosen method, accumulates the gradients of the PPO loss (plus the
 optional KL, entropy and top-K terms) and takes one optimizer step. The loss of every micro-batch
 is divided by the token count of the whole batch, so the accumulated gradient is exactly that of
@@ -14,14 +14,11 @@ consequence is ρ = π_θ/π_old = 1 at every token, so the PPO clip never fires
 (clip fraction and approximate KL read 0); the truncated importance weights
 min(π_old/π_behaviour, cap) carry the off-policy correction.
 
-Sequence layout, per micro-batch (why: bounded memory for long prompts):
-
-    [pad … pad | prompt | response | pad … pad]      prompts left-padded to end in one column
-
-Every response then starts in the same column, so the logits that predict response tokens are the
-last R columns and the model is asked for just those (`logits_to_keep`): the vocabulary-sized
-tensors are [micro-batch, R, V] however long the prompts are. Position ids are counted from each
-row's first real token, so padding changes nothing but the amount of work.
+Each micro-batch's token ids are packed and scored by `clawrl.engines.scoring` (prompts
+left-padded so that every response starts in one column, only the last R columns' logits asked
+for: the vocabulary-sized tensors are [micro-batch, R, V] however long the prompts are), the very
+code the engine and the OPD teacher score with, so π_old, π_ref and the teacher's log-probs are
+computed alike.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ from peft import PeftModel
 from torch import Tensor
 
 from clawrl.config import LossConfig
+from clawrl.engines.scoring import PackedRows, pack_rows, response_logits, token_logprobs
 from clawrl.train.losses import (
     combined_advantage,
     entropy_from_logits,
@@ -46,18 +44,15 @@ from clawrl.train.losses import (
     topk_reverse_kl,
     truncated_importance_weights,
 )
-from clawrl.train.types import Sample, StepMetrics
+from clawrl.train.types import StepMetrics
+from clawrl.types import TrainingExample
 
 
 @dataclass
 class MicroBatch:
-    """Samples packed into tensors (layout in the module docstring); R = the longest response."""
+    """Samples packed into tensors: their token rows, plus what the loss needs per response token."""
 
-    input_ids: Tensor  # [B, P + R - 1]: the last response token is only ever a target
-    attention_mask: Tensor  # [B, P + R - 1]
-    position_ids: Tensor  # [B, P + R - 1]
-    response_ids: Tensor  # [B, R]
-    mask: Tensor  # [B, R] bool: a real response token
+    rows: PackedRows  # token ids, masks and positions; R = the longest response
     behaviour_logprobs: Tensor  # [B, R]
     rewards: Tensor  # [B]
     teacher_logprobs: Tensor  # [B, R], 0 where has_teacher is false
@@ -66,63 +61,62 @@ class MicroBatch:
     topk_logprobs: Tensor | None  # [B, R, K]
     has_topk: Tensor  # [B] bool: the top-K term applies
 
+    @property
+    def response_ids(self) -> Tensor:
+        """[B, R] the response tokens, right-padded: the targets of the loss."""
+        return self.rows.response_ids
 
-def _uses_topk(sample: Sample, config: LossConfig) -> bool:
-    return config.method != "rl" and config.opd_topk > 0 and sample.teacher_topk_ids is not None
+    @property
+    def mask(self) -> Tensor:
+        """[B, R] bool: a real response token, the tokens every mean of the loss runs over."""
+        return self.rows.mask
 
 
-def _uses_teacher_logprobs(sample: Sample, config: LossConfig) -> bool:
-    return config.method != "rl" and sample.teacher_logprobs is not None and not _uses_topk(sample, config)
+def _uses_topk(example: TrainingExample, config: LossConfig) -> bool:
+    return config.method != "rl" and config.opd_topk > 0 and example.sample.teacher_topk_ids is not None
 
 
-def _check(sample: Sample, config: LossConfig) -> None:
-    length = len(sample.response_token_ids)
-    if length and not sample.prompt_token_ids:
-        raise ValueError(f"sample {sample.turn_id}: a response needs at least one prompt token to be predicted from")
-    if len(sample.behaviour_logprobs) != length:
-        count = len(sample.behaviour_logprobs)
-        raise ValueError(f"sample {sample.turn_id}: {count} behaviour log-probs for {length} response tokens")
-    if sample.teacher_logprobs is not None and len(sample.teacher_logprobs) != length:
-        raise ValueError(f"sample {sample.turn_id}: {len(sample.teacher_logprobs)} teacher log-probs, {length} tokens")
-    if _uses_topk(sample, config):
-        ids, logprobs = sample.teacher_topk_ids or [], sample.teacher_topk_logprobs or []
+def _uses_teacher_logprobs(example: TrainingExample, config: LossConfig) -> bool:
+    return config.method != "rl" and example.sample.teacher_logprobs is not None and not _uses_topk(example, config)
+
+
+def _check(example: TrainingExample, config: LossConfig) -> None:
+    length = len(example.turn.response_token_ids)
+    if len(example.turn.response_logprobs) != length:
+        count = len(example.turn.response_logprobs)
+        raise ValueError(f"sample {example.turn.id}: {count} behaviour log-probs for {length} response tokens")
+    if example.sample.teacher_logprobs is not None and len(example.sample.teacher_logprobs) != length:
+        raise ValueError(f"sample {example.turn.id}: {len(example.sample.teacher_logprobs)} teacher log-probs, {length} tokens")
+    if _uses_topk(example, config):
+        ids, logprobs = example.sample.teacher_topk_ids or [], example.sample.teacher_topk_logprobs or []
         if len(ids) != length or len(logprobs) != length:
-            raise ValueError(f"sample {sample.turn_id}: teacher top-K lists do not cover its {length} tokens")
+            raise ValueError(f"sample {example.turn.id}: teacher top-K lists do not cover its {length} tokens")
         if any(len(row) < config.opd_topk for row in ids) or any(len(row) < config.opd_topk for row in logprobs):
-            raise ValueError(f"sample {sample.turn_id}: fewer than opd_topk={config.opd_topk} teacher entries")
+            raise ValueError(f"sample {example.turn.id}: fewer than opd_topk={config.opd_topk} teacher entries")
 
 
-def pack_samples(samples: list[Sample], config: LossConfig, device: torch.device) -> MicroBatch:
-    """The tensors of one micro-batch (prompts left-padded, responses right-padded)."""
-    for sample in samples:
-        _check(sample, config)
-    prompt_width = max(len(sample.prompt_token_ids) for sample in samples)
-    response_width = max(len(sample.response_token_ids) for sample in samples)
-    rows, masks, response_ids, behaviour, teacher = [], [], [], [], []
-    for sample in samples:
-        left = prompt_width - len(sample.prompt_token_ids)
-        right = response_width - len(sample.response_token_ids)
-        rows.append([0] * left + sample.prompt_token_ids + sample.response_token_ids + [0] * right)
-        masks.append([0] * left + [1] * (len(sample.prompt_token_ids) + len(sample.response_token_ids)) + [0] * right)
-        response_ids.append(sample.response_token_ids + [0] * right)
-        behaviour.append(sample.behaviour_logprobs + [0.0] * right)
-        teacher_row = sample.teacher_logprobs if _uses_teacher_logprobs(sample, config) else None
-        teacher.append((teacher_row or [0.0] * len(sample.response_token_ids)) + [0.0] * right)
-    attention = torch.tensor(masks, device=device)[:, :-1]
-    response_ids_tensor = torch.tensor(response_ids, dtype=torch.long, device=device)
-    has_topk = [_uses_topk(sample, config) for sample in samples]
-    topk_ids, topk_logprobs = _pack_topk(samples, has_topk, config.opd_topk, response_width, device)
+def pack_examples(examples: list[TrainingExample], config: LossConfig, device: torch.device) -> MicroBatch:
+    """The tensors of one micro-batch (token rows laid out by `pack_rows`, per-token values right-padded)."""
+    for example in examples:
+        _check(example, config)
+    rows = pack_rows(
+        [example.turn.prompt_token_ids for example in examples], [example.turn.response_token_ids for example in examples], device
+    )
+    response_width = rows.response_ids.shape[1]
+    behaviour, teacher = [], []
+    for example in examples:
+        right = response_width - len(example.turn.response_token_ids)
+        behaviour.append(example.turn.response_logprobs + [0.0] * right)
+        teacher_row = example.sample.teacher_logprobs if _uses_teacher_logprobs(example, config) else None
+        teacher.append((teacher_row or [0.0] * len(example.turn.response_token_ids)) + [0.0] * right)
+    has_topk = [_uses_topk(example, config) for example in examples]
+    topk_ids, topk_logprobs = _pack_topk(examples, has_topk, config.opd_topk, response_width, device)
     return MicroBatch(
-        input_ids=torch.tensor(rows, dtype=torch.long, device=device)[:, :-1],
-        attention_mask=attention,
-        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-        response_ids=response_ids_tensor,
-        mask=torch.arange(response_width, device=device).unsqueeze(0)
-        < torch.tensor([len(sample.response_token_ids) for sample in samples], device=device).unsqueeze(1),
+        rows=rows,
         behaviour_logprobs=torch.tensor(behaviour, dtype=torch.float32, device=device),
-        rewards=torch.tensor([float(sample.reward) for sample in samples], dtype=torch.float32, device=device),
+        rewards=torch.tensor([float(example.sample.reward) for example in examples], dtype=torch.float32, device=device),
         teacher_logprobs=torch.tensor(teacher, dtype=torch.float32, device=device),
-        has_teacher=torch.tensor([_uses_teacher_logprobs(sample, config) for sample in samples], device=device),
+        has_teacher=torch.tensor([_uses_teacher_logprobs(example, config) for example in examples], device=device),
         topk_ids=topk_ids,
         topk_logprobs=topk_logprobs,
         has_topk=torch.tensor(has_topk, dtype=torch.bool, device=device),
@@ -130,36 +124,19 @@ def pack_samples(samples: list[Sample], config: LossConfig, device: torch.device
 
 
 def _pack_topk(
-    samples: list[Sample], has_topk: list[bool], k: int, width: int, device: torch.device
+    examples: list[TrainingExample], has_topk: list[bool], k: int, width: int, device: torch.device
 ) -> tuple[Tensor | None, Tensor | None]:
     """[B, R, K] teacher ids and log-probs (each position's first K entries); None if no sample uses them."""
     if not any(has_topk):
         return None, None
-    ids = torch.zeros(len(samples), width, k, dtype=torch.long)
-    logprobs = torch.zeros(len(samples), width, k, dtype=torch.float32)
-    for row, (sample, used) in enumerate(zip(samples, has_topk)):
-        if used and sample.response_token_ids:
-            length = len(sample.response_token_ids)
-            ids[row, :length] = torch.tensor([position[:k] for position in sample.teacher_topk_ids or []])
-            logprobs[row, :length] = torch.tensor([position[:k] for position in sample.teacher_topk_logprobs or []])
+    ids = torch.zeros(len(examples), width, k, dtype=torch.long)
+    logprobs = torch.zeros(len(examples), width, k, dtype=torch.float32)
+    for row, (example, used) in enumerate(zip(examples, has_topk)):
+        if used and example.turn.response_token_ids:
+            length = len(example.turn.response_token_ids)
+            ids[row, :length] = torch.tensor([position[:k] for position in example.sample.teacher_topk_ids or []])
+            logprobs[row, :length] = torch.tensor([position[:k] for position in example.sample.teacher_topk_logprobs or []])
     return ids.to(device), logprobs.to(device)
-
-
-def response_logits(model: torch.nn.Module, batch: MicroBatch) -> Tensor:
-    """[B, R, V] logits, position t predicting response token t (float32 for the loss math)."""
-    output = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=batch.response_ids.shape[1],
-    )
-    return output.logits.float()
-
-
-def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
-    """log softmax(logits)[token] without materialising the full log-softmax: z_token − logsumexp(z)."""
-    return logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def _reference_logprobs(model: torch.nn.Module, reference_model: torch.nn.Module | None, batch: MicroBatch) -> Tensor:
@@ -171,14 +148,14 @@ def _reference_logprobs(model: torch.nn.Module, reference_model: torch.nn.Module
     else:
         raise ValueError("kl_beta > 0 needs a reference: a PEFT model, or reference_model for full fine-tuning")
     with torch.no_grad(), context:
-        return token_logprobs(response_logits(reference, batch), batch.response_ids)
+        return token_logprobs(response_logits(reference, batch.rows), batch.response_ids)
 
 
 def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> Tensor:
     """Per-token advantage [B, R] of the configured method (see `LossConfig.method`).
 
-    rl: w_rl·r. opd: w_opd·clip(teacher − old, ±C) for samples with teacher log-probs, 0 for
-    samples distilled through the top-K term, w_rl·r for the others (no teacher signal: RL term
+    rl: w_rl·r. opd: w_opd·clip(teacher − old, ±C) for examples with teacher log-probs, 0 for
+    examples distilled through the top-K term, w_rl·r for the others (no teacher signal: RL term
     only). combine: w_rl·r, plus w_opd·clip(teacher − old, ±C) where teacher log-probs exist.
     """
     rl_term = combined_advantage(batch.rewards, torch.zeros_like(old_logprobs), config.w_rl, 0.0)
@@ -194,9 +171,9 @@ def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> T
     return torch.where(has_teacher, config.w_opd * teacher_term, without_teacher)
 
 
-def micro_batches(samples: list[Sample], size: int) -> Iterator[list[Sample]]:
+def micro_batches(examples: list[TrainingExample], size: int) -> Iterator[list[TrainingExample]]:
     """Chunks of `size`, after sorting by length so that each chunk pads as little as possible."""
-    ordered = sorted(samples, key=lambda sample: (len(sample.prompt_token_ids), len(sample.response_token_ids)))
+    ordered = sorted(examples, key=lambda example: (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids)))
     for start in range(0, len(ordered), size):
         yield ordered[start : start + size]
 
@@ -223,37 +200,37 @@ class _Totals:
 def update_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    samples: list[Sample],
+    examples: list[TrainingExample],
     config: LossConfig,
     *,
     micro_batch_size: int,
     grad_clip: float = 1.0,
     reference_model: torch.nn.Module | None = None,
 ) -> StepMetrics:
-    """One optimizer step on `samples`; returns what it did (`mean_staleness` is left to the caller).
+    """One optimizer step on `examples`; returns what it did (`mean_staleness` is left to the caller).
 
-    The loss is the token mean over every response token in `samples` of
+    The loss is the token mean over every response token in `examples` of
 
         PPO(ρ, A, w) + kl_beta · k3(π_θ, π_ref) − entropy_coef · H(π_θ) + w_opd · topK-RKL
 
-    (the last term only for samples distilled through the top-K term). Gradients are clipped to
+    (the last term only for examples distilled through the top-K term). Gradients are clipped to
     a global norm of `grad_clip` (math.inf: no clipping). With no response token at all, or a
     non-finite gradient (the step is then skipped and `skipped_step` is 1), the weights are left
-    unchanged. Deterministic given the model, the samples and torch's RNG (dropout, if any).
+    unchanged. Deterministic given the model, the examples and torch's RNG (dropout, if any).
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
     started = time.perf_counter()
     device = next(model.parameters()).device
-    num_tokens = sum(len(sample.response_token_ids) for sample in samples)
-    topk_tokens = sum(len(sample.response_token_ids) for sample in samples if _uses_topk(sample, config))
+    num_tokens = sum(len(example.turn.response_token_ids) for example in examples)
+    topk_tokens = sum(len(example.turn.response_token_ids) for example in examples if _uses_topk(example, config))
     metrics = StepMetrics(
-        num_samples=len(samples),
+        num_samples=len(examples),
         num_tokens=num_tokens,
-        mean_reward=sum(sample.reward for sample in samples) / max(len(samples), 1),
+        mean_reward=sum(example.sample.reward for example in examples) / max(len(examples), 1),
         opd_fraction=sum(
-            sample.teacher_logprobs is not None or sample.teacher_topk_ids is not None for sample in samples
-        ) / max(len(samples), 1),
+            example.sample.teacher_logprobs is not None or example.sample.teacher_topk_ids is not None for example in examples
+        ) / max(len(examples), 1),
     )
     if num_tokens == 0:
         return metrics
@@ -263,8 +240,8 @@ def update_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
-        for chunk in micro_batches(samples, micro_batch_size):
-            batch = pack_samples(chunk, config, device)
+        for chunk in micro_batches(examples, micro_batch_size):
+            batch = pack_examples(chunk, config, device)
             if batch.response_ids.shape[1] == 0:
                 continue
             _accumulate(model, reference_model, batch, config, num_tokens, topk_tokens, totals)
@@ -295,7 +272,7 @@ def _accumulate(
 ) -> None:
     """Forward and backward one micro-batch, its loss scaled to its share of the batch token mean."""
     reference = _reference_logprobs(model, reference_model, batch) if config.kl_beta > 0 else None
-    logits = response_logits(model, batch)
+    logits = response_logits(model, batch.rows)
     full_logprobs = torch.log_softmax(logits, dim=-1) if batch.topk_ids is not None else None
     logprobs = (
         full_logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)

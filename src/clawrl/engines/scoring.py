@@ -1,0 +1,104 @@
+"""Teacher-forced scoring: log π(response_t | prompt, response_<t), computed in one place.
+
+Serving (`HFEngine.score`), the trainer's OPD teacher and the policy update all compare numbers
+of this one quantity: the importance weight divides the trainer's log-prob by the engine's, the
+OPD advantage subtracts the student's from the teacher's. One implementation keeps them equal up
+to the model's own arithmetic, instead of up to three chances of a shift or padding mismatch.
+
+Sequence layout of a packed batch (why: bounded memory for long prompts):
+
+    [pad … pad | prompt | response | pad … pad]      prompts left-padded to end in one column
+
+Every response then starts in the same column, so the logits that predict response tokens are the
+last R columns (R = the longest response) and the model is asked for just those
+(`logits_to_keep`): the vocabulary-sized tensors are [B, R, V] however long the prompts are.
+The last column (the last response token) is only ever a target, so it is not fed. Position ids
+are counted from each row's first real token, so padding changes nothing but the amount of work.
+All log-probs are of the RAW distribution (temperature 1), in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from clawrl.engines.base import ScoredResponse
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Prompt/response rows packed for teacher forcing (layout in the module docstring)."""
+
+    input_ids: Tensor  # [B, P + R - 1]
+    attention_mask: Tensor  # [B, P + R - 1]: 1 on real tokens
+    position_ids: Tensor  # [B, P + R - 1]: counted from each row's first real token
+    response_ids: Tensor  # [B, R], right-padded with 0
+    mask: Tensor  # [B, R] bool: a real response token
+
+
+def pack_rows(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> PackedRows:
+    """Left-pad the prompts and right-pad the responses so that every response starts in one column."""
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        if response and not prompt:
+            raise ValueError(f"row {row}: a response needs at least one prompt token to be predicted from")
+    prompt_width = max(len(prompt) for prompt in prompts)
+    response_width = max(len(response) for response in responses)
+    ids, real, response_ids = [], [], []
+    for prompt, response in zip(prompts, responses):
+        left, right = prompt_width - len(prompt), response_width - len(response)
+        ids.append([0] * left + prompt + response + [0] * right)
+        real.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+        response_ids.append(response + [0] * right)
+    attention = torch.tensor(real, device=device)[:, :-1]
+    lengths = torch.tensor([len(response) for response in responses], device=device)
+    return PackedRows(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, :-1],
+        attention_mask=attention,
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+        response_ids=torch.tensor(response_ids, dtype=torch.long, device=device),
+        mask=torch.arange(response_width, device=device).unsqueeze(0) < lengths.unsqueeze(1),
+    )
+
+
+def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
+    """[B, R, V] logits, position t predicting response token t (float32 for the loss math)."""
+    width = rows.response_ids.shape[1]
+    if width == 0:
+        # logits_to_keep=0 would mean "every position" to transformers, not "none".
+        raise ValueError("no response token to score")
+    output = model(
+        input_ids=rows.input_ids,
+        attention_mask=rows.attention_mask,
+        position_ids=rows.position_ids,
+        use_cache=False,
+        logits_to_keep=width,
+    )
+    return output.logits.float()
+
+
+def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
+    """log softmax(logits)[token] without materialising the full log-softmax: z_token − logsumexp(z)."""
+    return logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+@torch.no_grad()  # the result is Python lists: no gradient could flow through it
+def score_response(
+    model: torch.nn.Module, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int
+) -> ScoredResponse:
+    """The `Engine.score` contract for one row: each response token's log-prob, plus the top_k per position.
+
+    top_k=0 gives empty lists per position; a top_k above the vocabulary size is clamped to it.
+    """
+    if not response_token_ids:
+        return ScoredResponse(logprobs=[], top_token_ids=[], top_logprobs=[])
+    rows = pack_rows([prompt_token_ids], [response_token_ids], next(model.parameters()).device)
+    logits = response_logits(model, rows)[0]
+    chosen = token_logprobs(logits, rows.response_ids[0]).tolist()
+    if not top_k:
+        return ScoredResponse(chosen, [[] for _ in chosen], [[] for _ in chosen])
+    top_values, top_ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
+    top_logprobs = top_values - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return ScoredResponse(chosen, top_ids.tolist(), top_logprobs.tolist())

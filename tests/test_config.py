@@ -1,0 +1,201 @@
+"""Settings as a user gives them: environment variables, flags, and combinations that are refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from clawrl.cli import build_parser, config_from_args
+from clawrl.config import (
+    BenchConfig,
+    DashboardConfig,
+    EngineConfig,
+    JudgeConfig,
+    LossConfig,
+    ServeConfig,
+    StoreConfig,
+    TrainConfig,
+)
+from clawrl.train.process import settings_env
+
+SERVER_CONFIGS = (EngineConfig, StoreConfig, ServeConfig, DashboardConfig, JudgeConfig, LossConfig, TrainConfig)
+UPSTREAM_NAMES = ("PORT", "SERVED_MODEL_NAME", "SGLANG_API_KEY")
+CLAWRL = Path(sys.executable).parent / "clawrl"  # the installed command, next to this interpreter
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No setting of the machine running the tests leaks into them."""
+    for name in os.environ:
+        if name.startswith("CLAWRL_") or name in UPSTREAM_NAMES:
+            monkeypatch.delenv(name)
+
+
+def env_name(config: type[BaseSettings], field: str) -> str:
+    return f"{'CLAWRL_BENCH_' if config is BenchConfig else 'CLAWRL_'}{field.upper()}"
+
+
+def other_value(config: type[BaseSettings], field: str) -> str:
+    """A valid value of the field, as an environment variable's text, that is not its default
+    (or, for a choice of one, that one)."""
+    info = config.model_fields[field]
+    annotation = info.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    if annotation is bool:
+        return "false" if info.default else "true"
+    if typing.get_origin(annotation) is typing.Literal:
+        # from the end: the first choices (`--judge openai`) need other settings with them
+        choices = typing.get_args(annotation)
+        return next((choice for choice in reversed(choices) if choice != info.default), choices[0])
+    # within every field's bounds (ports, body sizes, probabilities, ...) and nobody's default
+    return {int: "2048", float: "0.75", str: "from-env", Path: "/from/env"}[annotation]
+
+
+ALL_FIELDS = [(config, field) for config in (*SERVER_CONFIGS, BenchConfig) for field in config.model_fields]
+# settings that a validator refuses alone, with what they need
+COMPANIONS = {(BenchConfig, "user_url"): {"user_model": "from-env"}}
+
+
+@pytest.mark.parametrize(("config", "field"), ALL_FIELDS, ids=[f"{c.__name__}.{f}" for c, f in ALL_FIELDS])
+def test_every_field_reads_its_environment_variable(config: type[BaseSettings], field: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    value, companions = other_value(config, field), COMPANIONS.get((config, field), {})
+    for name, companion in {field: value, **companions}.items():
+        monkeypatch.setenv(env_name(config, name), companion)
+    from_env = getattr(config(), field)
+    assert from_env == getattr(config(**{field: value, **companions}), field)
+    if from_env == config.model_fields[field].default:  # a choice of one: the variable is read if a wrong one is refused
+        monkeypatch.setenv(env_name(config, field), "no-such-choice")
+        with pytest.raises(ValidationError):
+            config()
+
+
+def test_upstream_variable_names_are_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PORT", "31000")
+    monkeypatch.setenv("SERVED_MODEL_NAME", "upstream-name")
+    monkeypatch.setenv("SGLANG_API_KEY", "upstream-key")
+    serve = ServeConfig()
+    assert (serve.port, serve.served_model_name, serve.api_key) == (31000, "upstream-name", "upstream-key")
+    assert DashboardConfig().api_key == "upstream-key"
+    monkeypatch.setenv("CLAWRL_PORT", "32000")  # the clawrl name wins when both are set
+    assert ServeConfig().port == 32000
+
+
+def test_only_the_named_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("API_KEY", "unprefixed")  # a field's bare name is not one of its variables
+    monkeypatch.setenv("MODEL", "unprefixed")
+    assert ServeConfig().api_key is None and EngineConfig().model == "tiny"
+    monkeypatch.setenv("CLAWRL_MODEL", "served")  # a server's variables never reach the bench, nor the reverse
+    monkeypatch.setenv("CLAWRL_BENCH_SESSIONS", "5")
+    monkeypatch.setenv("CLAWRL_BENCH_MODEL", "benched")
+    assert BenchConfig().model == "benched" and BenchConfig().sessions == 5
+    assert EngineConfig().model == "served"
+
+
+def test_keyword_construction_uses_field_names() -> None:
+    assert EngineConfig(model="x").model == "x"
+    serve = ServeConfig(port=1234, api_key="k", served_model_name="n")
+    assert (serve.port, serve.api_key, serve.served_model_name) == (1234, "k", "n")
+    assert DashboardConfig(api_key="k").api_key == "k"
+    assert BenchConfig(sessions=2, user_url="http://user/v1", user_model="u").sessions == 2
+
+
+def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAWRL_PORT", "31000")
+    monkeypatch.setenv("PORT", "31001")
+    monkeypatch.setenv("CLAWRL_JUDGE_MODEL", "env-judge")
+    monkeypatch.setenv("CLAWRL_LR", "0.5")
+    args = build_parser().parse_args(["serve", "--port", "31002", "--judge-model", "flag-judge"])
+    assert config_from_args(ServeConfig, args).port == 31002
+    assert config_from_args(JudgeConfig, args).judge_model == "flag-judge"
+    assert config_from_args(TrainConfig, args).lr == 0.5  # no flag: the environment's
+
+    monkeypatch.setenv("CLAWRL_BENCH_SESSIONS", "5")
+    monkeypatch.setenv("CLAWRL_BENCH_SEEDS", "2")
+    bench = config_from_args(BenchConfig, build_parser().parse_args(["bench", "learn", "--sessions", "7"]))
+    assert (bench.sessions, bench.seeds) == (7, 2)
+
+
+def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`clawrl serve` starts `clawrl train` with CLAWRL_* variables that rebuild the same settings."""
+    args = build_parser().parse_args(
+        ["serve", "--model", "some/model", "--run-dir", str(tmp_path), "--method", "rl", "--full", "--lr", "0.001",
+         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard"]
+    )
+    configs = [config_from_args(config, args) for config in (EngineConfig, StoreConfig, TrainConfig)]
+    for name, value in settings_env(*configs).items():
+        monkeypatch.setenv(name, value)
+    assert [EngineConfig(), StoreConfig(), TrainConfig()] == configs
+    assert LossConfig().method == "rl" and LossConfig().eps_high == 0.3
+
+
+@pytest.mark.parametrize(
+    ("settings", "missing"),
+    [({}, "--judge-url, --judge-model"), ({"judge_url": "http://judge/v1"}, "--judge-model"),
+     ({"judge_model": "m"}, "--judge-url")],
+)
+def test_the_openai_judge_needs_an_endpoint_and_a_model(settings: dict[str, Any], missing: str) -> None:
+    with pytest.raises(ValidationError, match=f"--judge openai needs --judge-url and --judge-model \\(missing: {missing}\\)"):
+        JudgeConfig(judge="openai", **settings)
+
+
+def test_the_openai_judge_with_an_endpoint_and_a_model_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert JudgeConfig(judge="openai", judge_url="http://judge/v1", judge_model="m").judge == "openai"
+    assert JudgeConfig(judge="rule").judge_url is None  # only the openai judge needs them
+    monkeypatch.setenv("CLAWRL_JUDGE", "openai")  # the combination may come from the environment too
+    monkeypatch.setenv("CLAWRL_JUDGE_URL", "http://judge/v1")
+    with pytest.raises(ValidationError, match="missing: --judge-model"):
+        JudgeConfig()
+    assert JudgeConfig(judge_model="m").judge_model == "m"
+
+
+def test_a_simulated_user_endpoint_needs_its_model() -> None:
+    with pytest.raises(ValidationError, match="--user-url needs --user-model"):
+        BenchConfig(user_url="http://user/v1")
+    assert BenchConfig(user_url="http://user/v1", user_model="u").user_model == "u"
+    assert BenchConfig().user_url is None  # scripted replies need neither
+
+
+def test_config_from_args_turns_a_refused_setting_into_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["judge", "--judge", "openai", "--judge-model", "m"])
+    with pytest.raises(SystemExit) as refused:
+        config_from_args(JudgeConfig, args)
+    assert refused.value.code == "error: --judge openai needs --judge-url and --judge-model (missing: --judge-url)"
+
+    monkeypatch.setenv("CLAWRL_JUDGE_CONCURRENCY", "0")
+    with pytest.raises(SystemExit) as refused:
+        config_from_args(JudgeConfig, build_parser().parse_args(["judge"]))
+    assert refused.value.code == (
+        "error: --judge-concurrency (CLAWRL_JUDGE_CONCURRENCY): Input should be greater than or equal to 1 (got '0')"
+    )
+
+    monkeypatch.setenv("PORT", "not-a-port")  # an aliased setting names all its variables
+    with pytest.raises(SystemExit, match=r"^error: --port \(CLAWRL_PORT or PORT\): Input should be a valid integer"):
+        config_from_args(ServeConfig, build_parser().parse_args(["serve"]))
+
+
+def clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("CLAWRL_") and name not in UPSTREAM_NAMES}
+
+
+def test_the_cli_reports_a_bad_combination_in_one_line(tmp_path: Path) -> None:
+    judge = subprocess.run([CLAWRL, "judge", "--judge", "openai", "--judge-url", "http://judge/v1", "--run-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+    assert judge.returncode == 1
+    assert judge.stderr.strip().splitlines() == ["error: --judge openai needs --judge-url and --judge-model (missing: --judge-model)"]
+
+    bench = subprocess.run([CLAWRL, "bench", "learn", "--user-url", "http://user/v1", "--out", str(tmp_path / "bench")],
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+    assert bench.returncode == 1 and "Traceback" not in bench.stderr
+    assert bench.stderr.strip().splitlines()[-1].startswith("error: --user-url needs --user-model")
+    assert not (tmp_path / "bench").exists()  # refused before anything ran

@@ -1,0 +1,110 @@
+"""Teacher-forced scoring (`clawrl.engines.scoring`) against an independent float64 reference.
+
+The reference runs the tiny model in float64 on the plain prompt + response (no padding, every
+position's logits) and reads response token t from the log-softmax at position t - 1. The scoring
+code under test works in float32 on left-padded batches with `logits_to_keep`, so agreement to
+1e-5 checks the one-token shift, the padding and the top-K selection together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM
+
+from clawrl.engines.base import ScoredResponse
+from clawrl.engines.scoring import pack_rows, response_logits, score_response, token_logprobs
+
+torch.set_num_threads(1)
+
+ATOL = 1e-5  # float32 against float64 on the tiny model; wrong positions differ by ~1
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The tiny model in float32 (under test) and in float64 (the reference)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    return model, AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+
+
+def random_ids(count: int, seed: int, vocab: int = 2048) -> list[int]:
+    return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def all_logprobs(model64: torch.nn.Module, ids: list[int]) -> Tensor:
+    """[T, V] float64 log-probs of one unpadded forward pass; row i is the distribution after ids[: i + 1]."""
+    with torch.no_grad():
+        logits = model64(input_ids=torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def reference(model64: torch.nn.Module, prompt: list[int], response: list[int]) -> Tensor:
+    """[R, V]: row t is the distribution that response token t is drawn from (position t - 1)."""
+    return all_logprobs(model64, prompt + response)[len(prompt) - 1 : len(prompt) + len(response) - 1]
+
+
+def chosen(logprobs: Tensor, response: list[int]) -> Tensor:
+    return logprobs.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+
+
+def test_each_response_token_is_scored_by_the_position_before_it(models: tuple[torch.nn.Module, ...]) -> None:
+    model, model64 = models
+    prompt, response = random_ids(7, seed=1), random_ids(6, seed=2)
+    scored = torch.tensor(score_response(model, prompt, response, top_k=0).logprobs, dtype=torch.float64)
+    torch.testing.assert_close(scored, chosen(reference(model64, prompt, response), response), rtol=0, atol=ATOL)
+    # Reading token t at its own position instead would be far off: the check above can fail.
+    unshifted = all_logprobs(model64, prompt + response)[len(prompt) :]
+    assert (scored - chosen(unshifted, response)).abs().max() > 1000 * ATOL
+
+
+def test_a_left_padded_batch_scores_every_row_as_if_it_were_alone(models: tuple[torch.nn.Module, ...]) -> None:
+    model, model64 = models
+    prompts = [random_ids(length, seed) for length, seed in ((3, 10), (9, 11), (6, 12), (5, 13))]
+    responses = [random_ids(length, seed) for length, seed in ((5, 20), (1, 21), (0, 22), (8, 23))]
+    rows = pack_rows(prompts, responses, torch.device("cpu"))
+    with torch.no_grad():
+        logits = response_logits(model, rows)
+    assert logits.dtype == torch.float32 and logits.shape == (4, 8, model.config.vocab_size)
+    assert rows.mask.sum(dim=1).tolist() == [len(response) for response in responses]
+    assert rows.attention_mask[0, :6].tolist() == [0] * 6  # the shortest prompt really is padded
+    logprobs = token_logprobs(logits, rows.response_ids)
+    for row, (prompt, response) in enumerate(zip(prompts, responses)):
+        if not response:
+            continue
+        batched = logprobs[row, : len(response)]
+        expected = chosen(reference(model64, prompt, response), response)
+        torch.testing.assert_close(batched.double(), expected, rtol=0, atol=ATOL)
+        alone = torch.tensor(score_response(model, prompt, response, top_k=0).logprobs)
+        torch.testing.assert_close(batched, alone, rtol=0, atol=ATOL)
+
+
+def test_top_k_lists_the_most_likely_tokens_best_first(models: tuple[torch.nn.Module, ...]) -> None:
+    model, model64 = models
+    prompt, response = random_ids(5, seed=30), random_ids(4, seed=31)
+    expected = reference(model64, prompt, response)
+    scored = score_response(model, prompt, response, top_k=5)
+    values, ids = expected.topk(5, dim=-1)
+    assert scored.top_token_ids == ids.tolist()
+    torch.testing.assert_close(torch.tensor(scored.top_logprobs, dtype=torch.float64), values, rtol=0, atol=ATOL)
+
+    without = score_response(model, prompt, response, top_k=0)
+    assert without.logprobs == scored.logprobs
+    assert without.top_token_ids == without.top_logprobs == [[], [], [], []]
+
+    vocab = model.config.vocab_size
+    everything = score_response(model, prompt, response, top_k=vocab + 100)
+    assert [sorted(position) for position in everything.top_token_ids] == [list(range(vocab))] * 4
+    total = torch.logsumexp(torch.tensor(everything.top_logprobs, dtype=torch.float64), dim=-1)
+    torch.testing.assert_close(total, torch.zeros(4, dtype=torch.float64), rtol=0, atol=ATOL)
+
+
+def test_an_empty_response_scores_nothing_and_a_response_needs_a_prompt(models: tuple[torch.nn.Module, ...]) -> None:
+    model, _ = models
+    assert score_response(model, random_ids(4, seed=40), [], top_k=3) == ScoredResponse([], [], [])
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        score_response(model, [], random_ids(3, seed=41), top_k=0)
+    with pytest.raises(ValueError, match="no response token"):
+        response_logits(model, pack_rows([random_ids(4, seed=42)], [[]], torch.device("cpu")))
