@@ -56,9 +56,9 @@ def test_serving_judging_and_the_dashboard_on_postgres(tool_model_dir: Path, pos
     assert first.score == -1 and "without the bold" in first.hint and second.score == 1
     turns = store.session_turns(session_id)
     assert [entry.turn.index for entry in turns] == [0, 1, 2]
-    recorded, next_state, _ = turns[0]
+    recorded = turns[0].turn
     assert recorded.prompt_token_ids and len(recorded.response_token_ids) == len(recorded.response_logprobs)
-    assert next_state is not None and next_state.messages[-1]["content"] == CORRECTION
+    assert turns[0].next_messages and turns[0].next_messages[-1]["content"] == CORRECTION
     assert overview.status_code == 200, overview.text
     assert overview.json()["live_score"] == [{"version": 0, "judged": 2, "mean_score": 0.0, "vote_agreement": 1.0}]
     assert page.status_code == 200 and "without the bold" in page.text

@@ -68,11 +68,11 @@ class Generation:
     result: Turn | None = None  # the finished turn, once generation has ended
 
 
-def finish(prepared: PreparedRequest, generation: Generation, text: str, tool_calls: list[dict[str, Any]], finish_reason: FinishReason) -> Turn:
+def finish(generation: Generation, text: str, tool_calls: list[dict[str, Any]], finish_reason: FinishReason) -> Turn:
     """The prepared turn with its answer: the engine's exact ids and log-probs, as the store keeps it."""
     received = finish_reason != "cancelled"
     return dataclasses.replace(
-        prepared.turn,
+        generation.prepared.turn,
         policy_version=generation.stream.policy_version,
         response_token_ids=[step.token_id for step in generation.steps],
         response_logprobs=[step.logprob for step in generation.steps],
@@ -81,7 +81,7 @@ def finish(prepared: PreparedRequest, generation: Generation, text: str, tool_ca
         finish_reason=finish_reason,
         # no client can echo an answer it never received in full
         answer_fingerprint=answer_fingerprint(text, tool_calls) if received else None,
-        latency_s=time.perf_counter() - prepared.started_at,
+        latency_s=time.perf_counter() - generation.prepared.started_at,
     )
 
 
@@ -189,7 +189,7 @@ class ChatService:
         self.metrics.generated_tokens.inc(len(generation.steps))
         content, tool_calls = parse_tool_calls(decoder.text) if decoder.parse_tools else (decoder.text, [])
         finish_reason = "tool_calls" if tool_calls else ("stop" if decoder.stopped else stream.finish_reason or "stop")
-        generation.result = finish(prepared, generation, content, tool_calls, finish_reason)
+        generation.result = finish(generation, content, tool_calls, finish_reason)
         tail = content[decoder.emitted :]  # held back at the end: a partial stop string that never completed
         if tail or pending:
             yield tail, pending
@@ -208,7 +208,7 @@ class ChatService:
 
     def _record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
-        result = finish(generation.prepared, generation, generation.decoder.text, [], "cancelled")
+        result = finish(generation, generation.decoder.text, [], "cancelled")
         task = asyncio.get_running_loop().create_task(self.record(generation.prepared, result))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
