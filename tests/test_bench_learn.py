@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import run_bench
 from clawrl.sim.memory import NOTES_HEADING
 from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
 from clawrl.store import Store
-from clawrl.store.schema import SampleRow, TurnRow
+from clawrl.store.training import TrainingStore
 
 CI_PRETRAIN = PretrainConfig(steps=300)
 
@@ -46,9 +45,9 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
 
     store = Store.for_run_dir(tmp_path / "runs" / "combine-seed0")
     assert len(store.list_sessions()) >= 14  # sessions were told apart with no session header
-    with store.read() as db:
-        side = set(db.scalars(select(TurnRow.id).where(TurnRow.kind == "side")))
-        sampled = set(db.scalars(select(SampleRow.turn_id)))
+    turns = [entry.turn for session in store.list_sessions(limit=1000) for entry in store.session_turns(session.id)]
+    side = {turn.id for turn in turns if turn.kind == "side"}
+    sampled = set(TrainingStore(store).samples_for([turn.id for turn in turns]))
     assert len(side) >= 2 * 16  # held-out prompts, at the start and after versions
     assert sampled and not side & sampled  # never trained on
 
