@@ -166,6 +166,12 @@ def test_a_simulated_user_endpoint_needs_its_model() -> None:
     assert BenchConfig().user_url is None  # scripted replies need neither
 
 
+def test_a_side_turn_rule_must_be_a_regular_expression() -> None:
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        ServeConfig(side_turn_system_regex="(title")
+    assert ServeConfig(side_turn_system_regex=r"^Generate a title").side_turn_system_regex == r"^Generate a title"
+
+
 def test_config_from_args_turns_a_refused_setting_into_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(["judge", "--judge", "openai", "--judge-model", "m"])
     with pytest.raises(SystemExit) as refused:

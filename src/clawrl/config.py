@@ -11,10 +11,11 @@ that a bad combination is refused when the settings are read, whichever command 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -138,6 +139,17 @@ class ServeConfig(_Settings):
         description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
         "score, read from the store (protected by --api-key when one is set).",
     )
+
+    @field_validator("side_turn_system_regex")
+    @classmethod
+    def _a_valid_regex(cls, pattern: str | None) -> str | None:
+        # refused here, when the settings are read, not by the first request that would use it
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"not a regular expression: {error}") from None
+        return pattern
 
 
 class DashboardConfig(_Settings):
