@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 
 from clawrl.config import JudgeConfig
+from clawrl.dashboard.views import session_page
 from clawrl.judge.types import BackendVerdict
-from clawrl.types import TurnContext
 from clawrl.judge.worker import JudgeWorker, RuleJudge
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
+from clawrl.types import TurnContext
 from tests.helpers import CORRECTION, converse, record, start_server, user, wait_for_judgment
 
 
@@ -29,6 +30,25 @@ def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_d
     assert store.judgment(turn_ids[2]) is None  # the last turn has no next state
     shown = session_detail(store, session_id)["turns"][0]["judgment"]
     assert shown["score"] == -1 and shown["source"] == "rule" and shown["votes"] == [-1]
+
+
+def openclaw_wrapped(text: str) -> str:
+    """A user message as the OpenClaw agent sends it: a timestamp in front, its context block after."""
+    return (f"[Mon 2026-11-23 15:45 UTC] {text}\n\n<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\n"
+            "Active exec sessions: none\nWorkspace: /home/me/notes\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>")
+
+
+def test_the_judge_reads_what_the_user_typed_through_an_agents_wrapping(tool_model_dir: Path, run_dir: Path) -> None:
+    """The same conversation as above, sent as OpenClaw sends it: the same verdicts and hint."""
+    lines = ["Write a short note to my team about Friday.", CORRECTION, "thanks, perfect"]
+    with start_server(tool_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05)) as server:
+        session_id, turn_ids = converse(server.base_url, [openclaw_wrapped(line) for line in lines])
+        store = Store.for_run_dir(run_dir)
+        first, second = wait_for_judgment(store, turn_ids[0]), wait_for_judgment(store, turn_ids[1])
+    assert first.score == -1 and first.hint == "Rewrite it without the bold and the numbered list."
+    assert second.score == 1 and second.hint is None  # thanks, not a restatement of the shared wrapping
+    shown = session_page(store, session_id)["turns"][1]["input"]
+    assert shown == [{"role": "user", "content": CORRECTION}]  # the dashboard shows the user's words
 
 
 def test_explicit_feedback_outranks_the_judge_and_its_text_is_a_hint(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,42 @@ def canonical_arguments(arguments: Any) -> Any:
         except json.JSONDecodeError:
             return arguments
     return arguments
+
+
+# --- what the user typed (DESIGN §5) -------------------------------------------------------------
+
+# Agents wrap what the user typed before they send it. OpenClaw puts a timestamp in front
+# ("[Mon 2026-11-23 15:45 UTC] thanks, perfect") and appends an internal context block; other
+# agents add reminder or memory sections. Rules that read the user's words must not read those.
+_TIMESTAMP_PREFIX = re.compile(
+    r"^\s*\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{1,2}:\d{2}(?::\d{2})?(?: [A-Z][A-Za-z+\-:0-9]{0,9})?\]\s*"
+)
+_WRAPPER_BLOCKS = re.compile(
+    r"<<<BEGIN_(?P<marker>[A-Z0-9_]+)>>>.*?<<<END_(?P=marker)>>>"  # OpenClaw's internal context
+    r"|<(?P<tag>system-reminder|memory|context)>.*?</(?P=tag)>",  # reminder and memory sections
+    re.DOTALL,
+)
+
+
+def user_typed(message: Message, previous: Message | None = None) -> str:
+    """The text the user authored in `message`, without the wrapping their agent added.
+
+    Known wrappings (a timestamp prefix, context, reminder and memory blocks) are removed; for
+    shapes not known here, lines that `previous` (the session's previous user message) carries
+    identically are left out as boilerplate, unless that would leave nothing: a message repeated
+    word for word is a restatement, which judges must see.
+    """
+    text = _unwrapped(content_text(message.get("content")))
+    if previous is None:
+        return text
+    boilerplate = {line.strip() for line in _unwrapped(content_text(previous.get("content"))).splitlines() if line.strip()}
+    kept = [line for line in text.splitlines() if line.strip() not in boilerplate]
+    own = "\n".join(kept).strip()
+    return own or text
+
+
+def _unwrapped(text: str) -> str:
+    return _TIMESTAMP_PREFIX.sub("", _WRAPPER_BLOCKS.sub("", text), count=1).strip()
 
 
 # --- identity: how a later request is matched to the turn it continues -------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clawrl.messages import content_text
+from clawrl.messages import content_text, user_typed
 from clawrl.store import Store
 from clawrl.store.inspect import judgment_view, next_state_view, session_summary
 from clawrl.store.training import TrainingStore
@@ -84,10 +84,18 @@ def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
 
 def new_input(messages: list[Message]) -> list[dict[str, str]]:
     """The messages of a request after its last assistant message: what this turn answers
-    (the whole request for a session's first turn, system prompt aside)."""
+    (the whole request for a session's first turn, system prompt aside). User messages show what
+    the user typed, without the wrapping their agent added (`messages.user_typed`)."""
     last_assistant = max((i for i, message in enumerate(messages) if message["role"] == "assistant"), default=-1)
-    return [
-        {"role": message["role"], "content": content_text(message.get("content"))}
-        for message in messages[last_assistant + 1:]
-        if message["role"] not in ("system", "developer")
-    ]
+    shown = []
+    for position in range(last_assistant + 1, len(messages)):
+        message = messages[position]
+        if message["role"] in ("system", "developer"):
+            continue
+        if message["role"] == "user":
+            earlier = next((m for m in reversed(messages[:position]) if m["role"] == "user"), None)
+            text = user_typed(message, earlier)
+        else:
+            text = content_text(message.get("content"))
+        shown.append({"role": message["role"], "content": text})
+    return shown

@@ -11,6 +11,10 @@ so long?") from a new one; that is what the model-backed judges are for.
 
 The hint is the user's directive clauses ("don't ...", "without ...", "use ..."): the part of the
 reply that says how the response should have been.
+
+The rules read only what the user typed (`messages.user_typed`): a timestamp, a context block or
+a memory section that the user's agent wrapped around "thanks, perfect" must neither hide the
+thanks nor make the reply look like a restatement of the request it shares the wrapping with.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import json
 import re
 from typing import Any
 
-from clawrl.messages import content_text
 from clawrl.judge.parsing import MIN_HINT_CHARS
+from clawrl.messages import content_text, user_typed
+from clawrl.types import Message
 
 RESTATEMENT_JACCARD = 0.6
 MAX_HINT_CLAUSES = 3  # "a sentence or two": more would be a transcript, not a hint
@@ -53,6 +58,30 @@ _DIRECTIVE = re.compile(
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
 _WORD = re.compile(r"[a-z0-9']+")
+
+
+def judge_by_rules(request_messages: list[Message], next_state_messages: list[Message]) -> tuple[int, str | None]:
+    """(score, hint) of the response to `request_messages` that `next_state_messages` followed.
+
+    Both sides are read as the user typed them (`user_typed`): the lines an agent repeats in every
+    user message are boilerplate, so the request's last user message and the reply leave out the
+    lines they share (and the request, when there is no reply, those it shares with the user
+    message before it). A directive inside praise ("thanks! please also add tests") is a new
+    request, not a correction, so a +1 carries no hint.
+    """
+    asked = [message for message in request_messages if message["role"] == "user"]
+    replies = [message for message in next_state_messages if message["role"] == "user"]
+    request = asked[-1] if asked else None
+    previous_text = None
+    if request is not None:
+        neighbour = replies[0] if replies else (asked[-2] if len(asked) > 1 else None)
+        previous_text = user_typed(request, neighbour)
+    reply = [
+        {"role": "user", "content": user_typed(message, request)} if message["role"] == "user" else message
+        for message in next_state_messages
+    ]
+    score = rule_score(reply, previous_user_text=previous_text)
+    return score, (rule_hint(reply) if score <= 0 else None)
 
 
 def rule_score(next_state_messages: list[dict[str, Any]], previous_user_text: str | None = None) -> int:

@@ -15,11 +15,11 @@ import uuid
 
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine
-from clawrl.messages import content_text
 from clawrl.judge.parsing import MIN_HINT_CHARS
-from clawrl.judge.rule import rule_hint, rule_score
+from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
+from clawrl.messages import user_typed
 from clawrl.store import Store
 from clawrl.types import HintCandidate, Judgment, TurnContext
 
@@ -32,12 +32,7 @@ class RuleJudge:
     name = "rule"
 
     async def judge(self, case: TurnContext) -> BackendVerdict:
-        previous_user = next(
-            (content_text(m.get("content")) for m in reversed(case.turn.messages) if m["role"] == "user"), None
-        )
-        score = rule_score(case.next_messages, previous_user_text=previous_user)
-        # a directive inside praise ("thanks! please also add tests") is not a correction of this turn
-        hint = rule_hint(case.next_messages) if score <= 0 else None
+        score, hint = judge_by_rules(case.turn.messages, case.next_messages)
         return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=[hint] if hint else [], source="rule")
 
 
@@ -65,7 +60,7 @@ def build_backend(
 
 def hint_candidates(case: TurnContext, verdict: BackendVerdict) -> list[str]:
     """The judge's hints, then the texts of explicit feedback long enough to direct the teacher."""
-    texts = [item.text.strip() for item in case.feedback if item.text]
+    texts = [user_typed({"role": "user", "content": item.text}) for item in case.feedback if item.text]
     feedback_texts = [text for text in texts if len(text) >= MIN_HINT_CHARS]
     return list(dict.fromkeys([*verdict.hint_candidates, *feedback_texts]))
 
