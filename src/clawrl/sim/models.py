@@ -3,8 +3,8 @@
 `tiny` is the tiny model with random weights (`tiny.py`, seconds to build) and `tiny-pretrained`
 the same architecture pre-trained on the learning benchmark's conversations (`pretrain.py`,
 minutes, once per machine); both are cached under `EngineConfig.cache_dir`. Anything else is a
-local directory or a hub id and is returned as it is. The commands that load a model (serve,
-train, judge with a second model, the benchmark) resolve it here and hand the engine and the
+local directory or a hub id and is returned as it is. The commands that load the served model
+(`clawrl serve`, `clawrl train`, the benchmark) resolve it here and hand the engine and the
 trainer a path, so serving and training always start from the same weights and the engines never
 depend on how the tiny models are made.
 """
