@@ -87,3 +87,30 @@ def test_explicit_session_without_echoed_answer_uses_trailing_messages(tmp_path:
     identity = resolve_session(store, ("s1", "header"), [user("only the new message")], "main")
     assert identity.continues_turn_id == "t1"
     assert identity.next_state == [user("only the new message")]
+
+
+def test_an_empty_answer_after_a_known_one_is_still_continued(tmp_path: Path) -> None:
+    """A model can answer with nothing (EOS first); the next request must continue that turn,
+    not the earlier one whose answer it can recognise (seen in CI with the untrained tiny model)."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("first question")], "An answer.")
+    second = [user("first question"), assistant("An answer."), user("no, the other file")]
+    record(store, "t2", "s1", second, "", continues_turn_id="t1", next_state=[user("no, the other file")])
+    third = second + [assistant(""), user("thanks, that works")]
+    identity = resolve_session(store, None, third, "main")
+    assert identity.session_id == "s1"
+    assert identity.continues_turn_id == "t2"
+    assert identity.next_state == [user("thanks, that works")]
+
+
+def test_two_empty_answers_in_a_row_continue_the_newest(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    second = [user("q"), assistant("A."), user("again")]
+    record(store, "t2", "s1", second, "", continues_turn_id="t1", next_state=[user("again")])
+    third = second + [assistant(""), user("and again")]
+    record(store, "t3", "s1", third, " ", continues_turn_id="t2", next_state=[user("and again")])
+    fourth = third + [assistant(" "), user("last try")]
+    identity = resolve_session(store, None, fourth, "main")
+    assert (identity.session_id, identity.continues_turn_id) == ("s1", "t3")
+    assert identity.next_state == [user("last try")]

@@ -93,6 +93,7 @@ def resolve_session(
     for candidate in store.turns_with_answer(list(positions)):
         position = positions[candidate.answer_fingerprint]
         if _follows_conversation(messages[:position], candidate):
+            candidate, position = _past_empty_answers(store, messages, candidate, position)
             next_state = messages[position + 1 :] if kind == "main" else None
             return SessionIdentity(
                 candidate.session_id,
@@ -101,6 +102,24 @@ def resolve_session(
                 next_state=next_state or None,
             )
     return SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+
+
+def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, position: int) -> tuple[Turn, int]:
+    """Move on from the recognised answer to the session's newest turn when that one answered with nothing.
+
+    An empty answer (the model stopped at once) has no fingerprint to be found by, so a request
+    that echoes it would otherwise continue the turn before it. If the session's newest main turn
+    answered empty and the request echoes an empty assistant message after `position` whose
+    conversation is that turn's, the request continues that turn from there.
+    """
+    newest = store.last_main_turn(candidate.session_id)
+    if newest is None or newest.id == candidate.id or newest.answer_fingerprint is not None:
+        return candidate, position
+    for later in range(len(messages) - 1, position, -1):
+        message = messages[later]
+        if message["role"] == "assistant" and _assistant_fingerprint(message) is None and _follows_conversation(messages[:later], newest):
+            return newest, later
+    return candidate, position
 
 
 def _assistant_fingerprint(message: Message) -> str | None:
