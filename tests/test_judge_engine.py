@@ -27,7 +27,7 @@ from clawrl.judge.engine_backend import EngineJudge
 from clawrl.judge.prompts import hint_messages, prm_messages
 from clawrl.judge.selection import OverlapSelector, choose_hint, topk_overlap
 from clawrl.judge.types import BackendVerdict
-from clawrl.judge.worker import JudgeWorker, build_backend
+from clawrl.judge.worker import JudgeWorker, build_backend, build_worker
 from clawrl.messages import teacher_messages
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
@@ -157,10 +157,56 @@ def test_judging_with_the_serving_engine_records_no_extra_turns(judge_model_dir:
         store = Store.for_run_dir(run_dir)
         judgment = wait_for_judgment(store, turn_ids[0])
         health = httpx.get(server.base_url.removesuffix("/v1") + "/healthz").json()
-    assert judgment.source == "prm" and judgment.judge_model == str(judge_model_dir) and len(judgment.votes) == 1
+    assert judgment.source == "prm" and judgment.judge_model == str(judge_model_dir) and len(judgment.votes) == 3  # --prm-m 3 by default
     assert [turn["id"] for turn in _turns(store, session_id)] == turn_ids  # only the client's two turns
     assert health["status"] == "ok"
 
 
 def _turns(store: Store, session_id: str) -> list[dict[str, Any]]:
     return [{"id": entry.turn.id} for entry in store.session_turns(session_id)]
+
+
+# --------------------------------------------------------------------------- selection under the trainer's teacher
+
+SAY_WHEN = "Please say the day and the hour."
+WRITE_POEM = "Please write a long poem about autumn leaves instead."
+TWO_DIRECTIVES = [user(f"no. {SAY_WHEN} {WRITE_POEM}")]  # the rule judge: -1, one candidate per directive
+
+
+@pytest.fixture(scope="module")
+def base_and_drifted(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two models that agree on the plain prompt and disagree on which hint keeps the answer:
+    the base follows SAY_WHEN with ANSWER, the drifted version follows WRITE_POEM with it."""
+    base = fit(tiny_model_dir, tmp_path_factory.mktemp("base"), [
+        (QUESTION, ANSWER), (teacher_messages(QUESTION, SAY_WHEN), ANSWER), (teacher_messages(QUESTION, WRITE_POEM), POEM),
+    ], steps=80, tools=None)  # fmt: skip
+    drifted = fit(base, tmp_path_factory.mktemp("drifted"), [
+        (QUESTION, ANSWER), (teacher_messages(QUESTION, SAY_WHEN), POEM), (teacher_messages(QUESTION, WRITE_POEM), ANSWER),
+    ], steps=80, tools=None)  # fmt: skip
+    return base, drifted
+
+
+@pytest.mark.parametrize(("teacher", "chosen"), [("base", SAY_WHEN), ("policy", WRITE_POEM)])
+def test_rule_hints_are_chosen_under_the_teacher_the_trainer_uses(
+    base_and_drifted: tuple[Path, Path], tmp_path: Path, teacher: str, chosen: str
+) -> None:
+    """Version 1 serves; with `--teacher base` the hinted prompt is scored under the base weights."""
+    base, drifted = base_and_drifted
+    engine = engine_for(base)
+    store = Store.for_run_dir(tmp_path)
+    prompt_ids = render_prompt(engine.tokenizer, QUESTION, None)
+    response_ids = engine.tokenizer.encode(ANSWER + "<|im_end|>", add_special_tokens=False)
+    record(store, "t1", "s1", QUESTION, ANSWER, prompt_token_ids=prompt_ids, response_token_ids=response_ids)
+    record(store, "t2", "s1", TWO_DIRECTIVES, "ok", continues_turn_id="t1", next_state=TWO_DIRECTIVES)
+    worker = build_worker(store, JudgeConfig(judge="rule"), engine, teacher=teacher)
+    assert worker is not None
+
+    async def judge_under_version_1() -> int:
+        await engine.load_version(1, drifted)
+        return await worker.judge_available()
+
+    assert asyncio.run(_with_engine(engine, judge_under_version_1)) == 1
+    judgment = store.judgment("t1")
+    assert judgment.score == -1
+    assert [candidate.hint for candidate in judgment.hint_candidates] == [SAY_WHEN, WRITE_POEM]
+    assert judgment.hint == chosen

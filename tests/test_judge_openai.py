@@ -260,8 +260,8 @@ def test_two_workers_on_one_store_judge_each_turn_once(judge_server: ScriptedJud
     assert sum(worker.judged for worker in workers) == len(judgeable)
     assert all(worker.judged > 0 for worker in workers)
     judged_answers = [body["messages"][1]["content"] for body in judge_server.prm_requests()]
-    for answer in answers[:-1]:
-        assert sum(answer in content for content in judged_answers) == 1, answer
+    for answer in answers[:-1]:  # one worker judged it: its m votes, and no second set
+        assert sum(answer in content for content in judged_answers) == config.prm_m == 3, answer
 
 
 def test_openai_needs_a_url_and_a_model() -> None:
@@ -299,7 +299,7 @@ def test_a_worker_killed_mid_judgment_leaves_the_turn_to_a_restarted_worker(judg
     assert store.claim_turns_to_judge("early", 1, 60.0) == []  # still leased to the dead worker
     config = JudgeConfig(judge="openai", judge_url=judge_server.url, judge_model=MODEL, judge_poll_s=0.05)
     restarted = JudgeWorker(store, build_backend(config), config)
-    judge_server.script(prm=["The user asked for a rewrite. \\boxed{-1}"])
+    judge_server.script(prm=["The user asked for a rewrite. \\boxed{-1}"] * config.prm_m)
 
     async def until_judged() -> None:
         deadline = time.monotonic() + 10

@@ -82,11 +82,18 @@ def test_hint_with_a_negative_verdict_is_none() -> None:
     assert parse_hint(f"\\boxed{{-1}} {HINT_START}Answer without bold or numbered lists.{HINT_END}") is None
 
 
+def test_a_hint_of_eleven_characters_counts() -> None:
+    assert parse_hint(f"\\boxed{{1}} {HINT_START}Be concise.{HINT_END}") == "Be concise."
+
+
 @pytest.mark.parametrize(
     "text",
     [
         f"\\boxed{{1}} {HINT_START}Be terse{HINT_END}",  # 8 characters: no direction to learn from
         "\\boxed{1} Answer without bold or numbered lists.",  # delimiters missing
+        f"{HINT_START}Answer without bold or numbered lists.{HINT_END}",  # no verdict: the judge did not stand by it
+        f"\\boxed{{0}} {HINT_START}Answer without bold or numbered lists.{HINT_END}",  # not a positive verdict
+        f"\\boxed{{1}} {HINT_START}Be concise{HINT_END}",  # exactly 10 characters: a hint needs more
         f"\\boxed{{1}} {HINT_START}Answer without bold or numbered lists.",  # never closed
         "\\boxed{-1}",
     ],
@@ -112,3 +119,27 @@ def test_prompt_renders_list_content_and_an_answer_with_no_text() -> None:
     user = prm_messages("", [], next_state)[1]["content"]
     assert "(no text)" in user
     assert '<message role="user">\nno, the other file\n</message>' in user
+
+
+def test_prompts_mark_what_the_user_typed_inside_an_agents_wrapping() -> None:
+    """Language-model judges see the whole message, and a section saying which part the user typed."""
+    def wrapped(text: str) -> str:
+        return (f"[Mon 2026-11-23 15:45 UTC] {text}\n\n<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\n"
+                "Active exec sessions: none\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>")
+
+    request = [{"role": "user", "content": wrapped("summarise the article")}]
+    next_state = [{"role": "user", "content": wrapped("thanks, perfect")}]
+    for build in (prm_messages, hint_messages):
+        system, case = (message["content"] for message in build("A summary.", None, next_state, request))
+        assert "<typed_by_user>" in system
+        assert wrapped("thanks, perfect") in case  # the whole message, as the agent sent it
+        assert "<typed_by_user>\nthanks, perfect\n</typed_by_user>" in case
+
+
+def test_prompts_leave_out_boilerplate_the_request_shares_and_plain_messages_unmarked() -> None:
+    request = [{"role": "user", "content": "Branch: main (clean)\nsummarise the article"}]
+    next_state = [{"role": "user", "content": "Branch: main (clean)\nshorter please"}]
+    case = prm_messages("A summary.", None, next_state, request)[1]["content"]
+    assert "<typed_by_user>\nshorter please\n</typed_by_user>" in case
+    plain = prm_messages("A summary.", None, [{"role": "user", "content": "shorter please"}], request)[1]["content"]
+    assert "<typed_by_user>" not in plain

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from clawrl.judge.rule import rule_hint, rule_score
+from clawrl.judge.rule import rule_hints, rule_score
 
 TRACEBACK = """Traceback (most recent call last):
   File "/tmp/run.py", line 3, in <module>
@@ -103,39 +103,46 @@ def test_a_failed_call_among_several_results_scores_minus_one() -> None:
 
 
 def test_hint_carries_the_users_directive() -> None:
-    assert "without the bold" in (rule_hint(user("too AI-like, rewrite it without the bold")) or "")
+    assert rule_hints(user("too AI-like, rewrite it without the bold")) == ["Rewrite it without the bold."]
 
 
 def test_end_to_end_example_from_the_issue() -> None:
     reply = user("this looks too AI-like, rewrite it without the bold and the numbered list")
     assert rule_score(reply) == -1
-    hint = rule_hint(reply)
-    assert hint is not None and "without the bold and the numbered list" in hint
+    assert rule_hints(reply) == ["Rewrite it without the bold and the numbered list."]
 
 
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [
-        ("Please use metric units.", "Please use metric units."),
+        ("Please use metric units.", ["Please use metric units."]),
         (
             "Hmm. Don't use bullet points, italics or headings; keep it under 100 words",
-            "Don't use bullet points, italics or headings. Keep it under 100 words.",
+            ["Don't use bullet points, italics or headings.", "Keep it under 100 words."],
         ),
-        ("no, I meant the other file", "I meant the other file."),
+        ("no, I meant the other file", ["I meant the other file."]),
         (
             "You should cite the source. Also, do not guess the year.",
-            "You should cite the source. Do not guess the year.",
+            ["You should cite the source.", "Do not guess the year."],
         ),
+        ("Use metric units. Please use metric units!", ["Use metric units.", "Please use metric units."]),
+        ("Use bold. Use metric units.", ["Use metric units."]),  # "Use bold." has 9 characters: no direction
     ],
 )
-def test_hint_joins_the_directive_clauses(reply: str, expected: str) -> None:
-    assert rule_hint(user(reply)) == expected
+def test_each_directive_clause_is_a_candidate(reply: str, expected: list[str]) -> None:
+    assert rule_hints(user(reply)) == expected
+
+
+def test_candidates_are_capped_and_never_repeated() -> None:
+    reply = ". ".join(f"Please use unit number {n}" for n in range(8)) + ". Please use unit number 0."
+    hints = rule_hints(user(reply))
+    assert hints == [f"Please use unit number {n}." for n in range(4)]
 
 
 @pytest.mark.parametrize("reply", ["thanks, perfect", "What's the capital of Australia?", "use it", ""])
 def test_no_directive_or_too_short_gives_no_hint(reply: str) -> None:
-    assert rule_hint(user(reply)) is None
+    assert rule_hints(user(reply)) == []
 
 
 def test_tool_results_give_no_hint() -> None:
-    assert rule_hint(tool(TRACEBACK)) is None
+    assert rule_hints(tool(TRACEBACK)) == []

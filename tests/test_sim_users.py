@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clawrl.judge.rule import rule_hint, rule_score
+from clawrl.judge.rule import rule_hints, rule_score
 from clawrl.sim.corpus import Problem
 from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import (
@@ -110,7 +110,7 @@ def test_the_rule_judge_reads_replies_as_a_person_means_them(persona: Persona) -
             expected = 1 if kind in PRAISE else -1
             assert rule_score(next_state, previous_user_text=asked) == expected, text
             if kind in ("corrections", "step_corrections", "repeated_corrections", "reasks"):
-                assert rule_hint(next_state), f"no hint in {text!r}"
+                assert rule_hints(next_state), f"no hint in {text!r}"
 
 
 # --------------------------------------------------------------------------- the session protocol

@@ -60,7 +60,7 @@ def test_a_wrapped_reply_gets_the_bare_replys_verdict_and_hint(wrapping: str, re
 def test_the_bare_verdicts_are_the_ones_the_rules_promise() -> None:
     scores = [verdict(lambda text: text, reply)[0] for reply in REPLIES]
     assert scores == [1, -1, 1, -1, 0]
-    assert verdict(lambda text: text, REPLIES[1])[1] == "Rewrite it without the bold and the numbered list."
+    assert verdict(lambda text: text, REPLIES[1])[1] == ["Rewrite it without the bold and the numbered list."]
 
 
 def test_known_wrappings_come_off_without_a_previous_message() -> None:
@@ -75,4 +75,4 @@ def test_a_message_repeated_word_for_word_is_kept_whole() -> None:
     asked = {"role": "user", "content": boilerplate(REQUEST)}
     assert user_typed(asked, asked) == boilerplate(REQUEST)
     assert user_typed({"role": "user", "content": boilerplate("ok")}, asked) == "ok"
-    assert judge_by_rules([asked], [asked]) == (-1, None)
+    assert judge_by_rules([asked], [asked]) == (-1, [])

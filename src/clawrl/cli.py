@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
     store = Store(store_config.resolved_database_url())
     engine = build_engine(engine_config, _resolved_model(engine_config))
-    judge = _judge_worker(store, judge_config, engine, engine_config)
+    judge = _judge_worker(store, judge_config, engine, engine_config, train_config.teacher)
     trainer = _trainer_process(train_config, engine_config, store_config)
     app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
@@ -128,11 +128,13 @@ def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_con
     return TrainerProcess(engine_config, store_config, config).start()
 
 
-def _judge_worker(store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None) -> Any:
+def _judge_worker(
+    store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None, teacher: Any = "base"
+) -> Any:
     from clawrl.judge.worker import build_worker
 
     try:
-        return build_worker(store, config, serving_engine, engine_config)
+        return build_worker(store, config, serving_engine, engine_config, teacher)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
 

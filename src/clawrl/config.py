@@ -195,9 +195,10 @@ class JudgeConfig(_Settings):
         None, description="Sent as `Authorization: Bearer <key>` to the judge endpoint when set."
     )
     prm_m: int = Field(
-        1,
+        3,
         ge=1,
-        description="PRM votes (and hint-judge samples) per turn, run concurrently; the majority wins, a tie is 0.",
+        description="PRM votes (and hint-judge samples) per turn, run concurrently; the majority wins, a tie is 0 "
+        "(3, as upstream: one sampled vote is noisy). The rule judge is deterministic and ignores it.",
     )
     judge_temperature: float = Field(
         0.6,

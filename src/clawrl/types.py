@@ -36,6 +36,7 @@ SampleStatus = Literal["ready", "held", "dropped", "trained"]  # held: waiting o
 SampleKind = Literal["combined", "opd", "rl", "at_least_one", "none"]
 DropReason = Literal["no_signal", "no_next_state", "untrainable", "teacher_too_long", "stale", "non_finite_gradient"]
 Method = Literal["rl", "opd", "combine"]
+Teacher = Literal["base", "policy"]  # the OPD teacher: the frozen starting weights or the current ones
 WeightsKind = Literal["lora", "full"]
 PointerReason = Literal["publish", "rollback"]
 

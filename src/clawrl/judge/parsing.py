@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 HINT_START = "[HINT_START]"
 HINT_END = "[HINT_END]"
-MIN_HINT_CHARS = 10  # shorter "hints" ("ok", "fix it") carry no direction for the teacher
+MIN_HINT_CHARS = 11  # more than 10, as upstream: shorter "hints" ("ok", "fix it") carry no direction
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _HINT = re.compile(re.escape(HINT_START) + r"(.*?)" + re.escape(HINT_END), re.DOTALL)
@@ -35,10 +35,12 @@ def parse_prm_score(text: str) -> int | None:
 def parse_hint(text: str) -> str | None:
     """The last hint between the delimiters, stripped; None when there is no usable hint.
 
-    A hint counts unless the judge's verdict is -1: a model that writes a delimited hint but
-    forgets the box still said how the response should have differed.
+    A hint counts only with a positive verdict (a last box of 1) and more than 10 characters, as
+    upstream decides. A delimited hint without the box is dropped: the judge never said the
+    next state carries direction, and a hint the judge itself did not stand behind would be
+    distilled into the policy as if it did.
     """
-    if parse_prm_score(text) == -1:
+    if parse_prm_score(text) != 1:
         return None
     hints = _HINT.findall(text)
     if not hints:

@@ -9,8 +9,10 @@ A new question with no negative signal counts as moving on (+1): the user would 
 wrong answer behind to ask something else. The rules cannot tell a pointed question ("why is it
 so long?") from a new one; that is what the model-backed judges are for.
 
-The hint is the user's directive clauses ("don't ...", "without ...", "use ..."): the part of the
-reply that says how the response should have been.
+The hints are the user's directive clauses ("don't ...", "without ...", "use ..."), one candidate
+per directive: the parts of the reply that say how the response should have been. As with the
+language-model judges' several hint samples, overlap-guided selection (`judge/selection.py`)
+then picks the one the teacher can best use.
 
 The rules read only what the user typed (`messages.user_typed`): a timestamp, a context block or
 a memory section that the user's agent wrapped around "thanks, perfect" must neither hide the
@@ -28,7 +30,7 @@ from clawrl.messages import content_text, user_typed
 from clawrl.types import Message
 
 RESTATEMENT_JACCARD = 0.6
-MAX_HINT_CLAUSES = 3  # "a sentence or two": more would be a transcript, not a hint
+MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
 
 _TOOL_ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b\w*(?:error|exception):|\bfatal:|command not found"
@@ -60,14 +62,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
 _WORD = re.compile(r"[a-z0-9']+")
 
 
-def judge_by_rules(request_messages: list[Message], next_state_messages: list[Message]) -> tuple[int, str | None]:
-    """(score, hint) of the response to `request_messages` that `next_state_messages` followed.
+def judge_by_rules(request_messages: list[Message], next_state_messages: list[Message]) -> tuple[int, list[str]]:
+    """(score, hint candidates) of the response to `request_messages` that `next_state_messages` followed.
 
     Both sides are read as the user typed them (`user_typed`): the lines an agent repeats in every
     user message are boilerplate, so the request's last user message and the reply leave out the
     lines they share (and the request, when there is no reply, those it shares with the user
     message before it). A directive inside praise ("thanks! please also add tests") is a new
-    request, not a correction, so a +1 carries no hint.
+    request, not a correction, so a +1 carries no hints.
     """
     asked = [message for message in request_messages if message["role"] == "user"]
     replies = [message for message in next_state_messages if message["role"] == "user"]
@@ -81,7 +83,7 @@ def judge_by_rules(request_messages: list[Message], next_state_messages: list[Me
         for message in next_state_messages
     ]
     score = rule_score(reply, previous_user_text=previous_text)
-    return score, (rule_hint(reply) if score <= 0 else None)
+    return score, (rule_hints(reply) if score <= 0 else [])
 
 
 def rule_score(next_state_messages: list[dict[str, Any]], previous_user_text: str | None = None) -> int:
@@ -99,17 +101,16 @@ def rule_score(next_state_messages: list[dict[str, Any]], previous_user_text: st
     return 1 if tool_results else 0
 
 
-def rule_hint(next_state_messages: list[dict[str, Any]]) -> str | None:
-    """The user's directive clauses as a short hint, or None when there is none worth using.
+def rule_hints(next_state_messages: list[dict[str, Any]]) -> list[str]:
+    """The user's directive clauses, one hint candidate each (more than 10 characters, no repeats).
 
     In each sentence the directive runs from its first trigger word to the sentence's end, so
     "too AI-like, rewrite it without the bold" gives "Rewrite it without the bold." and a list
     ("don't use bold, italics or lists") stays whole.
     """
     clauses = [_directive(sentence) for sentence in _SENTENCE_END.split(_user_text(next_state_messages))]
-    found = [clause for clause in clauses if clause][:MAX_HINT_CLAUSES]
-    hint = " ".join(found)
-    return hint if len(hint) >= MIN_HINT_CHARS else None
+    usable = [clause for clause in clauses if clause and len(clause) >= MIN_HINT_CHARS]
+    return list(dict.fromkeys(usable))[:MAX_HINTS]
 
 
 def _user_score(text: str, previous_user_text: str | None) -> int:

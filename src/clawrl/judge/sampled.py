@@ -25,8 +25,9 @@ async def judge_by_sampling(case: TurnContext, votes: int, complete: Complete) -
     A verdict built from the surviving votes would quietly change what "majority of m" means, so
     the failure propagates and the worker gives the turn back to be judged again in full.
     """
-    prm_request = prm_messages(case.turn.response_text, case.turn.tool_calls, case.next_messages)
-    hint_request = hint_messages(case.turn.response_text, case.turn.tool_calls, case.next_messages)
+    turn = case.turn
+    prm_request = prm_messages(turn.response_text, turn.tool_calls, case.next_messages, turn.messages)
+    hint_request = hint_messages(turn.response_text, turn.tool_calls, case.next_messages, turn.messages)
     try:
         async with asyncio.TaskGroup() as calls:  # the first failure cancels the other calls
             prm_calls = [calls.create_task(complete(prm_request)) for _ in range(votes)]

@@ -2,10 +2,12 @@
 
 When the judge offers several hints for one turn, the useful one is the hint that changes what the
 teacher would have said *at the tokens the student actually produced*. For each candidate h, the
-same recorded response is scored twice with the policy: under the student's prompt (the exact
-recorded prompt ids) and under the teacher prompt (the messages with h appended,
-`messages.py`). At every response position we take the top-k token ids of both and count how
-many they share; the candidate with the largest total overlap wins.
+same recorded response is scored twice: by the student (the serving policy) under the exact
+recorded prompt ids, and by the teacher the trainer will use under the teacher prompt (the
+messages with h appended, `messages.py`). With `--teacher base` that teacher is the base weights
+(version 0, always loaded in the engine), not whatever version serves now: a hint is chosen for
+the distribution it will be distilled from. At every response position we take the top-k token
+ids of both and count how many they share; the candidate with the largest total overlap wins.
 
 Why overlap rather than divergence: a hint that makes the teacher's distribution unrelated to the
 student's (off-topic, or one that asks for a different task) gives the distillation signal no
@@ -38,10 +40,16 @@ def choose_hint(candidates: list[str], overlaps: list[int | None]) -> str | None
 
 @dataclass
 class OverlapSelector:
-    """Scores hint candidates with an engine's teacher-forced top-k (`Engine.score`)."""
+    """Scores hint candidates with an engine's teacher-forced top-k (`Engine.score`).
+
+    `teacher_version` is the policy version the hinted prompt is scored under: 0 (the base
+    weights) for `--teacher base`, None (the version serving now, the closest the engine has to
+    the trainer's current weights) for `--teacher policy`.
+    """
 
     engine: Engine
     top_k: int = 4
+    teacher_version: int | None = 0
 
     async def overlaps(self, case: TurnContext, candidates: list[str]) -> list[int]:
         """Each candidate's total top-k overlap with the student, over the recorded response."""
@@ -52,6 +60,8 @@ class OverlapSelector:
         overlaps = []
         for hint in candidates:
             hinted_prompt_ids = teacher_prompt_ids(self.engine.tokenizer, turn, hint)
-            teacher = await self.engine.score(hinted_prompt_ids, turn.response_token_ids, top_k=self.top_k)
+            teacher = await self.engine.score(
+                hinted_prompt_ids, turn.response_token_ids, top_k=self.top_k, version=self.teacher_version
+            )
             overlaps.append(topk_overlap(student.top_token_ids, teacher.top_token_ids))
         return overlaps

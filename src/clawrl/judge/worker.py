@@ -21,7 +21,7 @@ from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
 from clawrl.messages import user_typed
 from clawrl.store import Store
-from clawrl.types import HintCandidate, Judgment, TurnContext
+from clawrl.types import HintCandidate, Judgment, Teacher, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ class RuleJudge:
     name = "rule"
 
     async def judge(self, case: TurnContext) -> BackendVerdict:
-        score, hint = judge_by_rules(case.turn.messages, case.next_messages)
-        return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=[hint] if hint else [], source="rule")
+        score, hints = judge_by_rules(case.turn.messages, case.next_messages)
+        return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=hints, source="rule")
 
 
 def build_backend(
@@ -154,16 +154,22 @@ class JudgeWorker:
 
 
 def build_worker(
-    store: Store, config: JudgeConfig, serving_engine: Engine | None = None, engine_config: EngineConfig | None = None
+    store: Store,
+    config: JudgeConfig,
+    serving_engine: Engine | None = None,
+    engine_config: EngineConfig | None = None,
+    teacher: Teacher = "base",
 ) -> JudgeWorker | None:
     """The judge loop as configured (None with `--judge off`); ValueError when it cannot judge.
 
     Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
-    engine can read: inside `clawrl serve` it uses the serving engine; a standalone judge keeps
-    the longest hint.
+    engine can read: inside `clawrl serve` it uses the serving engine, under the weights of the
+    trainer's `teacher`; a standalone judge keeps the longest hint.
     """
     if config.judge == "off":
         return None
     backend = build_backend(config, serving_engine, engine_config)
-    selector = OverlapSelector(serving_engine, config.hint_top_k) if serving_engine is not None else None
+    selector = None
+    if serving_engine is not None:
+        selector = OverlapSelector(serving_engine, config.hint_top_k, teacher_version=0 if teacher == "base" else None)
     return JudgeWorker(store, backend, config, selector=selector)

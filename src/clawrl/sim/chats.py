@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 
 from clawrl.messages import teacher_messages
-from clawrl.judge.rule import rule_hint
+from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.styles import Style, render
@@ -51,8 +51,8 @@ def _followed(requester: str, rng: random.Random) -> Style:
 def _hints(persona: Persona) -> list[str]:
     """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
     complaints = [*persona.corrections, *persona.step_corrections, *persona.repeated_corrections, *persona.reasks]
-    extracted = [rule_hint([{"role": "user", "content": text.format(question="")}]) for text in complaints]
-    return sorted({hint for hint in extracted if hint} | set(persona.instructions))
+    extracted = [hint for text in complaints for hint in rule_hints([{"role": "user", "content": text.format(question="")}])]
+    return sorted(set(extracted) | set(persona.instructions))
 
 
 HINTS: dict[str, list[str]] = {
