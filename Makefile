@@ -26,7 +26,10 @@ install: $(DEV_STAMP)
 demo: $(STAMP)
 	$(BIN)/clawrl demo
 
+# The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw (quick once
+# there; without the npm registry it says why and the test skips).
 test: $(DEV_STAMP)
+	bash scripts/install-openclaw.sh
 	$(BIN)/pytest -q
 
 clean:

@@ -76,3 +76,21 @@ def test_a_message_repeated_word_for_word_is_kept_whole() -> None:
     assert user_typed(asked, asked) == boilerplate(REQUEST)
     assert user_typed({"role": "user", "content": boilerplate("ok")}, asked) == "ok"
     assert judge_by_rules([asked], [asked]) == (-1, [])
+
+
+def test_openclaws_runtime_line_under_a_sessions_first_message_comes_off() -> None:
+    first = ("[Mon 2026-11-23 19:02 UTC] Write a short note to my team about Friday.\n\nRuntime: agent=main | "
+             "session=agent:main:explicit:conv-a | sessionId=conv-a | host=vm | os=Linux (x64) | shell=bash")
+    assert user_typed({"role": "user", "content": first}) == "Write a short note to my team about Friday."
+    assert user_typed({"role": "user", "content": "Runtime: agent=main is what the log says"}) != ""  # not that line
+
+
+def test_a_context_block_sent_as_a_message_of_its_own_is_neither_request_nor_reply() -> None:
+    """OpenClaw sends its context block as a separate user message after the user's: the request
+    the reply restates is the one before it, and the verdicts are the bare ones."""
+    context = {"role": "user", "content": [{"type": "text", "text": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\n"
+                                                                    "Active exec sessions: none\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}]}
+    request = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": openclaw(REQUEST)}, context]
+    for reply, bare in zip(REPLIES, [1, -1, 1, -1, 0], strict=True):
+        stamped = {"role": "user", "content": f"[Tue 2026-11-24 09:06 UTC] {reply}"}
+        assert judge_by_rules(request, [stamped, context])[0] == bare, reply

@@ -127,7 +127,9 @@ class ServeConfig(_Settings):
     )
     side_turn_system_regex: str | None = Field(
         None,
-        description="Requests whose system prompt matches this regex are side turns (served, never trained on).",
+        description="Requests whose system prompt matches this regex are side turns (served, never trained on), "
+        "besides known agents' housekeeping requests, which always are (OpenClaw's memory flush and compaction "
+        "summaries: serve/sessions.py KNOWN_SIDE_SYSTEM_PROMPTS).",
     )
     policy_poll_s: float = Field(
         0.25,

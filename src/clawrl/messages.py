@@ -43,15 +43,18 @@ def canonical_arguments(arguments: Any) -> Any:
 # --- what the user typed (DESIGN §5) -------------------------------------------------------------
 
 # Agents wrap what the user typed before they send it. OpenClaw puts a timestamp in front
-# ("[Mon 2026-11-23 15:45 UTC] thanks, perfect") and appends an internal context block; other
-# agents add reminder or memory sections. Rules that read the user's words must not read those.
+# ("[Mon 2026-11-23 15:45 UTC] thanks, perfect"), adds a "Runtime: agent=... | ..." line to a
+# session's first message and sends an internal context block; other agents add reminder or
+# memory sections. Rules that read the user's words must not read those.
 _TIMESTAMP_PREFIX = re.compile(
     r"^\s*\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{1,2}:\d{2}(?::\d{2})?(?: [A-Z][A-Za-z+\-:0-9]{0,9})?\]\s*"
 )
 _WRAPPER_BLOCKS = re.compile(
     r"<<<BEGIN_(?P<marker>[A-Z0-9_]+)>>>.*?<<<END_(?P=marker)>>>"  # OpenClaw's internal context
-    r"|<(?P<tag>system-reminder|memory|context)>.*?</(?P=tag)>",  # reminder and memory sections
-    re.DOTALL,
+    r"|<(?P<tag>system-reminder|memory|context)>.*?</(?P=tag)>"  # reminder and memory sections
+    # OpenClaw's line under a session's first message: "Runtime: agent=main | session=... | shell=bash"
+    r"|^Runtime: agent=[^\n]*\|[^\n]*$",
+    re.DOTALL | re.MULTILINE,
 )
 
 

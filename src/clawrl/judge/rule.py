@@ -71,8 +71,10 @@ def judge_by_rules(request_messages: list[Message], next_state_messages: list[Me
     message before it). A directive inside praise ("thanks! please also add tests") is a new
     request, not a correction, so a +1 carries no hints.
     """
-    asked = [message for message in request_messages if message["role"] == "user"]
-    replies = [message for message in next_state_messages if message["role"] == "user"]
+    # Messages with no typed words (an agent's context block sent as a message of its own) are
+    # neither the request nor the reply's neighbour.
+    asked = [message for message in request_messages if message["role"] == "user" and user_typed(message)]
+    replies = [message for message in next_state_messages if message["role"] == "user" and user_typed(message)]
     request = asked[-1] if asked else None
     previous_text = None
     if request is not None:

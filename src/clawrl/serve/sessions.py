@@ -21,6 +21,20 @@ from clawrl.types import Message, SessionIdSource, Turn, TurnKind
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 
+# Requests that agents make for themselves rather than for their user, recognised by their system
+# prompt whatever --side-turn-system-regex says (a client's X-Turn-Type or turn_type still
+# decides). As main turns they would be trained on, and one that echoes the conversation would
+# hand its instruction to the user's last turn as that turn's next state.
+KNOWN_SIDE_SYSTEM_PROMPTS = re.compile(
+    # OpenClaw's compaction summarizer: the conversation quoted as text, "summarize it".
+    r"\AYou are a context summarization assistant\b"
+    # OpenClaw's pre-compaction memory flush: the agent's own prompt, this paragraph in its
+    # conversation context, and the whole conversation with "Pre-compaction memory flush. Store
+    # durable memories ..." as the last user message.
+    r"|^Pre-compaction memory flush turn\b",
+    re.MULTILINE,
+)
+
 
 @dataclass
 class SessionIdentity:
@@ -51,7 +65,8 @@ def explicit_session(
 def turn_kind(
     headers: dict[str, str], body_turn_type: TurnKind | None, messages: list[Message], side_regex: re.Pattern[str] | None
 ) -> TurnKind:
-    """`main` unless the client or a configured rule says `side` (DESIGN §3: main by default)."""
+    """`main` unless the client, a configured rule or a known agent's system prompt
+    (`KNOWN_SIDE_SYSTEM_PROMPTS`) says `side` (DESIGN §3: main by default)."""
     header = headers.get("x-turn-type", "").strip().lower()
     if header and header not in ("main", "side"):
         raise APIError(400, "X-Turn-Type must be 'main' or 'side'", "invalid_turn_type", "X-Turn-Type")
@@ -59,10 +74,9 @@ def turn_kind(
         return "main" if header == "main" else "side"
     if body_turn_type:
         return body_turn_type
-    if side_regex is not None:
-        system_text = "\n".join(content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer"))
-        if side_regex.search(system_text):
-            return "side"
+    system_text = "\n".join(content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer"))
+    if KNOWN_SIDE_SYSTEM_PROMPTS.search(system_text) or (side_regex is not None and side_regex.search(system_text)):
+        return "side"
     return "main"
 
 
