@@ -130,13 +130,13 @@ def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: py
     """`clawrl serve` starts `clawrl train` with CLAWRL_* variables that rebuild the same settings."""
     args = build_parser().parse_args(
         ["serve", "--model", "some/model", "--run-dir", str(tmp_path), "--method", "rl", "--full", "--lr", "0.001",
-         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard"]
+         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard", "--loss-agg", "seq-mean"]
     )
     configs = [config_from_args(config, args) for config in (EngineConfig, StoreConfig, TrainConfig)]
     for name, value in settings_env(*configs).items():
         monkeypatch.setenv(name, value)
     assert [EngineConfig(), StoreConfig(), TrainConfig()] == configs
-    assert LossConfig().method == "rl" and LossConfig().eps_high == 0.3
+    assert LossConfig().method == "rl" and LossConfig().eps_high == 0.3 and LossConfig().loss_agg == "seq-mean"
 
 
 @pytest.mark.parametrize(

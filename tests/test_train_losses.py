@@ -3,6 +3,9 @@
 Inputs are fresh random tensors from seeded generators. Besides the values, the tests check the
 cases that break careless implementations: every token masked (0/0), responses of length zero,
 log-ratios of ±50, garbage (NaN, inf) in padded positions, and where gradients may and may not flow.
+Every loss is checked under each of the three aggregations (`LossConfig.loss_agg`), whose
+reference is written as what it means (a mean of token values, a mean of per-response means, a
+mean of per-response sums over C) rather than as per-token weights.
 """
 
 from __future__ import annotations
@@ -18,16 +21,54 @@ from clawrl.train.losses import (
     TAIL_FLOOR,
     combined_advantage,
     entropy_from_logits,
+    aggregate,
+    aggregation_weights,
     kl_k3,
-    masked_mean,
     opd_advantage,
     ppo_clipped_loss,
+    sequence_weights,
     topk_reverse_kl,
     truncated_importance_weights,
 )
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 B, T, V, K = 3, 7, 11, 4
+C = 5  # the constant normaliser of the tests: shorter than the longest response, longer than others
+# None: no aggregation weights given, which is the token mean of the tensors given
+MODES = [None, "token-mean", "seq-mean", "constant"]
+
+
+def reference_aggregate(rows: list[list[float]], mode: str | None) -> float:
+    """The batch reduction of per-token values, ``rows[b]`` = the values of response b's tokens.
+
+    token-mean: the mean of every token value of the batch. seq-mean: the mean, over the responses
+    that have a token, of each response's mean. constant: the mean, over those responses, of each
+    response's sum divided by C.
+    """
+    responses = [row for row in rows if row]
+    if mode in (None, "token-mean"):
+        count = sum(len(row) for row in responses)
+        return sum(value for row in responses for value in row) / max(count, 1)
+    if mode == "seq-mean":
+        return sum(sum(row) / len(row) for row in responses) / max(len(responses), 1)
+    assert mode == "constant"
+    return sum(sum(row) / C for row in responses) / max(len(responses), 1)
+
+
+def reference_gradient(local: list[list[float]], mode: str | None) -> np.ndarray:
+    """d(batch loss)/d(token input) when token (b, t)'s value has derivative local[b][t]: the reduction
+    is linear, so it is the reduction of a batch whose only non-zero value is that derivative."""
+    grad = np.zeros((B, T))
+    for b, row in enumerate(local):
+        for t, derivative in enumerate(row):
+            one_hot = [[0.0] * len(other) for other in local]
+            one_hot[b][t] = derivative
+            grad[b, t] = reference_aggregate(one_hot, mode)
+    return grad
+
+
+def weights_for(mask: torch.Tensor, mode: str | None) -> torch.Tensor | None:
+    return None if mode is None else aggregation_weights(mask, mode, C)
 
 
 def random_batch(seed: int) -> dict[str, torch.Tensor]:
@@ -42,12 +83,13 @@ def random_batch(seed: int) -> dict[str, torch.Tensor]:
     return {"logp": logp, "old": old, "advantages": advantages, "weights": weights, "mask": mask}
 
 
-def reference_ppo(logp, old, advantages, weights, mask, num_tokens=None):
-    """Loss, d loss / d logp, clip fraction and k3 KL, token by token in Python floats."""
-    count = num_tokens if num_tokens is not None else max(int(mask.sum()), 1)
-    loss, clipped, kl = 0.0, 0, 0.0
-    grad = np.zeros(logp.shape)
+def reference_ppo(logp, old, advantages, weights, mask, mode=None):
+    """Loss, d loss / d logp, clip fraction, k3 KL and mean advantage, token by token in Python
+    floats, reduced by `reference_aggregate`."""
+    loss, grad, clipped, kl, advantage = [], [], [], [], []
     for b in range(logp.shape[0]):
+        for rows in (loss, grad, clipped, kl, advantage):
+            rows.append([])
         for t in range(logp.shape[1]):
             if not mask[b, t]:
                 continue
@@ -55,50 +97,127 @@ def reference_ppo(logp, old, advantages, weights, mask, num_tokens=None):
             ratio = math.exp(log_ratio)
             a, w = float(advantages[b, t]), float(weights[b, t])
             bounded = min(max(ratio, 1 - EPS_LOW), 1 + EPS_HIGH)
-            loss -= w * min(ratio * a, bounded * a) / count
-            if (a > 0 and ratio > 1 + EPS_HIGH) or (a < 0 and ratio < 1 - EPS_LOW):
-                clipped += 1
-            elif log_ratio < MAX_LOG_RATIO:
-                grad[b, t] = -w * ratio * a / count
-            kl += (ratio - 1 - log_ratio) / count
-    return loss, grad, clipped / count, kl
+            loss[b].append(-w * min(ratio * a, bounded * a))
+            was_clipped = (a > 0 and ratio > 1 + EPS_HIGH) or (a < 0 and ratio < 1 - EPS_LOW)
+            clipped[b].append(1.0 if was_clipped else 0.0)
+            grad[b].append(0.0 if was_clipped or log_ratio >= MAX_LOG_RATIO else -w * ratio * a)
+            kl[b].append(ratio - 1 - log_ratio)
+            advantage[b].append(a)
+    return (
+        reference_aggregate(loss, mode),
+        reference_gradient(grad, mode),
+        reference_aggregate(clipped, mode),
+        reference_aggregate(kl, mode),
+        reference_aggregate(advantage, mode),
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_ppo_clipped_loss_matches_reference(seed: int, weighted: bool) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_ppo_clipped_loss_matches_reference(seed: int, weighted: bool, mode: str | None) -> None:
     batch = random_batch(seed)
+    assert len(set(batch["mask"].sum(1).tolist())) > 1  # responses of uneven lengths
     logp = batch["logp"].clone().requires_grad_()
     weights = batch["weights"] if weighted else torch.ones(B, T, dtype=torch.float64)
     loss, stats = ppo_clipped_loss(
-        logp, batch["old"], batch["advantages"], batch["mask"], EPS_LOW, EPS_HIGH, weights if weighted else None
+        logp, batch["old"], batch["advantages"], batch["mask"], EPS_LOW, EPS_HIGH, weights if weighted else None,
+        weights_for(batch["mask"], mode),
     )
     loss.backward()
-    expected_loss, expected_grad, expected_clip, expected_kl = reference_ppo(
-        batch["logp"], batch["old"], batch["advantages"], weights, batch["mask"]
+    expected_loss, expected_grad, expected_clip, expected_kl, expected_advantage = reference_ppo(
+        batch["logp"], batch["old"], batch["advantages"], weights, batch["mask"], mode
     )
     assert loss.item() == pytest.approx(expected_loss, rel=1e-12, abs=1e-12)
     np.testing.assert_allclose(logp.grad.numpy(), expected_grad, rtol=1e-10, atol=1e-12)
-    assert stats.clip_fraction.item() == pytest.approx(expected_clip)
+    assert stats.clip_fraction.item() == pytest.approx(expected_clip, rel=1e-12)
     assert 0 < expected_clip < 1  # the inputs really exercise both branches
     assert stats.approx_kl.item() == pytest.approx(expected_kl, rel=1e-10)
-    mean_advantage = batch["advantages"][batch["mask"]].mean().item()
-    assert stats.mean_advantage.item() == pytest.approx(mean_advantage, rel=1e-10)
+    assert stats.mean_advantage.item() == pytest.approx(expected_advantage, rel=1e-10)
 
 
-def test_ppo_micro_batches_add_up_to_the_batch_token_mean() -> None:
+def test_the_aggregations_differ_on_uneven_lengths() -> None:
+    """What tells the three apart: on responses of uneven lengths no two give the same loss."""
+    batch = random_batch(0)
+    losses = {
+        mode: ppo_clipped_loss(batch["logp"], batch["old"], batch["advantages"], batch["mask"],
+                               agg_weights=weights_for(batch["mask"], mode))[0].item()
+        for mode in MODES
+    }
+    assert losses[None] == pytest.approx(losses["token-mean"], rel=1e-12)
+    assert len({round(losses[mode], 9) for mode in ("token-mean", "seq-mean", "constant")}) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_aggregate_matches_reference(mode: str | None) -> None:
+    """The reduction every statistic and the entropy term go through, on values with garbage padding."""
+    generator = torch.Generator().manual_seed(10)
+    values = torch.randn(B, T, generator=generator, dtype=torch.float64)
+    mask = random_batch(1)["mask"].clone()
+    mask[1] = False  # an empty response: no sequence of the mean
+    rows = [[float(values[b, t]) for t in range(T) if mask[b, t]] for b in range(B)]
+    padded = garbage_padded(values, mask).requires_grad_()
+    result = aggregate(padded, mask, weights_for(mask, mode))
+    result.backward()
+    assert result.item() == pytest.approx(reference_aggregate(rows, mode), rel=1e-12)
+    np.testing.assert_allclose(padded.grad.numpy(), reference_gradient([[1.0] * len(row) for row in rows], mode), rtol=1e-12)
+
+
+def test_sequence_weights_written_out() -> None:
+    lengths = torch.tensor([2, 0, 5, 1])  # one empty response: no sequence of the mean
+    expected = {
+        "token-mean": [1 / 8, 0, 1 / 8, 1 / 8],
+        "seq-mean": [1 / (3 * 2), 0, 1 / (3 * 5), 1 / (3 * 1)],
+        "constant": [1 / (3 * C), 0, 1 / (3 * C), 1 / (3 * C)],
+    }
+    for mode, weights in expected.items():
+        assert sequence_weights(lengths, mode, C).tolist() == pytest.approx(weights, rel=1e-15), mode
+        assert sequence_weights(torch.zeros(3, dtype=torch.long), mode, C).tolist() == [0.0, 0.0, 0.0]
+    mask = torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)
+    per_token = aggregation_weights(mask, "seq-mean", C)
+    assert per_token[2].tolist() == pytest.approx([1 / 15] * 5 + [0.0], rel=1e-15)
+    assert (per_token[~mask] == 0).all()
+    with pytest.raises(ValueError, match="loss aggregation"):
+        sequence_weights(lengths, "sum", C)
+    with pytest.raises(ValueError, match="positive normaliser"):
+        sequence_weights(lengths, "constant")
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_micro_batches_add_up_to_the_batch_loss(mode: str) -> None:
+    """Weights computed for the whole batch, handed out by rows: the parts' losses, statistics and
+    gradients add up to the whole batch's, for every term and every aggregation."""
     batch = random_batch(3)
-    whole, whole_stats = ppo_clipped_loss(batch["logp"], batch["old"], batch["advantages"], batch["mask"])
-    total = int(batch["mask"].sum())
-    summed, clip_summed = 0.0, 0.0
+    student_logits, ids, teacher_logprobs, _ = random_topk(3)
+    mask = batch["mask"]
+    weights = aggregation_weights(mask, mode, C)
+
+    def terms(rows: slice, agg_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        loss, stats = ppo_clipped_loss(logp[rows], batch["old"][rows], batch["advantages"][rows], mask[rows],
+                                       token_weights=batch["weights"][rows], agg_weights=agg_weights)
+        loss = loss + kl_k3(logp[rows], batch["old"][rows] - 0.3, mask[rows], agg_weights)
+        loss = loss + topk_reverse_kl(torch.log_softmax(logits[rows], -1), ids[rows], teacher_logprobs[rows], mask[rows],
+                                      agg_weights)
+        loss = loss - aggregate(entropy_from_logits(logits[rows]), mask[rows], agg_weights)
+        return loss, stats.clip_fraction, stats.approx_kl
+
+    logp, logits = batch["logp"].clone().requires_grad_(), student_logits.clone().requires_grad_()
+    whole = terms(slice(0, B), weights)
+    whole[0].backward()
+    whole_grads = logp.grad.clone(), logits.grad.clone()
+    logp.grad, logits.grad = None, None
+    summed = [0.0, 0.0, 0.0]
     for rows in (slice(0, 1), slice(1, B)):
-        part, part_stats = ppo_clipped_loss(
-            batch["logp"][rows], batch["old"][rows], batch["advantages"][rows], batch["mask"][rows], num_tokens=total
-        )
-        summed += part.item()
-        clip_summed += part_stats.clip_fraction.item()
-    assert summed == pytest.approx(whole.item(), rel=1e-12)
-    assert clip_summed == pytest.approx(whole_stats.clip_fraction.item(), rel=1e-12)
+        part = terms(rows, weights[rows])
+        part[0].backward()
+        summed = [total + value.item() for total, value in zip(summed, part)]
+    for total, value in zip(summed, whole):
+        assert total == pytest.approx(value.item(), rel=1e-12)
+    torch.testing.assert_close(logp.grad, whole_grads[0], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(logits.grad, whole_grads[1], rtol=1e-12, atol=1e-15)
+    # ...whereas each part aggregated on its own (the weights of a part, not of the batch) does not
+    alone = sum(terms(rows, aggregation_weights(mask[rows], mode, C))[0].item() for rows in (slice(0, 1), slice(1, B)))
+    assert alone != pytest.approx(whole[0].item(), rel=1e-6)
 
 
 def test_ppo_extreme_ratios_are_clipped_and_finite() -> None:
@@ -143,24 +262,27 @@ def garbage_padded(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, values, junk.view_as(values))
 
 
-def test_all_masked_gives_zero_loss_and_zero_gradients() -> None:
+@pytest.mark.parametrize("mode", [*MODES, "garbage"])
+def test_all_masked_gives_zero_loss_and_zero_gradients(mode: str | None) -> None:
     batch = random_batch(5)
     mask = torch.zeros(B, T, dtype=torch.bool)
     logp = garbage_padded(batch["logp"], mask).requires_grad_()
     student_full = garbage_padded(torch.randn(B, T, V, dtype=torch.float64), mask.unsqueeze(-1)).requires_grad_()
     ids = torch.randint(0, V, (B, T, K))
     garbage = garbage_padded(batch["old"], mask)
+    # "garbage": NaN and inf as the aggregation weights of the masked positions
+    weights = garbage if mode == "garbage" else weights_for(mask, mode)
     losses = [
-        ppo_clipped_loss(logp, garbage, garbage, mask, token_weights=garbage)[0],
-        kl_k3(logp, garbage, mask),
-        masked_mean(logp, mask),
-        topk_reverse_kl(student_full, ids, garbage.unsqueeze(-1).expand(B, T, K), mask),
+        ppo_clipped_loss(logp, garbage, garbage, mask, token_weights=garbage, agg_weights=weights)[0],
+        kl_k3(logp, garbage, mask, weights),
+        aggregate(logp, mask, weights),
+        topk_reverse_kl(student_full, ids, garbage.unsqueeze(-1).expand(B, T, K), mask, weights),
     ]
     for loss in losses:
         assert loss.item() == 0.0
     sum(losses).backward()
     assert (logp.grad == 0).all() and (student_full.grad == 0).all()
-    _, stats = ppo_clipped_loss(logp, garbage, garbage, mask)
+    _, stats = ppo_clipped_loss(logp, garbage, garbage, mask, agg_weights=weights)
     assert stats.clip_fraction.item() == 0 and stats.approx_kl.item() == 0 and stats.mean_advantage.item() == 0
 
 
@@ -182,22 +304,23 @@ def test_empty_responses_give_zero_loss() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_kl_k3_matches_reference(seed: int) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_kl_k3_matches_reference(seed: int, mode: str | None) -> None:
     batch = random_batch(seed)
     ref = batch["old"]
     logp = batch["logp"].clone().requires_grad_()
-    kl = kl_k3(logp, ref, batch["mask"])
+    kl = kl_k3(logp, ref, batch["mask"], weights_for(batch["mask"], mode))
     kl.backward()
-    count = int(batch["mask"].sum())
-    expected, grad = 0.0, np.zeros((B, T))
+    values, local = [], []
     for b in range(B):
+        values.append([]), local.append([])
         for t in range(T):
             if batch["mask"][b, t]:
                 delta = float(ref[b, t] - batch["logp"][b, t])
-                expected += (math.exp(delta) - delta - 1) / count
-                grad[b, t] = (1 - math.exp(delta)) / count
-    assert kl.item() == pytest.approx(expected, rel=1e-12)
-    np.testing.assert_allclose(logp.grad.numpy(), grad, rtol=1e-10, atol=1e-14)
+                values[b].append(math.exp(delta) - delta - 1)
+                local[b].append(1 - math.exp(delta))
+    assert kl.item() == pytest.approx(reference_aggregate(values, mode), rel=1e-12)
+    np.testing.assert_allclose(logp.grad.numpy(), reference_gradient(local, mode), rtol=1e-10, atol=1e-14)
     assert kl.item() > 0
     assert kl_k3(batch["logp"], batch["logp"], batch["mask"]).item() == 0.0
 
@@ -266,9 +389,10 @@ def random_topk(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
     return student_logits, ids, teacher_logprobs, mask
 
 
-def reference_topk_kl(student_logits: np.ndarray, ids, teacher_logprobs, mask) -> float:
-    total, count = 0.0, max(int(mask.sum()), 1)
+def reference_topk_kl(student_logits: np.ndarray, ids, teacher_logprobs, mask, mode=None) -> float:
+    rows: list[list[float]] = []
     for b in range(B):
+        rows.append([])
         for t in range(T):
             if not mask[b, t]:
                 continue
@@ -278,26 +402,27 @@ def reference_topk_kl(student_logits: np.ndarray, ids, teacher_logprobs, mask) -
             teacher = [float(v) for v in teacher_logprobs[b, t]]
             student.append(math.log(max(1 - sum(math.exp(s) for s in student), TAIL_FLOOR)))
             teacher.append(math.log(max(1 - sum(math.exp(u) for u in teacher), TAIL_FLOOR)))
-            total += sum(math.exp(s) * (s - u) for s, u in zip(student, teacher)) / count
-    return total
+            rows[b].append(sum(math.exp(s) * (s - u) for s, u in zip(student, teacher)))
+    return reference_aggregate(rows, mode)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_topk_reverse_kl_matches_reference_values_and_gradients(seed: int) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_topk_reverse_kl_matches_reference_values_and_gradients(seed: int, mode: str | None) -> None:
     student_logits, ids, teacher_logprobs, mask = random_topk(seed)
     logits = student_logits.clone().requires_grad_()
-    kl = topk_reverse_kl(torch.log_softmax(logits, -1), ids, teacher_logprobs, mask)
+    kl = topk_reverse_kl(torch.log_softmax(logits, -1), ids, teacher_logprobs, mask, weights_for(mask, mode))
     kl.backward()
-    expected = reference_topk_kl(student_logits.numpy(), ids, teacher_logprobs, mask)
+    expected = reference_topk_kl(student_logits.numpy(), ids, teacher_logprobs, mask, mode)
     assert kl.item() == pytest.approx(expected, rel=1e-12)
     assert kl.item() > 0
     # Gradient against central finite differences of the float64 reference.
     values, step = student_logits.numpy().copy(), 1e-6
     for b, t, v in [(b, t, v) for b in range(B) for t in range(T) for v in (0, 5, V - 1)]:
         values[b, t, v] += step
-        above = reference_topk_kl(values, ids, teacher_logprobs, mask)
+        above = reference_topk_kl(values, ids, teacher_logprobs, mask, mode)
         values[b, t, v] -= 2 * step
-        below = reference_topk_kl(values, ids, teacher_logprobs, mask)
+        below = reference_topk_kl(values, ids, teacher_logprobs, mask, mode)
         values[b, t, v] += step
         assert logits.grad[b, t, v].item() == pytest.approx((above - below) / (2 * step), rel=1e-5, abs=1e-9)
     assert (logits.grad[~mask] == 0).all()

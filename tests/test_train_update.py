@@ -1,7 +1,8 @@
 """`update_step` on the real tiny model, with a real PEFT LoRA adapter or full fine-tuning.
 
 What a user would observe: a rewarded response becomes likelier, a punished one less likely, a
-teacher that prefers the response pulls it up, micro-batching changes nothing but memory, the KL
+teacher that prefers the response pulls it up, micro-batching changes nothing but memory (under
+each loss aggregation), the KL
 term pulls a drifted policy back to the reference, and top-K distillation moves the policy's
 distribution onto the teacher's. Gradients are also checked against an independent computation
 (one unpadded forward per sample).
@@ -127,10 +128,16 @@ def sgd_delta(model: torch.nn.Module, samples: list[TrainingExample], config: Lo
 
 
 def independent_gradient(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig) -> dict[str, torch.Tensor]:
-    """The gradient written out directly: at ρ = 1 the PPO loss's gradient is −(1/N) Σ_t w_t A_t ∇log π(a_t),
-    computed here one unpadded example at a time."""
+    """The gradient written out directly: at ρ = 1 the PPO loss's gradient is −Σ_i Σ_t w_t A_t ∇log π(a_t) / D_i,
+    computed here one unpadded example at a time, with D_i = N (token-mean: the batch's token count),
+    len_i · B (seq-mean: the mean of each response, then of the B responses) or C · B (constant)."""
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     total = sum(len(example.turn.response_token_ids) for example in samples)
+    divisor = {
+        "token-mean": lambda length: total,
+        "seq-mean": lambda length: length * len(samples),
+        "constant": lambda length: config.loss_agg_tokens * len(samples),
+    }[config.loss_agg]
     model.zero_grad()
     for example in samples:
         prompt, response = example.turn.prompt_token_ids, example.turn.response_token_ids
@@ -142,18 +149,21 @@ def independent_gradient(model: torch.nn.Module, samples: list[TrainingExample],
         if example.sample.teacher_logprobs is not None:
             teacher = torch.tensor(example.sample.teacher_logprobs)
             advantage += config.w_opd * (teacher - old).clamp(-config.opd_clip, config.opd_clip)
-        (-(weights * advantage * logprobs).sum() / total).backward()
+        (-(weights * advantage * logprobs).sum() / divisor(len(response))).backward()
     gradient = {name: p.grad.detach().clone() for name, p in trainable.items()}
     model.zero_grad()
     return gradient
 
 
-def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "constant"])
+def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path, loss_agg: str) -> None:
     policy = load_policy(tiny_model_dir)
     # A first step so that the LoRA B matrices are non-zero and every adapter weight gets a gradient.
     train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
     samples = mixed_samples(policy, tiny_model_dir)
-    config = LossConfig(method="combine")
+    assert len({len(example.turn.response_token_ids) for example in samples}) == 3  # uneven lengths
+    # C = 16: of the order of these responses' lengths, so the gradients are of the same size in every mode
+    config = LossConfig(method="combine", loss_agg=loss_agg, loss_agg_tokens=16)
     expected = independent_gradient(policy, samples, config)
     deltas = [sgd_delta(copy.deepcopy(policy), samples, config, size) for size in (3, 2, 1)]
     for name, gradient in expected.items():
@@ -162,19 +172,30 @@ def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path) ->
             torch.testing.assert_close(delta[name], -gradient, rtol=1e-4, atol=1e-7)
 
 
-def test_metrics_report_drift_and_importance_weights(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "constant"])
+def test_metrics_report_drift_and_importance_weights(tiny_model_dir: Path, loss_agg: str) -> None:
     model = load_policy(tiny_model_dir)
     stale = on_policy_sample(model, tiny_model_dir, 0, 1.0)
     stale.turn.response_logprobs = [logprob - 1.0 for logprob in stale.turn.response_logprobs]  # π_old/π_b = e > cap
     fresh = on_policy_sample(model, tiny_model_dir, 2, -1.0)
     fresh.turn.response_logprobs = [logprob + 0.5 for logprob in fresh.turn.response_logprobs]  # π_old/π_b = e^-0.5
-    metrics = train(model, [stale, fresh], LossConfig(method="rl"), steps=1)[0]
+    metrics = train(model, [stale, fresh], LossConfig(method="rl", loss_agg=loss_agg), steps=1)[0]
     n_stale, n_fresh = len(stale.turn.response_token_ids), len(fresh.turn.response_token_ids)
     total = n_stale + n_fresh
-    assert metrics.logprob_drift == pytest.approx((1.0 * n_stale + 0.5 * n_fresh) / total, rel=1e-4)
-    assert metrics.mean_is_weight == pytest.approx((2.0 * n_stale + math.exp(-0.5) * n_fresh) / total, rel=1e-4)
-    assert metrics.mean_advantage == pytest.approx((n_stale - n_fresh) / total, rel=1e-5)
+    assert n_stale != n_fresh
+    # Statistics are means under the loss's weights: over tokens, or over responses under seq-mean
+    # (the constant normaliser weighs every token the same, so its means are token means).
+    stale_share = 0.5 if loss_agg == "seq-mean" else n_stale / total
+    fresh_share = 1 - stale_share
+    assert metrics.logprob_drift == pytest.approx(1.0 * stale_share + 0.5 * fresh_share, rel=1e-4)
+    assert metrics.mean_is_weight == pytest.approx(2.0 * stale_share + math.exp(-0.5) * fresh_share, rel=1e-4)
+    assert metrics.mean_advantage == pytest.approx(stale_share - fresh_share, abs=1e-5)
     assert metrics.mean_reward == 0.0 and metrics.num_tokens == total
+    # the loss itself is the optimised value: at ρ = 1 it is −Σ a·w·A, which under `constant` is
+    # the token mean scaled by N / (B · C)
+    scale = total / (2 * 512) if loss_agg == "constant" else 1.0
+    expected_loss = -(2.0 * stale_share - math.exp(-0.5) * fresh_share) * scale
+    assert metrics.loss == pytest.approx(expected_loss, rel=1e-4)
 
 
 def test_a_sample_without_teacher_log_probs_contributes_the_rl_term(tiny_model_dir: Path) -> None:

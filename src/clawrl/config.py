@@ -242,6 +242,10 @@ class JudgeConfig(_Settings):
         return self
 
 
+# How a batch's per-token losses are summed into one (`clawrl.train.losses.sequence_weights`).
+LossAggregation = Literal["token-mean", "seq-mean", "constant"]
+
+
 class LossConfig(_Settings):
     """The training objective (DESIGN §6): method, PPO clip, KL, entropy, OPD and off-policy knobs.
 
@@ -277,6 +281,21 @@ class LossConfig(_Settings):
         ge=0,
         description="With K > 0, keep the teacher's top-K tokens per position and train OPD with the top-K reverse "
         "KL (K + 1 bins) instead of the sampled-token advantage; 0 is off.",
+    )
+    loss_agg: LossAggregation = Field(
+        "token-mean",
+        description="How the per-token losses of a batch are summed into one: `token-mean` (every response token of the "
+        "batch weighs the same: divided by the batch's token count), `seq-mean` (mean over each response, then over "
+        "the responses: every response weighs the same, upstream slime's default) or `constant` (sum over each "
+        "response divided by the constant --loss-agg-tokens, then mean over the responses: Dr. GRPO's length-unbiased "
+        "sum). Every loss term and statistic is aggregated the same way.",
+    )
+    loss_agg_tokens: int = Field(
+        512,
+        ge=1,
+        description="C of --loss-agg constant: the fixed normaliser of each response's token sum, best the response "
+        "limit the agent asks for (512 is clawrl serve's --default-max-tokens). It only scales the loss and gradient "
+        "(AdamW nearly undoes the scale; --grad-clip does not).",
     )
 
 
@@ -345,7 +364,13 @@ class BenchConfig(_Settings):
         "`opd`, `combine` (clawrl serve --method ...), or `all` of them.",
     )
     sessions: int = Field(36, ge=1, description="Sessions per arm and seed.")
-    seeds: int = Field(3, ge=1, description="Seeds per arm (0, 1, ...).")
+    seeds: int = Field(3, ge=1, description="Seeds per arm (--first-seed, the next, ...).")
+    first_seed: int = Field(
+        0,
+        ge=0,
+        description="The first seed (the user's problems, held-out prompts and request seeds): seeds 0-2 are the "
+        "ones the benchmark's defaults were tuned on, so compare changes on later ones too.",
+    )
     out: Path = Field(
         Path("runs/bench-learn"),
         description="Output directory: results.json, report.md, learning.png, and one run directory per arm and seed.",

@@ -374,7 +374,7 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
     config.out.mkdir(parents=True, exist_ok=True)
     runs: list[RunResult] = []
     for arm in arms_for(config.method):
-        for seed in range(config.seeds):
+        for seed in range(config.first_seed, config.first_seed + config.seeds):
             runs.append(run_arm(arm, seed, config, train_flags, voice, progress))
             (config.out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
     return write_report(config, train_flags, runs, command_line(config))

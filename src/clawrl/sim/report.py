@@ -75,6 +75,7 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
         "persona": config.persona,
         "sessions": config.sessions,
         "seeds": config.seeds,
+        "first_seed": config.first_seed,
         "model": config.model,
         "heldout_prompts": config.heldout_prompts,
         "train_flags": train_flags,
@@ -89,7 +90,8 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
 
 
 def command_line(config: BenchConfig) -> str:
-    return f"clawrl bench learn --method {config.method} --sessions {config.sessions} --seeds {config.seeds}"
+    first_seed = f" --first-seed {config.first_seed}" if config.first_seed else ""
+    return f"clawrl bench learn --method {config.method} --sessions {config.sessions} --seeds {config.seeds}{first_seed}"
 
 
 def _aligned_text(arm: dict[str, Any]) -> str:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 @dataclass
 class StepMetrics:
-    """What one optimizer step did. Means are over response tokens unless the name says samples."""
+    """What one optimizer step did. Means are over response tokens unless the name says samples, each
+    token weighted as in the loss (`LossConfig.loss_agg`: equally, except under `seq-mean`, where
+    every response weighs the same)."""
 
-    loss: float = 0.0  # the optimised objective (token mean over the whole batch)
+    loss: float = 0.0  # the optimised objective (its tokens aggregated as `loss_agg` says)
     clip_fraction: float = 0.0  # share of tokens whose ratio was clipped (gradient stopped)
     approx_kl: float = 0.0  # k3 estimate of KL(pi_old || pi_theta): mean of (rho - 1) - log rho
     entropy: float = 0.0  # mean entropy of the policy over response positions (nats)

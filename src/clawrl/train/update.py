@@ -2,9 +2,11 @@
 
 `update_step` packs the examples into micro-batches, runs the policy over each, builds the
 per-token advantage of the chosen method, accumulates the gradients of the PPO loss (plus the
-optional KL, entropy and top-K terms) and takes one optimizer step. The loss of every micro-batch
-is divided by the token count of the whole batch, so the accumulated gradient is exactly that of
-one token mean over the batch, and peak memory is set by `micro_batch_size` alone.
+optional KL, entropy and top-K terms) and takes one optimizer step. Each response token's weight
+in the batch loss (`LossConfig.loss_agg`: 1/N for the token mean, 1/(B·len) for the per-sequence
+mean, 1/(B·C) for the constant normaliser) is computed from the *whole* batch before the
+micro-batches run, so the accumulated gradient is exactly that of the one batch loss, and peak
+memory is set by `micro_batch_size` alone.
 
 π_old, the proximal policy of decoupled PPO, is the current weights' log-probs. Because there is
 one optimizer step per batch, the weights do not change while the micro-batches run, so each
@@ -24,7 +26,7 @@ computed alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -35,12 +37,13 @@ from torch import Tensor
 from clawrl.config import LossConfig
 from clawrl.engines.scoring import PackedRows, pack_rows, response_logits, token_logprobs
 from clawrl.train.losses import (
+    aggregate,
     combined_advantage,
     entropy_from_logits,
     kl_k3,
-    masked_mean,
     opd_advantage,
     ppo_clipped_loss,
+    sequence_weights,
     topk_reverse_kl,
     truncated_importance_weights,
 )
@@ -60,6 +63,7 @@ class MicroBatch:
     topk_ids: Tensor | None  # [B, R, K] when any sample uses the top-K term
     topk_logprobs: Tensor | None  # [B, R, K]
     has_topk: Tensor  # [B] bool: the top-K term applies
+    agg_weights: Tensor  # [B, R] each response token's weight in the batch loss, 0 on padding
 
     @property
     def response_ids(self) -> Tensor:
@@ -68,7 +72,7 @@ class MicroBatch:
 
     @property
     def mask(self) -> Tensor:
-        """[B, R] bool: a real response token, the tokens every mean of the loss runs over."""
+        """[B, R] bool: a real response token, the tokens every sum of the loss runs over."""
         return self.rows.mask
 
 
@@ -95,10 +99,24 @@ def _check(example: TrainingExample, config: LossConfig) -> None:
             raise ValueError(f"sample {example.turn.id}: fewer than opd_topk={config.opd_topk} teacher entries")
 
 
-def pack_examples(examples: list[TrainingExample], config: LossConfig, device: torch.device) -> MicroBatch:
-    """The tensors of one micro-batch (token rows laid out by `pack_rows`, per-token values right-padded)."""
+def batch_weights(examples: Sequence[TrainingExample], config: LossConfig) -> list[float]:
+    """Each example's per-token weight in the loss of the batch `examples` (`losses.sequence_weights`)."""
+    lengths = torch.tensor([len(example.turn.response_token_ids) for example in examples], dtype=torch.float64)
+    return sequence_weights(lengths, config.loss_agg, config.loss_agg_tokens).tolist()
+
+
+def pack_examples(
+    examples: list[TrainingExample], config: LossConfig, device: torch.device, weights: Sequence[float] | None = None
+) -> MicroBatch:
+    """The tensors of one micro-batch (token rows laid out by `pack_rows`, per-token values right-padded).
+
+    `weights` are the examples' per-token weights in the whole batch's loss (`batch_weights` of
+    the batch); left out, `examples` are taken to be the whole batch.
+    """
     for example in examples:
         _check(example, config)
+    if weights is None:
+        weights = batch_weights(examples, config)
     rows = pack_rows(
         [example.turn.prompt_token_ids for example in examples], [example.turn.response_token_ids for example in examples], device
     )
@@ -120,6 +138,9 @@ def pack_examples(examples: list[TrainingExample], config: LossConfig, device: t
         topk_ids=topk_ids,
         topk_logprobs=topk_logprobs,
         has_topk=torch.tensor(has_topk, dtype=torch.bool, device=device),
+        agg_weights=torch.where(
+            rows.mask, torch.tensor(list(weights), dtype=torch.float32, device=device).unsqueeze(1), 0.0
+        ),
     )
 
 
@@ -209,11 +230,13 @@ def update_step(
 ) -> StepMetrics:
     """One optimizer step on `examples`; returns what it did (`mean_staleness` is left to the caller).
 
-    The loss is the token mean over every response token in `examples` of
+    The loss is the aggregation (`config.loss_agg`) over every response token in `examples` of
 
         PPO(ρ, A, w) + kl_beta · k3(π_θ, π_ref) − entropy_coef · H(π_θ) + w_opd · topK-RKL
 
-    (the last term only for examples distilled through the top-K term). Gradients are clipped to
+    (the last term only for examples distilled through the top-K term). The reported statistics
+    are means under the same weights, Σ a·x / Σ a (token means under `constant`, whose weights sum
+    to N/(B·C) rather than 1); `loss` is the optimised value itself. Gradients are clipped to
     a global norm of `grad_clip` (math.inf: no clipping). With no response token at all, or a
     non-finite gradient (the step is then skipped and `skipped_step` is 1), the weights are left
     unchanged. Deterministic given the model, the examples and torch's RNG (dropout, if any).
@@ -223,7 +246,15 @@ def update_step(
     started = time.perf_counter()
     device = next(model.parameters()).device
     num_tokens = sum(len(example.turn.response_token_ids) for example in examples)
-    topk_tokens = sum(len(example.turn.response_token_ids) for example in examples if _uses_topk(example, config))
+    weights = batch_weights(examples, config)
+    weight_of = {id(example): weight for example, weight in zip(examples, weights)}  # micro_batches reorders them
+    # Σ a over the batch's tokens (1, or N/(B·C) for `constant`), and over those of the top-K term
+    total_weight = sum(weight * len(example.turn.response_token_ids) for example, weight in zip(examples, weights))
+    topk_weight = sum(
+        weight * len(example.turn.response_token_ids)
+        for example, weight in zip(examples, weights)
+        if _uses_topk(example, config)
+    )
     metrics = StepMetrics(
         num_samples=len(examples),
         num_tokens=num_tokens,
@@ -241,10 +272,10 @@ def update_step(
     optimizer.zero_grad(set_to_none=True)
     try:
         for chunk in micro_batches(examples, micro_batch_size):
-            batch = pack_examples(chunk, config, device)
+            batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk])
             if batch.response_ids.shape[1] == 0:
                 continue
-            _accumulate(model, reference_model, batch, config, num_tokens, topk_tokens, totals)
+            _accumulate(model, reference_model, batch, config, total_weight, topk_weight or 1.0, totals)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
         if torch.isfinite(grad_norm):
             optimizer.step()
@@ -266,11 +297,15 @@ def _accumulate(
     reference_model: torch.nn.Module | None,
     batch: MicroBatch,
     config: LossConfig,
-    num_tokens: int,
-    topk_tokens: int,
+    total_weight: float,
+    topk_weight: float,
     totals: _Totals,
 ) -> None:
-    """Forward and backward one micro-batch, its loss scaled to its share of the batch token mean."""
+    """Forward and backward one micro-batch's share of the batch loss (its rows' `agg_weights`).
+
+    Statistics are added as shares of weighted means: divided by the batch's total weight, the
+    top-K reverse KL by the total weight of the tokens it applies to.
+    """
     reference = _reference_logprobs(model, reference_model, batch) if config.kl_beta > 0 else None
     logits = response_logits(model, batch.rows)
     full_logprobs = torch.log_softmax(logits, dim=-1) if batch.topk_ids is not None else None
@@ -282,28 +317,29 @@ def _accumulate(
     old = logprobs.detach()  # π_old: the current weights (see the module docstring)
     weights = truncated_importance_weights(old, batch.behaviour_logprobs, config.is_cap)
     token_advantages = advantages(batch, old, config)
+    agg_weights = batch.agg_weights
     loss, stats = ppo_clipped_loss(
-        logprobs, old, token_advantages, batch.mask, config.eps_low, config.eps_high, weights, num_tokens
+        logprobs, old, token_advantages, batch.mask, config.eps_low, config.eps_high, weights, agg_weights
     )
     entropy_context: AbstractContextManager[None] = nullcontext() if config.entropy_coef > 0 else torch.no_grad()
     with entropy_context:
-        entropy = masked_mean(entropy_from_logits(logits), batch.mask, num_tokens)
+        entropy = aggregate(entropy_from_logits(logits), batch.mask, agg_weights)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * entropy
     if reference is not None:
-        kl = kl_k3(logprobs, reference, batch.mask, num_tokens)
+        kl = kl_k3(logprobs, reference, batch.mask, agg_weights)
         loss = loss + config.kl_beta * kl
-        totals.kl_to_reference += kl.detach()
+        totals.kl_to_reference += kl.detach() / total_weight
     if full_logprobs is not None and batch.topk_ids is not None and batch.topk_logprobs is not None:
         topk_mask = batch.mask & batch.has_topk.unsqueeze(1)
-        reverse_kl = topk_reverse_kl(full_logprobs, batch.topk_ids, batch.topk_logprobs, topk_mask, num_tokens)
+        reverse_kl = topk_reverse_kl(full_logprobs, batch.topk_ids, batch.topk_logprobs, topk_mask, agg_weights)
         loss = loss + config.w_opd * reverse_kl
-        totals.topk_reverse_kl += reverse_kl.detach() * (num_tokens / topk_tokens)
+        totals.topk_reverse_kl += reverse_kl.detach() / topk_weight
     loss.backward()
     totals.loss += loss.detach()
-    totals.clip_fraction += stats.clip_fraction
-    totals.approx_kl += stats.approx_kl
-    totals.mean_advantage += stats.mean_advantage
-    totals.entropy += entropy.detach()
-    totals.logprob_drift += masked_mean((old - batch.behaviour_logprobs).abs(), batch.mask, num_tokens)
-    totals.mean_is_weight += masked_mean(weights, batch.mask, num_tokens)
+    totals.clip_fraction += stats.clip_fraction / total_weight
+    totals.approx_kl += stats.approx_kl / total_weight
+    totals.mean_advantage += stats.mean_advantage / total_weight
+    totals.entropy += entropy.detach() / total_weight
+    totals.logprob_drift += aggregate((old - batch.behaviour_logprobs).abs(), batch.mask, agg_weights) / total_weight
+    totals.mean_is_weight += aggregate(weights, batch.mask, agg_weights) / total_weight
