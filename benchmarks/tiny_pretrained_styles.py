@@ -8,7 +8,10 @@ samples (temperature 1, top_p 0.95) and, for comparison, from the full distribut
   zero, so that binary RL has successes to reinforce;
 * `instruction`: the user's style request in the message; `hint`: a rule-judge hint appended in
   the OPD teacher's format (`[Hint] ...`); `memory`: hints listed in the system prompt (the memory
-  arm): each should be high (at least 0.8), so the distillation teacher is worth distilling.
+  arm): each should be high (at least 0.8), so the distillation teacher is worth distilling;
+* `unseen_instruction`, `unseen_hint`, `unseen_memory`: the same, worded as the simulated users
+  word them (the evaluation pool, never in the pre-training corpus): how far following carries
+  over to requests the model has not memorised, before any training.
 
     python benchmarks/tiny_pretrained_styles.py --samples 128 [--rebuild]
 

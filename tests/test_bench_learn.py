@@ -51,6 +51,24 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert len(side) >= 2 * 16  # held-out prompts, at the start and after versions
     assert sampled and not side & sampled  # never trained on
 
+    judged = results["judged_turns"]  # every played answer that got a next state, judged against the truth
+    assert judged >= 14 and 0 <= results["judge_agreement"] <= 1 and 0 <= results["judge_abstained"] <= 1
+    training = combine["training"]
+    assert training["samples_trained"] >= 3 * 4 and training["mean_staleness"] is not None
+    assert training["mean_is_weight"] is not None and 0 < training["mean_is_weight"] <= 10
+    assert 0 <= training["stale_share"] <= 1
+    assert results["report_seeds"] == [0] and results["paired"] == {}  # one arm: nothing to pair
+
+
+def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_path: Path) -> None:
+    results = bench(tmp_path, model_dir, "memory_combine", sessions=5)
+    arm = results["arms"]["memory_combine"]
+    assert arm["per_seed"][0]["versions"] >= 1 and arm["training"]["samples_trained"] >= 4  # combine trained
+    store = Store.for_run_dir(tmp_path / "runs" / "memory_combine-seed0")
+    prompts = [turn.messages[0]["content"] for session in store.list_sessions()
+               for turn in (entry.turn for entry in store.session_turns(session.id)) if turn.kind == "main"]
+    assert any(NOTES_HEADING in prompt for prompt in prompts)
+
 
 def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp_path: Path) -> None:
     results = bench(tmp_path, model_dir, "memory", sessions=4)
@@ -69,12 +87,17 @@ def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp
 def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "clawrl.cli", "bench", "learn", "--method", "none", "--sessions", "2", "--seeds", "1",
-         "--out", str(tmp_path), "--model", str(model_dir), "--heldout-prompts", "8"],
+         "--out", str(tmp_path), "--model", str(model_dir), "--heldout-prompts", "8", "--seed-list", "101",
+         "--summary", str(tmp_path / "summary" / "learn.json")],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| none (control) |" in done.stdout and "session 2/2" in done.stdout
-    none = json.loads((tmp_path / "results.json").read_text())["arms"]["none"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert json.loads((tmp_path / "summary" / "learn.json").read_text()) == results
+    assert results["seed_list"] == [101] and results["report_seeds"] == [] and 101 in results["tuning_seeds"]
+    assert results["judged_turns"] >= 2 and results["arms"]["none"]["training"] is None
+    none = results["arms"]["none"]
     assert none["per_seed"][0]["versions"] == 0
     assert len(none["curve"]) == 3
     evaluations = json.loads((tmp_path / "runs.json").read_text())[0]["evaluations"]

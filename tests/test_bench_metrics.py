@@ -65,7 +65,12 @@ def run(arm: str, seed: int, scores: list[tuple[int, int, int]], satisfied: list
     """A run whose evaluations have `hits` of 4 held-out prompts satisfied: (session, version, hits)."""
     evaluations = [Evaluation(session, version, [i < hits for i in range(4)], f"answer {session}")
                    for session, version, hits in scores]
-    return RunResult(arm, seed, evaluations, satisfied, versions=scores[-1][1], seconds=60.0)
+    training = None if arm == "none" else {
+        "steps": 2, "samples_trained": 8, "samples_dropped_stale": 0, "stale_share": 0.0, "mean_staleness": 0.0,
+        "max_step_staleness": 0.0, "mean_is_weight": 1.0, "min_step_is_weight": 1.0, "max_step_is_weight": 1.0,
+        "logprob_drift": 0.0, "clip_fraction": 0.0}
+    return RunResult(arm, seed, evaluations, satisfied, versions=scores[-1][1], seconds=60.0,
+                     judged=[(1, True), (-1, False), (0, True), (1, False)], training=training)
 
 
 def test_results_json_schema_report_card_and_plot(tmp_path: Path) -> None:
@@ -95,3 +100,37 @@ def test_results_json_schema_report_card_and_plot(tmp_path: Path) -> None:
     assert "| combine (RL + OPD) | 0.12 | **1.00** |" in card and "learning.png" in card
     assert "`clawrl bench learn --sessions 4`" in card and "--batch-size 8 --full" in card
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_json_has_issue_12s_fields(tmp_path: Path) -> None:
+    summary = tmp_path / "docs" / "learn.json"
+    config = BenchConfig(method="all", sessions=4, seed_list="3,100", out=tmp_path, heldout_prompts=4, summary=summary,
+                         catch_up=False)
+    runs = [
+        run(arm, seed, [(0, 0, 1), (4, 2, hits)], [False, True, True, True])
+        for arm, hits in (("none", 1), ("memory", 2), ("rl", 2), ("opd", 1), ("combine", 4), ("memory_combine", 3))
+        for seed in (3, 100)
+    ]
+    results = write_report(config, {"batch_size": 4}, runs, "clawrl bench learn --seed-list 3,100 --no-catch-up")
+    on_disk = json.loads(summary.read_text())
+    assert on_disk == json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert on_disk["report_seeds"] == [3] and on_disk["tuning_seeds"] == [100, 101, 102, 103, 104]
+    assert on_disk["seed_list"] == [3, 100] and on_disk["catch_up"] is False
+    assert on_disk["hint_strings_shared_with_pretraining"] is None or isinstance(on_disk["hint_strings_shared_with_pretraining"], int)
+    assert on_disk["judge_agreement"] == 0.5 and on_disk["judge_abstained"] == 0.25 and on_disk["judged_turns"] == 48
+    assert set(on_disk["arms"]) == {"none", "memory", "rl", "opd", "combine", "memory_combine"}
+    for arm in on_disk["arms"].values():
+        assert {"baseline", "final", "ci", "sessions_to_align"} <= set(arm)
+    assert on_disk["arms"]["combine"]["upstream_sessions_to_align"] == 10.3
+    assert on_disk["arms"]["memory"]["upstream_sessions_to_align"] == 14.5
+    assert on_disk["arms"]["none"]["training"] is None and on_disk["arms"]["rl"]["training"]["mean_is_weight"] == 1.0
+    assert {"combine-rl", "combine-opd", "combine-memory", "combine-none"} <= set(on_disk["paired"])
+    combine_none = on_disk["paired"]["combine-none"]  # per seed, per prompt: [0, 1, 1, 1]
+    assert combine_none["mean"] == 0.75 and 0 < combine_none["ci"][0] <= 0.75 <= combine_none["ci"][1] == 1.0
+    assert on_disk["paired"]["memory_combine-memory"]["mean"] == 0.25
+    assert on_disk["paired"]["combine-rl"]["mean"] == 0.5
+    card = (tmp_path / "report.md").read_text()
+    assert "| combine-none | +0.75 | [+0.38, +1.00] | +0.75, +0.75 | combine beats none |" in card
+    assert "10.3 (Hybrid)" in card and "another model" in card and "0.50 of 48 judged turns agree" in card
+    assert "report seeds: 3; tuning seeds: 100, 101, 102, 103, 104" in card and "off (--no-catch-up)" in card
+    assert "| memory + combine |" in card and "mean staleness" in card

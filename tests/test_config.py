@@ -44,9 +44,15 @@ def env_name(config: type[BaseSettings], field: str) -> str:
     return f"{'CLAWRL_BENCH_' if config is BenchConfig else 'CLAWRL_'}{field.upper()}"
 
 
+# Text fields with a format of their own: a value in that format.
+FORMATTED = {(BenchConfig, "seed_list"): "20-22", (BenchConfig, "tuning_seeds"): "200-201"}
+
+
 def other_value(config: type[BaseSettings], field: str) -> str:
     """A valid value of the field, as an environment variable's text, that is not its default
     (or, for a choice of one, that one)."""
+    if (config, field) in FORMATTED:
+        return FORMATTED[config, field]
     info = config.model_fields[field]
     annotation = info.annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):

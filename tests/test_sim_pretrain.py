@@ -17,10 +17,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.messages import HINT_MARKER
 from clawrl.judge.rule import rule_hints
 from clawrl.sim import chats, pretrain
-from clawrl.sim.chats import DEFAULT_STYLES, HINTS, chat, default_chat, hinted_chat, remembered_chat
+from clawrl.sim.chats import (
+    DEFAULT_STYLES,
+    HINTS,
+    chat,
+    default_chat,
+    hint_strings_shared_with_pretraining,
+    hinted_chat,
+    remembered_chat,
+)
 from clawrl.sim.memory import NOTES_HEADING
 from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer
-from clawrl.sim.users import STUDENT, has_markup, is_warm
+from clawrl.sim.users import PERSONAS, STUDENT, evaluation_hints, has_markup, is_warm
 
 TOY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                      intermediate_size=64, steps=3, batch_size=4, warmup_steps=1, max_tokens=128, threads=1)
@@ -35,7 +43,7 @@ def tokenizer():  # noqa: ANN201 - a transformers tokenizer
 
 
 def test_hints_are_the_rule_judges_extractions_in_the_teacher_prompt_format() -> None:
-    for correction in STUDENT.corrections:
+    for correction in STUDENT.pretraining.corrections:
         assert set(rule_hints([{"role": "user", "content": correction}])) <= set(HINTS["student"])
     rng = random.Random(0)
     for _ in range(50):
@@ -44,6 +52,23 @@ def test_hints_are_the_rule_judges_extractions_in_the_teacher_prompt_format() ->
         question, hint = user.split(f"\n\n{HINT_MARKER} ")
         assert question and any(hint in HINTS[who] for who in HINTS), hint
         assert messages[-1]["role"] == "assistant"
+
+
+def test_the_simulated_users_hints_never_appear_in_pretraining() -> None:
+    assert hint_strings_shared_with_pretraining() == 0
+    corpus = random.Random(4)
+    said = " ".join(message["content"].lower() for _ in range(2000) for message in chat(corpus)
+                    if message["role"] != "assistant")
+    for persona in PERSONAS.values():
+        assert evaluation_hints(persona)
+        for hint in evaluation_hints(persona):
+            assert hint.rstrip(".?").lower() not in said, hint
+
+
+def test_the_count_of_shared_hints_sees_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    leaked = sorted(evaluation_hints(STUDENT))[0]
+    monkeypatch.setitem(chats.HINTS, "student", [*HINTS["student"], f"{leaked} Thanks."])
+    assert hint_strings_shared_with_pretraining() == 1
 
 
 def test_without_an_instruction_the_answer_is_mostly_ai_like() -> None:

@@ -19,8 +19,12 @@ from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import (
     STUDENT,
     TEACHER,
+    Cue,
+    Intent,
     LLMVoice,
     Persona,
+    Requests,
+    ScriptedVoice,
     UserSession,
     has_markup,
     is_warm,
@@ -96,21 +100,39 @@ def test_teacher_wants_long_and_warm() -> None:
 
 # --------------------------------------------------------------------------- replies and the rule judge
 
-COMPLAINTS = ("corrections", "step_corrections", "repeated_corrections", "reasks", "give_up_next", "give_up_done")
+REQUESTS = ("corrections", "step_corrections", "repeated_corrections", "reasks")  # -1, with a hint
+COMPLAINTS = ("give_up_next", "give_up_done", "vague_corrections")  # -1, no hint needed
 PRAISE = ("praise_next", "praise_done")
 
 
+def judged(text: str) -> tuple[int, list[str]]:
+    """The rule judge's score and hints for a reply to an answer to CUPCAKES."""
+    next_state = [{"role": "user", "content": text}]
+    return rule_score(next_state, previous_user_text=CUPCAKES.question), rule_hints(next_state)
+
+
 @pytest.mark.parametrize("persona", [STUDENT, TEACHER], ids=lambda p: p.name)
-def test_the_rule_judge_reads_replies_as_a_person_means_them(persona: Persona) -> None:
-    asked, following = CUPCAKES.question, STICKERS.question
+@pytest.mark.parametrize("pool", ["pretraining", "evaluation"])
+def test_the_rule_judge_reads_requests_as_a_person_means_them(persona: Persona, pool: str) -> None:
+    requests: Requests = getattr(persona, pool)
+    for kind in REQUESTS:
+        for phrasing in getattr(requests, kind):
+            text = phrasing.format(question=CUPCAKES.question if kind == "reasks" else STICKERS.question)
+            score, hints = judged(text)
+            assert score == -1 and hints, text
+
+
+@pytest.mark.parametrize("persona", [STUDENT, TEACHER], ids=lambda p: p.name)
+def test_the_rule_judge_reads_the_other_replies_as_a_person_means_them(persona: Persona) -> None:
     for kind in COMPLAINTS + PRAISE:
         for phrasing in getattr(persona, kind):
-            text = phrasing.format(question=asked if kind == "reasks" else following)
-            next_state = [{"role": "user", "content": text}]
-            expected = 1 if kind in PRAISE else -1
-            assert rule_score(next_state, previous_user_text=asked) == expected, text
-            if kind in ("corrections", "step_corrections", "repeated_corrections", "reasks"):
-                assert rule_hints(next_state), f"no hint in {text!r}"
+            score, _ = judged(phrasing.format(question=STICKERS.question))
+            assert score == (1 if kind in PRAISE else -1), phrasing
+    for phrasing in persona.vague_corrections:
+        assert judged(phrasing)[1] == [], phrasing  # a complaint that does not say why
+    for phrasing in (*persona.move_on_next, *persona.move_on_done):  # nothing said about the answer
+        score, hints = judged(phrasing.format(question=STICKERS.question))
+        assert score >= 0 and not hints, phrasing
 
 
 # --------------------------------------------------------------------------- the session protocol
@@ -270,3 +292,113 @@ def test_a_plain_answer_that_skips_working_is_asked_for_every_step() -> None:
     reply = user.react("Okay, so the answer is " + first.answer + ".")
     assert not reply.done and "step" in reply.text and "bold" not in reply.text
     assert rule_score([{"role": "user", "content": reply.text}], first.question) == -1
+
+
+# --------------------------------------------------------------------------- the noisy user
+
+
+class RecordingVoice:
+    """Records what the user means to say; draws nothing from the rng, so the protocol's draws alone decide."""
+
+    def __init__(self) -> None:
+        self.intents: list[str] = []
+
+    def say(self, cue: Cue, rng: random.Random) -> str:
+        self.intents.append(cue.intent.value)
+        return cue.question or "..."
+
+
+def played(persona: Persona, seed: int, **noise: float) -> tuple[list[str], list[bool]]:
+    """The intents of a three-problem session answered in random styles, and its first attempts."""
+    voice = RecordingVoice()
+    user = session(persona, count=3, seed=seed, voice=voice, max_turns=8, max_retries=2, **noise)
+    user.first_message()
+    answers = random.Random(seed + 100)
+    while True:
+        render = answers.choice((render_ai, render_plain, render_warm))
+        if user.react(render(user.problem, answers)).done:
+            return voice.intents, user.first_attempts
+
+
+# What the user meant to say in these sessions before the noise options existed: with every rate at
+# 0 the protocol must not change, only the words.
+TIDY = {
+    ("student", 0): "open correct correct_again praise_next praise_next correct praise_done",
+    ("student", 3): "open reask praise_next praise_next correct correct_again praise_done",
+    ("teacher", 1): "open praise_next reask correct_again give_up_next correct correct_again give_up_done",
+    ("teacher", 2): "open correct correct_again give_up_next correct correct_again praise_next praise_done",
+}
+
+
+@pytest.mark.parametrize(("name", "seed"), list(TIDY))
+def test_without_noise_the_protocol_is_the_tidy_users(name: str, seed: int) -> None:
+    persona = {"student": STUDENT, "teacher": TEACHER}[name]
+    intents, _ = played(persona, seed)
+    assert " ".join(intents) == TIDY[(name, seed)]
+    assert played(persona, seed, wrong_rate=0, quiet_rate=0, vague_rate=0, move_on_rate=0)[0] == intents
+
+
+def test_a_quiet_user_says_nothing_when_satisfied() -> None:
+    user = session(quiet_rate=1.0)
+    first, second = user.problems
+    user.first_message()
+    reply = user.react(render_plain(first, random.Random(0)))
+    assert not reply.done and reply.text in [p.format(question=second.question) for p in STUDENT.move_on_next]
+    assert rule_score([{"role": "user", "content": reply.text}], first.question) >= 0
+    done = user.react(render_plain(second, random.Random(0)))
+    assert done.done and done.text in STUDENT.move_on_done and rule_score([{"role": "user", "content": done.text}]) == 0
+    assert user.first_attempts == [True, True]
+    complaint = session(quiet_rate=1.0)
+    complaint.first_message()
+    assert not complaint.react(render_ai(first, random.Random(0))).text.startswith(second.question)  # still complains
+
+
+def test_a_vague_user_complains_without_saying_why() -> None:
+    user = session(vague_rate=1.0)
+    first = user.problems[0]
+    user.first_message()
+    reply = user.react(render_ai(first, random.Random(0)))
+    assert reply.text in STUDENT.vague_corrections
+    assert rule_score([{"role": "user", "content": reply.text}], first.question) <= 0
+    assert rule_hints([{"role": "user", "content": reply.text}]) == []
+    assert user.first_attempts == [False]
+
+
+def test_a_user_who_moves_on_never_complains() -> None:
+    intents, first_attempts = played(TEACHER, 2, move_on_rate=1.0)
+    assert intents[0] == "open" and set(intents[1:]) <= {"move_on_next", "move_on_done", "praise_next", "praise_done"}
+    assert first_attempts == [False, False, False]  # one answer each: the user never asked for a rewrite
+    user = session(move_on_rate=1.0)
+    first, second = user.problems
+    user.first_message()
+    reply = user.react(render_ai(first, random.Random(0)))
+    assert second.question in reply.text and rule_score([{"role": "user", "content": reply.text}], first.question) == 1
+
+
+def test_a_wrong_user_reacts_to_the_opposite_of_the_truth() -> None:
+    user = session(wrong_rate=1.0)
+    first, second = user.problems
+    user.first_message()
+    complaint = user.react(render_plain(first, random.Random(0)))  # satisfying, but the user complains
+    assert second.question not in complaint.text
+    assert rule_score([{"role": "user", "content": complaint.text}], first.question) == -1
+    praise = user.react(render_ai(first, random.Random(0)))  # not satisfying, but the user is happy
+    assert second.question in praise.text
+    assert rule_score([{"role": "user", "content": praise.text}], first.question) == 1
+    assert user.first_attempts == [True]  # what the benchmark scores is still the truth
+
+
+def test_noise_is_deterministic_given_the_seed() -> None:
+    noise = {"wrong_rate": 0.2, "quiet_rate": 0.3, "vague_rate": 0.3, "move_on_rate": 0.2}
+    assert played(STUDENT, 5, **noise) == played(STUDENT, 5, **noise)
+
+
+def test_the_scripted_voice_speaks_only_the_evaluation_pool() -> None:
+    pretraining = {text.format(question="") for persona in (STUDENT, TEACHER) for text in persona.pretraining.complaints()}
+    rng = random.Random(0)
+    for persona in (STUDENT, TEACHER):
+        for intent in Intent:
+            if intent is Intent.CORRECT_STEPS and not persona.evaluation.step_corrections:
+                continue
+            for _ in range(10):
+                assert ScriptedVoice().say(Cue(intent, persona, "", None), rng) not in pretraining

@@ -349,6 +349,27 @@ class TrainConfig(LossConfig):
         return self.lr if self.lr is not None else (1e-5 if self.full else 1e-4)
 
 
+REPORT_SEEDS = "10-14"  # the learning benchmark's report seeds: never used for tuning (0-5 were, before issue 12)
+TUNING_SEEDS = "100-104"  # its development seeds: settings are tuned on these
+SEED_SETS = {"report": REPORT_SEEDS, "tuning": TUNING_SEEDS}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`"10-12,20"` → `[10, 11, 12, 20]`: comma-separated non-negative seeds and inclusive ranges, no repeats."""
+    seeds: list[int] = []
+    for part in (part.strip() for part in text.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if match is None:
+            raise ValueError(f"not a seed or a range of seeds: {part!r} (expected e.g. 10-14,20)")
+        low, high = int(match[1]), int(match[2] or match[1])
+        if high < low:
+            raise ValueError(f"empty range of seeds: {part!r}")
+        seeds += range(low, high + 1)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"a seed is repeated in {text!r}")
+    return seeds
+
+
 class BenchConfig(_Settings):
     """`clawrl bench learn` (DESIGN §8): arms, sessions, seeds, the simulated user and the held-out set.
 
@@ -358,10 +379,11 @@ class BenchConfig(_Settings):
 
     model_config = SettingsConfigDict(env_prefix="CLAWRL_BENCH_")
 
-    method: Literal["none", "memory", "rl", "opd", "combine", "all"] = Field(
+    method: Literal["none", "memory", "rl", "opd", "combine", "memory_combine", "all"] = Field(
         "all",
         description="Arm to run: `none` (control: no training), `memory` (past hints in the system prompt), `rl`, "
-        "`opd`, `combine` (clawrl serve --method ...), or `all` of them.",
+        "`opd`, `combine` (clawrl serve --method ...), `memory_combine` (memory notes in the prompt while --method "
+        "combine trains), or `all` of them.",
     )
     sessions: int = Field(36, ge=1, description="Sessions per arm and seed.")
     seeds: int = Field(3, ge=1, description="Seeds per arm (--first-seed, the next, ...).")
@@ -370,6 +392,20 @@ class BenchConfig(_Settings):
         ge=0,
         description="The first seed (the user's problems, held-out prompts and request seeds): seeds 0-2 are the "
         "ones the benchmark's defaults were tuned on, so compare changes on later ones too.",
+    )
+    seed_list: str | None = Field(
+        None,
+        description="Seeds to run instead of --seeds/--first-seed: comma-separated seeds and ranges (`10-14,20`), or "
+        f"a named set: `report` ({REPORT_SEEDS}, never used for tuning) or `tuning` (--tuning-seeds).",
+    )
+    tuning_seeds: str = Field(
+        TUNING_SEEDS,
+        description="The development seeds the trained arms' settings are tuned on (seeds and ranges, 100 and up): "
+        "results.json records them, and the seeds of a run outside them as its report seeds.",
+    )
+    summary: Path | None = Field(
+        None,
+        description="Also write the run's results.json to this path (e.g. docs/results/learn.json).",
     )
     out: Path = Field(
         Path("runs/bench-learn"),
@@ -414,10 +450,51 @@ class BenchConfig(_Settings):
     )
     user_model: str | None = Field(None, description="Model id at --user-url that plays the user.")
     user_api_key: str | None = Field(None, description="Bearer key for --user-url, when it needs one.")
+    user_wrong_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Noisy user: probability that the user reacts as if the answer's satisfaction were flipped "
+        "(complains about a good answer, thanks for a bad one). The benchmark still scores the truth.",
+    )
+    user_quiet_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Noisy user: probability that a satisfied user says nothing about it (just asks the next "
+        "question, or leaves without thanks).",
+    )
+    user_vague_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Noisy user: probability that a complaint does not say why (\"that's not it. try again.\"), so "
+        "the rule judge finds no hint in it.",
+    )
+    user_move_on_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Noisy user: probability that an unsatisfied user does not complain but asks the next question "
+        "(or leaves), which the rule judge reads as moving on.",
+    )
     serve_args: str = Field(
         "",
         description="Extra `clawrl serve` flags for every arm, e.g. \"--judge openai --judge-url URL --judge-model M\".",
     )
+
+    @field_validator("seed_list", "tuning_seeds")
+    @classmethod
+    def _seeds_parse(cls, value: str | None) -> str | None:
+        if value is not None and value not in SEED_SETS:
+            parse_seeds(value)
+        return value
+
+    def run_seeds(self) -> list[int]:
+        """The seeds this run plays: --seed-list, or --seeds from --first-seed."""
+        if self.seed_list is None:
+            return list(range(self.first_seed, self.first_seed + self.seeds))
+        return parse_seeds(self.tuning_seeds if self.seed_list == "tuning" else SEED_SETS.get(self.seed_list, self.seed_list))
 
     @model_validator(mode="after")
     def _user_url_needs_user_model(self) -> Self:

@@ -12,7 +12,13 @@ Arms:
 * ``none``: serve and judge, no training (the control);
 * ``memory``: no training; the hints the judge drew from past sessions are put into the system
   prompt of later ones (``clawrl.sim.memory``), as memory systems do;
-* ``rl``, ``opd``, ``combine``: `clawrl serve --method <arm>`.
+* ``rl``, ``opd``, ``combine``: `clawrl serve --method <arm>`;
+* ``memory_combine``: the memory arm's notes in the system prompt while `--method combine` trains,
+  so that the table answers whether training adds to memory.
+
+Every run also records, for each judged main turn, the judge's score next to the user's hidden
+ground truth (`persona.satisfied` of the answer, before the user reacts), and, for trained arms,
+what the trainer's steps say about staleness and importance weights (``clawrl.sim.stats``).
 
 Within one seed every arm meets the same user: the same problems in the same order, the same
 held-out prompts, and the same request seeds, so arms differ only in what the server does.
@@ -44,12 +50,15 @@ from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, PromptMemory
 from clawrl.sim.models import resolve_model
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
+from clawrl.sim.stats import training_summary
 from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 
-ARMS = ("none", "memory", "rl", "opd", "combine")
-TRAINED_ARMS = ("rl", "opd", "combine")
+ARMS = ("none", "memory", "rl", "opd", "combine", "memory_combine")
+TRAINED_ARMS = ("rl", "opd", "combine", "memory_combine")
+MEMORY_ARMS = ("memory", "memory_combine")  # the hints the judge drew go into later system prompts
+SERVE_METHOD = {"memory_combine": "combine"}  # `clawrl serve --method` of a trained arm, when not its name
 CLOSING_MAX_TOKENS = 16  # the answer to "thanks, that's all" is never judged: keep it short
 SERVER_START_TIMEOUT_S = 600.0  # the first start may pre-train the tiny model
 
@@ -65,7 +74,7 @@ def serve_command(arm: str, config: BenchConfig, train_flags: dict[str, Any], ru
         "--port", str(port), "--run-dir", str(run_dir), "--judge", "rule",
     ]
     if arm in TRAINED_ARMS:
-        command += ["--method", arm, *flags_for(train_flags)]
+        command += ["--method", SERVE_METHOD.get(arm, arm), *flags_for(train_flags)]
     return command + shlex.split(config.serve_args)
 
 
@@ -195,13 +204,20 @@ def evaluate(agent: Agent, persona: Persona, work: Workload, system_prompt: str,
     return Evaluation(session, version, outcomes, answers[0])
 
 
-def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int) -> list[str]:
-    """One session over HTTP; returns the ids of its turns that got a next state."""
+def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int,
+                 truths: dict[str, bool] | None = None) -> list[str]:
+    """One session over HTTP; returns the ids of its turns that got a next state.
+
+    `truths`, when given, gets each of those turns' hidden ground truth: did the answer satisfy the
+    user's preference on the problem it answered (taken before the user reacts and moves on)?
+    """
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user.first_message()}]
     continued: list[str] = []
     for turn in range(user.max_turns + 1):
         reply = agent.complete(messages, seed=request_seed(seed, turn))
         messages.append({"role": "assistant", "content": reply.text})
+        if truths is not None:
+            truths[reply.turn_id] = user.persona.satisfied(reply.text, user.problem)
         message = user.react(reply.text)
         messages.append({"role": "user", "content": message.text})
         continued.append(reply.turn_id)
@@ -297,6 +313,7 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
     started = time.perf_counter()
     result = RunResult(arm, seed)
     memory = PromptMemory()
+    truths: dict[str, bool] = {}
     with ServerProcess(serve_command(arm, config, train_flags, run_dir, port), run_dir, port) as server:
         agent = Agent(server.base_url, config.model, config.max_tokens, config.temperature, config.top_p)
         store = Store.for_run_dir(run_dir)
@@ -304,11 +321,13 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
             evaluated_prompt = memory.system_prompt()
             result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, 0))
             for index, session_problems in enumerate(work.sessions, start=1):
-                user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice)
+                user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice,
+                                   wrong_rate=config.user_wrong_rate, quiet_rate=config.user_quiet_rate,
+                                   vague_rate=config.user_vague_rate, move_on_rate=config.user_move_on_rate)
                 system_prompt = memory.system_prompt()
-                continued = play_session(agent, user, system_prompt, request_seed(seed, "session", index))
+                continued = play_session(agent, user, system_prompt, request_seed(seed, "session", index), truths)
                 result.session_satisfied.append(user.satisfied)
-                if arm == "memory":
+                if arm in MEMORY_ARMS:
                     remember_hints(store, continued, memory)
                 if arm in TRAINED_ARMS and config.catch_up:
                     catch_up(agent, store, continued, train_flags["batch_size"], config.settle_s)
@@ -322,6 +341,9 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
             result.versions = agent.policy_version()
             if result.evaluations[-1].session != config.sessions or result.evaluations[-1].version != result.versions:
                 result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), config.sessions))
+            result.judged = judged_against_truth(store, truths)
+            if arm in TRAINED_ARMS:
+                result.training = training_record(TrainingStore(store))
         finally:
             agent.close()
             store.close()
@@ -331,11 +353,23 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
 
 def _evaluation_due(arm: str, agent: Agent, result: RunResult, notes_changed: bool) -> bool:
     """Whenever what answers changed: trained arms at every version serving has that was not yet
-    evaluated, the memory arm whenever its notes changed. Nothing changes for the control (same
+    evaluated, the memory arms whenever their notes changed. Nothing changes for the control (same
     weights, prompt and request seeds), so it is evaluated at the start and after the last session."""
-    if arm in TRAINED_ARMS:
-        return agent.policy_version() != result.evaluations[-1].version
-    return arm == "memory" and notes_changed
+    if arm in MEMORY_ARMS and notes_changed:
+        return True
+    return arm in TRAINED_ARMS and agent.policy_version() != result.evaluations[-1].version
+
+
+def judged_against_truth(store: Store, truths: dict[str, bool], timeout_s: float = 60.0) -> list[tuple[int, bool]]:
+    """(judge score, hidden ground truth) of every played turn the judge judged, in play order."""
+    judgments = wait_for_judgments(store, list(truths), timeout_s)
+    return [(judgments[turn_id].score, truth) for turn_id, truth in truths.items() if turn_id in judgments]
+
+
+def training_record(training: TrainingStore) -> dict[str, Any]:
+    """What the run's trainer did: staleness, samples dropped as stale, importance weights."""
+    steps = [version.metrics for version in training.versions() if version.version > 0]
+    return training_summary(steps, training.sample_counts(), training.drop_reasons())
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -374,7 +408,7 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
     config.out.mkdir(parents=True, exist_ok=True)
     runs: list[RunResult] = []
     for arm in arms_for(config.method):
-        for seed in range(config.first_seed, config.first_seed + config.seeds):
+        for seed in config.run_seeds():
             runs.append(run_arm(arm, seed, config, train_flags, voice, progress))
             (config.out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
     return write_report(config, train_flags, runs, command_line(config))

@@ -7,8 +7,13 @@ styles of ``clawrl.sim.styles``:
   so that a user's preference is reachable without help and binary RL has successes to reinforce;
 * with a style instruction in the message, a ``[Hint]`` appended to it (the exact format of
   ``clawrl.messages.teacher_messages``, with the hints the rule judge extracts from the
-  simulated users' complaints), a complaint earlier in the conversation, or notes in the system
+  personas' complaints), a complaint earlier in the conversation, or notes in the system
   prompt (the memory arm's format, ``clawrl.sim.memory``): the requested style, almost always.
+
+Every instruction, complaint and hint comes from the personas' *pre-training* pool
+(``Persona.pretraining``); the simulated users speak the evaluation pool, which shares no hint
+string with it (``hint_strings_shared_with_pretraining``, 0 by test), so what the benchmark
+measures is following requests worded in ways the model has never seen.
 
 A new problem later in a conversation is answered in the default mix again: the tiny model does
 not carry a correction over to the next question, so every answer in a session is a fresh sample
@@ -18,6 +23,7 @@ of the policy. Everything is drawn from the ``random.Random`` passed in.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 
 from clawrl.messages import teacher_messages
@@ -25,7 +31,7 @@ from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.styles import Style, render
-from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, problems
+from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, evaluation_hints, problems
 
 Chat = list[dict[str, str]]
 
@@ -49,10 +55,11 @@ def _followed(requester: str, rng: random.Random) -> Style:
 
 
 def _hints(persona: Persona) -> list[str]:
-    """Hints the way the rule judge extracts them from this persona's complaints, plus its instructions."""
-    complaints = [*persona.corrections, *persona.step_corrections, *persona.repeated_corrections, *persona.reasks]
-    extracted = [hint for text in complaints for hint in rule_hints([{"role": "user", "content": text.format(question="")}])]
-    return sorted(set(extracted) | set(persona.instructions))
+    """Hints the way the rule judge extracts them from this persona's pre-training complaints, plus its instructions."""
+    requests = persona.pretraining
+    extracted = [hint for text in requests.complaints()
+                 for hint in rule_hints([{"role": "user", "content": text.format(question="")}])]
+    return sorted(set(extracted) | set(requests.instructions))
 
 
 HINTS: dict[str, list[str]] = {
@@ -61,10 +68,26 @@ HINTS: dict[str, list[str]] = {
     "ai": list(STYLE_INSTRUCTIONS["ai"]),
 }
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
-    "student": STUDENT.instructions,
-    "teacher": TEACHER.instructions,
+    "student": STUDENT.pretraining.instructions,
+    "teacher": TEACHER.pretraining.instructions,
     "ai": STYLE_INSTRUCTIONS["ai"],
 }
+
+
+def _normalised(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def hint_strings_shared_with_pretraining() -> int:
+    """How many of the simulated users' hints (``evaluation_hints``) the pre-training corpus contains.
+
+    A hint counts as shared when, ignoring case and punctuation, it equals, contains or is contained
+    in a pre-training hint: any of these would let the model recall a memorised mapping instead of
+    reading the words. It must be 0.
+    """
+    seen = {_normalised(hint) for hints in HINTS.values() for hint in hints}
+    unseen = {_normalised(hint) for persona in PERSONAS.values() for hint in evaluation_hints(persona)}
+    return sum(any(hint in other or other in hint for other in seen) for hint in unseen)
 
 
 def _requester(rng: random.Random) -> str:
@@ -115,7 +138,7 @@ def corrected_chat(rng: random.Random) -> Chat:
         style = default_style(rng)
         messages.append({"role": "assistant", "content": render(style, problem, rng)})
         if not persona.satisfied(messages[-1]["content"], problem):
-            complaint = rng.choice((*persona.corrections, *persona.reasks))
+            complaint = rng.choice((*persona.pretraining.corrections, *persona.pretraining.reasks))
             messages.append({"role": "user", "content": complaint.format(question=problem.question)})
             messages.append({"role": "assistant", "content": render(_followed(persona.name, rng), problem, rng)})
         if index + 1 < len(asked):

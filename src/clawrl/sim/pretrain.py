@@ -10,7 +10,8 @@ prompt), a complaint or a memory note asking for a style.
 The conversations are rendered with the tiny chat template (``clawrl.sim.tiny``) and trained on
 their assistant tokens only, with the tiny model's tokenizer. Building is deterministic from the
 seed (same thread count, same bytes) and cached under a hash of everything that determines the
-result (``pretrained_model_path``). `style_rates` measures what it learned.
+result (``pretrained_model_path``). `style_rates` measures what it learned, and how far it
+carries over to requests worded as the simulated users word them, which it never saw.
 
 The shape (hidden 128, 4 layers, 1.05M parameters) is what fits the time budget: a 2M-parameter
 model (hidden 192) trained for the same three minutes follows hints less reliably (0.69 against
@@ -41,7 +42,7 @@ from clawrl.sim.chats import HINTS, Chat, ask, chat
 from clawrl.sim.corpus import Problem, build_corpus
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.tiny import CORPUS_SEED, END_OF_TEXT, IM_END, TINY_VERSION, tiny_config, train_tokenizer
-from clawrl.sim.users import PERSONAS, Persona, problems
+from clawrl.sim.users import PERSONAS, Persona, evaluation_hints, problems
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,8 @@ def pretrain(out_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConf
 
 # --------------------------------------------------------------------------- checking what it learned
 
-CONDITIONS = ("none", "instruction", "hint", "memory")
+UNSEEN = "unseen_"
+CONDITIONS = ("none", "instruction", "hint", "memory", f"{UNSEEN}instruction", f"{UNSEEN}hint", f"{UNSEEN}memory")
 
 
 def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[Chat, Problem]:
@@ -192,13 +194,18 @@ def check_prompt(persona: Persona, condition: str, rng: random.Random) -> tuple[
 
     `none` is how the persona asks in the benchmark; `instruction` adds one of its style requests,
     `hint` appends a rule-judge hint drawn from its complaints, `memory` puts hints in the system
-    prompt.
+    prompt. These draw from the pre-training pool, whose wordings the model was trained on; the
+    `unseen_` conditions draw from the evaluation pool, worded as the simulated user words them
+    and never seen in pre-training.
     """
     problem = problems(rng, 1)[0]
     question = ask(persona, problem.question, rng)
-    hints = HINTS[persona.name]
+    unseen = condition.startswith(UNSEEN)
+    requests = persona.evaluation if unseen else persona.pretraining
+    hints = sorted(evaluation_hints(persona)) if unseen else HINTS[persona.name]
+    condition = condition.removeprefix(UNSEEN)
     if condition == "instruction":
-        question = f"{question} {rng.choice(persona.instructions)}"
+        question = f"{question} {rng.choice(requests.instructions)}"
     system = system_prompt_with_notes(rng.sample(hints, k=2)) if condition == "memory" else DEFAULT_SYSTEM_PROMPT
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     if condition == "hint":

@@ -1,9 +1,15 @@
 """The learning benchmark's outputs: results.json, a markdown report card and a plot.
 
-`results.json` has one entry per arm: `baseline` and `final` (mean held-out preference score over
-seeds, before the first session and after the last), `ci` (95% bootstrap interval of `final`),
-`sessions_to_align` (median over seeds; null when most seeds never aligned), and the per-seed
-figures and score curves behind them.
+`results.json` has one entry per arm under `arms`: `baseline` and `final` (mean held-out
+preference score over seeds, before the first session and after the last), `ci` (95% bootstrap
+interval of `final`), `sessions_to_align` (median over seeds; null when most seeds never aligned),
+`upstream_sessions_to_align` (the figure upstream reported for the matching method, if any),
+`judge` (the judge against the user's hidden ground truth), `training` (trained arms: staleness,
+samples dropped as stale, importance weights), and the per-seed figures and score curves behind
+them. Beside them: `report_seeds` (this run's seeds outside the tuning seeds), `tuning_seeds`,
+`catch_up`, `user_noise`, `hint_strings_shared_with_pretraining`, `judge_agreement` (pooled over
+every run) and `paired["<a>-<b>"]` = `{mean, ci, per_seed, seeds}`, the paired difference a − b
+of the final held-out scores (``clawrl.sim.stats``).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clawrl.config import BenchConfig
+from clawrl.config import BenchConfig, parse_seeds
 from clawrl.sim.metrics import ALIGN_WINDOW, bootstrap_ci, mean, sessions_to_align, step_curve
 from clawrl.sim.results import RunResult
+from clawrl.sim.stats import judge_agreement, paired_differences, training_over_seeds
 
 ARM_LABELS = {
     "none": "none (control)",
@@ -24,7 +31,24 @@ ARM_LABELS = {
     "rl": "rl (binary RL)",
     "opd": "opd (on-policy distillation)",
     "combine": "combine (RL + OPD)",
+    "memory_combine": "memory + combine",
 }
+
+# Sessions to align that upstream (OpenClaw-RL) reported for the matching methods: another model and
+# another (real or simulated) user, so a figure to place ours next to, not to compare against.
+UPSTREAM_SESSIONS_TO_ALIGN = {"combine": 10.3, "rl": 14.1, "opd": 29.7, "memory": 14.5}
+UPSTREAM_LABELS = {"combine": "Hybrid", "rl": "GRPO", "opd": "OPD", "memory": "Mem0"}
+
+
+def hint_strings_shared_with_pretraining() -> int | None:
+    """How many of the simulated users' hint strings the pre-training corpus contains (issue 12:
+    must be 0); None where `clawrl.sim.chats` has no such count."""
+    try:
+        from clawrl.sim import chats
+    except ImportError:
+        return None
+    count = getattr(chats, "hint_strings_shared_with_pretraining", None)
+    return None if count is None else int(count())
 
 
 def median_sessions(values: Sequence[int | None]) -> float | None:
@@ -46,6 +70,9 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
         "final": mean([run.final.score for run in runs]),
         "ci": [low, high],
         "sessions_to_align": median_sessions(aligned),
+        "upstream_sessions_to_align": UPSTREAM_SESSIONS_TO_ALIGN.get(runs[0].arm),
+        "judge": judge_agreement([pair for run in runs for pair in run.judged]),
+        "training": training_over_seeds([run.training for run in runs]),
         "per_seed": [
             {
                 "seed": run.seed,
@@ -55,6 +82,8 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
                 "sessions_satisfied": sum(run.session_satisfied),
                 "versions": run.versions,
                 "seconds": round(run.seconds, 1),
+                "judge_agreement": judge_agreement(run.judged)["agreement"],
+                "training": run.training,
             }
             for run, steps in zip(runs, aligned, strict=True)
         ],
@@ -71,27 +100,51 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
     arms: dict[str, list[RunResult]] = {}
     for run in runs:
         arms.setdefault(run.arm, []).append(run)
+    seeds = sorted({run.seed for run in runs})
+    tuning = parse_seeds(config.tuning_seeds)
+    judged = judge_agreement([pair for run in runs for pair in run.judged])
     results = {
         "persona": config.persona,
         "sessions": config.sessions,
-        "seeds": config.seeds,
+        "seeds": len(seeds),
         "first_seed": config.first_seed,
+        "seed_list": seeds,
+        "report_seeds": [seed for seed in seeds if seed not in tuning],
+        "tuning_seeds": tuning,
+        "catch_up": config.catch_up,
+        "user_noise": {name.removeprefix("user_"): getattr(config, name) for name in type(config).model_fields
+                       if name.startswith("user_") and name.endswith("_rate")},
+        "hint_strings_shared_with_pretraining": hint_strings_shared_with_pretraining(),
+        "judge_agreement": judged["agreement"],
+        "judge_abstained": judged["abstained"],
+        "judged_turns": judged["judged_turns"],
         "model": config.model,
         "heldout_prompts": config.heldout_prompts,
         "train_flags": train_flags,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
         "arms": {arm: summarize_arm(arm_runs, config.sessions) for arm, arm_runs in arms.items()},
+        "paired": paired_differences({arm: {run.seed: run.final.outcomes for run in arm_runs}
+                                      for arm, arm_runs in arms.items()}),
     }
     out = Path(config.out)
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    if config.summary is not None:
+        Path(config.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.summary).write_text(json.dumps(results, indent=1) + "\n")
     plot(results, out / "learning.png")
     (out / "report.md").write_text(report_card(results, command))
     return results
 
 
 def command_line(config: BenchConfig) -> str:
-    first_seed = f" --first-seed {config.first_seed}" if config.first_seed else ""
-    return f"clawrl bench learn --method {config.method} --sessions {config.sessions} --seeds {config.seeds}{first_seed}"
+    if config.seed_list is not None:
+        seeds = f" --seed-list {config.seed_list}"
+    else:
+        seeds = f" --seeds {config.seeds}" + (f" --first-seed {config.first_seed}" if config.first_seed else "")
+    catch_up = "" if config.catch_up else " --no-catch-up"
+    noise = "".join(f" --{name.replace('_', '-')} {getattr(config, name):g}" for name in type(config).model_fields
+                    if name.startswith("user_") and name.endswith("_rate") and getattr(config, name))
+    return f"clawrl bench learn --method {config.method} --sessions {config.sessions}{seeds}{catch_up}{noise}"
 
 
 def _aligned_text(arm: dict[str, Any]) -> str:
@@ -104,16 +157,60 @@ def _aligned_text(arm: dict[str, Any]) -> str:
 
 def report_table(results: dict[str, Any]) -> str:
     lines = [
-        "| arm | held-out score before | after | 95% CI after | sessions to align: median (per seed) | versions | minutes per run |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | held-out score before | after | 95% CI after | sessions to align: median (per seed) | upstream's | "
+        "versions | minutes per run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, arm in results["arms"].items():
         versions = "/".join(str(seed["versions"]) for seed in arm["per_seed"])
         minutes = mean([seed["seconds"] for seed in arm["per_seed"]]) / 60
         lines.append(
             f"| {ARM_LABELS.get(name, name)} | {arm['baseline']:.2f} | **{arm['final']:.2f}** | "
-            f"[{arm['ci'][0]:.2f}, {arm['ci'][1]:.2f}] | {_aligned_text(arm)} | {versions} | {minutes:.1f} |"
+            f"[{arm['ci'][0]:.2f}, {arm['ci'][1]:.2f}] | {_aligned_text(arm)} | {_upstream_text(name)} | {versions} | "
+            f"{minutes:.1f} |"
         )
+    return "\n".join(lines)
+
+
+def _upstream_text(arm: str) -> str:
+    figure = UPSTREAM_SESSIONS_TO_ALIGN.get(arm)
+    return "" if figure is None else f"{figure:g} ({UPSTREAM_LABELS[arm]})"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def paired_table(results: dict[str, Any]) -> str:
+    """The paired differences of the final held-out scores; "beats" only where the interval excludes 0."""
+    lines = ["| difference (final held-out score) | mean | 95% paired CI | per seed | reading |", "|---|---|---|---|---|"]
+    for name, pair in results.get("paired", {}).items():
+        low, high = pair["ci"]
+        first, second = name.split("-", 1)
+        reading = (f"{first} beats {second}" if low > 0 else f"{second} beats {first}" if high < 0
+                   else "no difference shown")
+        per_seed = ", ".join(f"{value:+.2f}" for value in pair["per_seed"].values())
+        lines.append(f"| {name} | {pair['mean']:+.2f} | [{low:+.2f}, {high:+.2f}] | {per_seed} | {reading} |")
+    return "\n".join(lines)
+
+
+def training_table(results: dict[str, Any]) -> str:
+    """The trained arms' asynchronous-path figures, mean over seeds."""
+    lines = ["| arm | mean staleness (versions) | samples dropped as stale | mean IS weight [min, max step mean] | "
+             "mean \\|log pi_old - log pi_behaviour\\| | clip fraction |", "|---|---|---|---|---|---|"]
+    for name, arm in results["arms"].items():
+        training = arm.get("training")
+        if not training:
+            continue
+        weight = "n/a" if training["mean_is_weight"] is None else (
+            f"{training['mean_is_weight']:.3f} [{training['min_step_is_weight']:.3f}, "
+            f"{training['max_step_is_weight']:.3f}]")
+        drift = "n/a" if training["logprob_drift"] is None else f"{training['logprob_drift']:.4f}"
+        clip = "n/a" if training["clip_fraction"] is None else f"{training['clip_fraction']:.3f}"
+        staleness = "n/a" if training["mean_staleness"] is None else f"{training['mean_staleness']:.2f}"
+        lines.append(f"| {ARM_LABELS.get(name, name)} | {staleness} | {_share(training['stale_share'])} "
+                     f"({training['samples_dropped_stale']} of {training['samples_dropped_stale'] + training['samples_trained']} "
+                     f"trained or dropped) | {weight} | {drift} | {clip} |")
     return "\n".join(lines)
 
 
@@ -143,6 +240,24 @@ def report_card(results: dict[str, Any], command: str) -> str:
         "",
         report_table(results),
         "",
+        "Upstream's sessions to align (OpenClaw-RL: Hybrid, GRPO, OPD, Mem0) were measured with another model and "
+        "another user; they place these figures, they are not a like-for-like comparison.",
+        "",
+        f"Seeds: {', '.join(map(str, results['seed_list']))} (report seeds: "
+        f"{', '.join(map(str, results['report_seeds'])) or 'none'}; tuning seeds: "
+        f"{', '.join(map(str, results['tuning_seeds']))}). Catch-up between sessions: "
+        f"{'on' if results['catch_up'] else 'off (--no-catch-up)'}. User noise: "
+        f"{', '.join(f'{name} {value:g}' for name, value in results['user_noise'].items()) or 'none'}. "
+        f"Hint strings shared with pre-training: {results['hint_strings_shared_with_pretraining']}.",
+        "",
+        f"Judge against the user's hidden ground truth: {_share(results['judge_agreement'])} of "
+        f"{results['judged_turns']} judged turns agree (+1 on a satisfied user, -1 on an unsatisfied one); "
+        f"{_share(results['judge_abstained'])} scored 0.",
+        "",
+        *(["Paired differences (per seed, the same held-out prompts; the interval resamples seeds and prompts):",
+           "", paired_table(results), ""] if results.get("paired") else []),
+        *(["Trained arms, the asynchronous path (from the published versions' step metrics and the sample table):",
+           "", training_table(results), ""] if any(arm.get("training") for arm in results["arms"].values()) else []),
         "![held-out preference score against sessions](learning.png)",
         "",
     ])

@@ -34,6 +34,9 @@ class RunResult:
     session_satisfied: list[bool] = field(default_factory=list)
     versions: int = 0
     seconds: float = 0.0
+    # (judge score, the user's hidden ground truth) of every judged main turn of the sessions
+    judged: list[tuple[int, bool]] = field(default_factory=list)
+    training: dict[str, Any] | None = None  # trained arms: `stats.training_summary` of the run
 
     @property
     def baseline(self) -> Evaluation:
@@ -48,3 +51,12 @@ class RunResult:
         for evaluation, item in zip(self.evaluations, data["evaluations"], strict=True):
             item["score"] = evaluation.score
         return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        """A run back from `to_json` (runs.json), e.g. to report runs made by several invocations together."""
+        evaluations = [Evaluation(e["session"], e["version"], list(e["outcomes"]), e["example"])
+                       for e in data["evaluations"]]
+        return cls(data["arm"], data["seed"], evaluations, list(data["session_satisfied"]), data.get("versions", 0),
+                   data.get("seconds", 0.0), [(int(score), bool(truth)) for score, truth in data.get("judged", [])],
+                   data.get("training"))

@@ -15,12 +15,19 @@ score any answer, from the tiny model or a real one, without a judge model.
 A session is a few problems in a row. What happens next is decided by code (``UserSession``):
 a satisfying answer gets thanks and the next problem; an unsatisfying one gets a correction or
 the question asked again, up to ``max_retries`` times, then the user gives up and moves on; the
-session ends with a "done" message after the last problem or at the turn limit. *How* the user
-says it is the voice's job: ``ScriptedVoice`` picks from the phrasings below (what the CPU
-benchmark uses), ``LLMVoice`` asks a language model behind any OpenAI-compatible endpoint to
+session ends with a "done" message after the last problem or at the turn limit. A noisy user
+(``UserSession``'s rates, all 0 by default) sometimes says nothing when satisfied, complains
+without saying why, moves on without complaining, or is wrong about the answer; what the benchmark
+scores stays ``persona.satisfied``. *How* the user says it is the voice's job: ``ScriptedVoice``
+picks from the phrasings below (what the CPU benchmark uses), ``LLMVoice`` asks a language model behind any OpenAI-compatible endpoint to
 write the message in character (for real models on a GPU). The scripted phrasings are written so
 that the rule judge (``clawrl.judge.rule``) scores them as a person would: corrections say
 "rewrite", "try again", "not", "AI-like"; praise says "thanks", "great", "perfect".
+
+The phrasings that say how an answer should be (``Requests``) come in two pools per persona that
+share no hint string (issue 12): the tiny model is pre-trained on the ``pretraining`` pool
+(``clawrl.sim.chats``), the simulated user speaks only the ``evaluation`` pool, so the benchmark
+measures following hints worded in ways the model never saw, not recalling memorised ones.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Protocol
 
 import httpx
 
+from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import PROBLEMS, Problem
 
 # --------------------------------------------------------------------------- detectors
@@ -94,6 +102,20 @@ def teacher_satisfied(answer: str, problem: Problem) -> bool:
 
 
 @dataclass(frozen=True)
+class Requests:
+    """The phrasings that say how an answer should be: the ones the rule judge takes hints from."""
+
+    instructions: tuple[str, ...]  # asking for the preferred style up front
+    corrections: tuple[str, ...]  # the first complaint about an answer
+    step_corrections: tuple[str, ...]  # the first complaint about an answer whose only fault is missing working
+    repeated_corrections: tuple[str, ...]  # when the rewrite is still not right
+    reasks: tuple[str, ...]  # the question again, with a nudge; "{question}" is replaced
+
+    def complaints(self) -> tuple[str, ...]:
+        return (*self.corrections, *self.step_corrections, *self.repeated_corrections, *self.reasks)
+
+
+@dataclass(frozen=True)
 class Persona:
     """Who the user is, what they want (hidden), and the ways they say things."""
 
@@ -102,15 +124,23 @@ class Persona:
     preference: str  # for LLMVoice and reports: the hidden preference in words
     satisfied: Callable[[str, Problem], bool]
     openers: tuple[str, ...]  # "{question}" is replaced
-    instructions: tuple[str, ...]  # asking for the preferred style up front
-    corrections: tuple[str, ...]  # the first complaint about an answer
-    step_corrections: tuple[str, ...]  # the first complaint about an answer whose only fault is missing working
-    repeated_corrections: tuple[str, ...]  # when the rewrite is still not right
-    reasks: tuple[str, ...]  # the question again, with a nudge; "{question}" is replaced
+    pretraining: Requests  # what the tiny model is pre-trained on; never said by the simulated user
+    evaluation: Requests  # what the simulated user says; never in the pre-training corpus
     praise_next: tuple[str, ...]  # "{question}" is the next problem
     praise_done: tuple[str, ...]
     give_up_next: tuple[str, ...]
     give_up_done: tuple[str, ...]
+    # The noisy user's phrasings (evaluation only): a complaint with no directive in it, and the
+    # next question (or goodbye) with nothing said about the answer.
+    vague_corrections: tuple[str, ...]
+    move_on_next: tuple[str, ...]  # "{question}" is the next problem
+    move_on_done: tuple[str, ...]
+
+    def evaluation_phrasings(self) -> tuple[str, ...]:
+        """Everything the simulated user may say in reaction to an answer, with "{question}" left empty."""
+        said = (*self.evaluation.complaints(), *self.praise_next, *self.praise_done, *self.give_up_next,
+                *self.give_up_done, *self.vague_corrections, *self.move_on_next, *self.move_on_done)
+        return tuple(text.format(question="") for text in said)
 
 
 STUDENT = Persona(
@@ -120,30 +150,60 @@ STUDENT = Persona(
     satisfied=student_satisfied,
     openers=("{question}", "{question}", "can you help me with this one? {question}", "homework question: {question}",
              "how do I solve this: {question}"),
-    instructions=(
-        "Please don't use bold or numbered lists, just explain every step in sentences.",
-        "Write it like a person would: plain sentences, no bold, no lists.",
-        "No markdown please, but show every step.",
-        "Explain it in a normal paragraph without any formatting.",
+    pretraining=Requests(
+        instructions=(
+            "Please don't use bold or numbered lists, just explain every step in sentences.",
+            "Write it like a person would: plain sentences, no bold, no lists.",
+            "No markdown please, but show every step.",
+            "Explain it in a normal paragraph without any formatting.",
+        ),
+        corrections=(
+            "too AI-like, rewrite it without the bold and the numbered list",
+            "this sounds like a robot. rewrite it without the bold and the numbered steps, just normal sentences",
+            "no, not like that. please write it as plain sentences, without bold or a numbered list",
+            "that's not how I want it. rewrite it like a person would explain it, no bold, no lists",
+            "too AI-like. try again without the formatting, but keep every step",
+        ),
+        step_corrections=(
+            "you skipped some steps. rewrite it and show every step of the working",
+            "that's not enough working for me. please show every step, in sentences",
+        ),
+        repeated_corrections=(
+            "still too AI-like. please don't use bold or numbered steps at all",
+            "no, that's still a list. rewrite it as one normal paragraph",
+        ),
+        reasks=(
+            "{question} Try again, and please write it in plain sentences, without bold or lists.",
+            "I'll ask again: {question} That's not what I asked for: please don't format it, just write the steps as sentences.",
+        ),
     ),
-    corrections=(
-        "too AI-like, rewrite it without the bold and the numbered list",
-        "this sounds like a robot. rewrite it without the bold and the numbered steps, just normal sentences",
-        "no, not like that. please write it as plain sentences, without bold or a numbered list",
-        "that's not how I want it. rewrite it like a person would explain it, no bold, no lists",
-        "too AI-like. try again without the formatting, but keep every step",
-    ),
-    step_corrections=(
-        "you skipped some steps. rewrite it and show every step of the working",
-        "that's not enough working for me. please show every step, in sentences",
-    ),
-    repeated_corrections=(
-        "still too AI-like. please don't use bold or numbered steps at all",
-        "no, that's still a list. rewrite it as one normal paragraph",
-    ),
-    reasks=(
-        "{question} Try again, and please write it in plain sentences, without bold or lists.",
-        "I'll ask again: {question} That's not what I asked for: please don't format it, just write the steps as sentences.",
+    evaluation=Requests(
+        instructions=(
+            "Please skip the markdown and talk me through each step in sentences.",
+            "Keep it plain: ordinary sentences, all the working, and nothing in bold.",
+            "Can you avoid headings and numbered points and just explain each calculation?",
+            "I'd like it as a normal explanation, every sum shown, with no formatting at all.",
+        ),
+        corrections=(
+            "too AI-like for me. rewrite it in ordinary sentences, with no bold and no numbered points",
+            "hmm, that's not it. please drop the bold and the list and just talk me through each step",
+            "that reads like a chatbot. rewrite it as a normal explanation, no headings or bold text",
+            "nope, too formatted. please just use ordinary sentences and keep all the working",
+            "not what I wanted. avoid the bold and the numbering, and explain each step like you're talking to me",
+        ),
+        step_corrections=(
+            "you missed some steps of the working. rewrite it so each calculation is written out",
+            "that's not enough for me to follow. please write out every step as a sentence with its sum",
+        ),
+        repeated_corrections=(
+            "still too AI-like. please leave out the bold and the numbering completely",
+            "that's not it, it's still formatted. rewrite it as a paragraph with no list in it",
+        ),
+        reasks=(
+            "{question} That's not what I asked for. Please skip the bold and the numbered list and write each step "
+            "as a sentence.",
+            "Asking again: {question} Try again. Use ordinary sentences with no formatting and show each step of the sum.",
+        ),
     ),
     praise_next=(
         "thanks! next one: {question}",
@@ -155,6 +215,10 @@ STUDENT = Persona(
     praise_done=("thanks, that's all for today!", "great, I'm done. thank you!", "perfect, that's everything. bye!"),
     give_up_next=("forget it, still too AI-like. next one: {question}", "ugh, not what I asked for. next: {question}"),
     give_up_done=("forget it, it's still too AI-like. I'm done.", "that's still not what I meant. done for today."),
+    vague_corrections=("hmm, that's not it. try again.", "no, not like that.", "nope, that's not what I wanted.",
+                       "that's not right. again."),
+    move_on_next=("{question}", "{question}", "another one: {question}"),
+    move_on_done=("that's all for now.", "I have to go.", "bye"),
 )
 
 TEACHER = Persona(
@@ -163,25 +227,50 @@ TEACHER = Persona(
     preference=f"a detailed explanation (at least {TEACHER_MIN_WORDS} words) with warm, encouraging words for the children",
     satisfied=teacher_satisfied,
     openers=("{question}", "Could you solve this one for my class? {question}", "For tomorrow's worksheet: {question}"),
-    instructions=(
-        "Please explain it in detail and be encouraging, it's for my pupils.",
-        "Make it detailed and warm, with some encouragement for the kids.",
-        "Explain every step slowly and cheer the children on.",
+    pretraining=Requests(
+        instructions=(
+            "Please explain it in detail and be encouraging, it's for my pupils.",
+            "Make it detailed and warm, with some encouragement for the kids.",
+            "Explain every step slowly and cheer the children on.",
+        ),
+        corrections=(
+            "not quite what I need for my class. rewrite it with more detail and a few warm words of encouragement",
+            "too short and a bit cold for kids. try again, and please explain every step in more detail, with some "
+            "encouragement",
+            "that's not warm enough for ten-year-olds. make it longer and more encouraging",
+            "no, the kids need more than that. rewrite it in more detail and cheer them on a little",
+        ),
+        step_corrections=(),  # the teacher's complaints already ask for every step in detail
+        repeated_corrections=(
+            "still not quite right. please make it longer and add encouragement for the children",
+            "that's not it yet. rewrite it slowly, step by step, and end with some praise for the kids",
+        ),
+        reasks=(
+            "{question} Try again, and please make it detailed and encouraging, it's for my pupils.",
+            "Let me ask again: {question} That's not what I need: please explain it slowly and warmly for the children.",
+        ),
     ),
-    corrections=(
-        "not quite what I need for my class. rewrite it with more detail and a few warm words of encouragement",
-        "too short and a bit cold for kids. try again, and please explain every step in more detail, with some encouragement",
-        "that's not warm enough for ten-year-olds. make it longer and more encouraging",
-        "no, the kids need more than that. rewrite it in more detail and cheer them on a little",
-    ),
-    step_corrections=(),  # the teacher's complaints already ask for every step in detail
-    repeated_corrections=(
-        "still not quite right. please make it longer and add encouragement for the children",
-        "that's not it yet. rewrite it slowly, step by step, and end with some praise for the kids",
-    ),
-    reasks=(
-        "{question} Try again, and please make it detailed and encouraging, it's for my pupils.",
-        "Let me ask again: {question} That's not what I need: please explain it slowly and warmly for the children.",
+    evaluation=Requests(
+        instructions=(
+            "It's for children, so please go through it at length and add a few kind words.",
+            "Give a long, gentle explanation and tell the pupils they're doing well.",
+            "Please be thorough and supportive, my class needs a bit of confidence.",
+        ),
+        corrections=(
+            "not quite right for my pupils. rewrite it at more length, with some kind words to cheer them up",
+            "too brief and too dry for children. try again, and make it fuller with a few encouraging words",
+            "that's not enough for ten-year-olds. please go through it slowly and add a little encouragement at the end",
+            "no, my class needs more than this. please explain each part at length and tell them they're doing well",
+        ),
+        step_corrections=(),
+        repeated_corrections=(
+            "still not what I need. please make it much longer and add some praise for the pupils",
+            "that's not it. rewrite it gently and in depth, and finish with a word of encouragement for the class",
+        ),
+        reasks=(
+            "{question} That's not what I need. Please give a longer explanation with some encouragement for my class.",
+            "Once more: {question} Try again, and make it thorough and kind, it's for children.",
+        ),
     ),
     praise_next=(
         "lovely, thank you! that's perfect for the class. next: {question}",
@@ -191,7 +280,21 @@ TEACHER = Persona(
     praise_done=("thank you, that's all I needed for tomorrow!", "great, that's everything. thanks!"),
     give_up_next=("not what I need, forget it. next: {question}", "that's not right either. let's move on: {question}"),
     give_up_done=("that's still not what I meant. I'll write it myself, done.", "no, still not right. that's all for today."),
+    vague_corrections=("not quite what I had in mind. try again.", "no, that's not it.", "hmm, not quite. again."),
+    move_on_next=("{question}", "next one: {question}", "{question}"),
+    move_on_done=("that's all for now.", "I have to go.", "bye for now"),
 )
+
+
+def evaluation_hints(persona: Persona) -> set[str]:
+    """Every hint the rule judge can take from what the simulated user says, and its instructions.
+
+    What must never appear among the pre-training corpus's hints (``clawrl.sim.chats``).
+    """
+    extracted = {hint for text in persona.evaluation_phrasings()
+                 for hint in rule_hints([{"role": "user", "content": text}])}
+    return extracted | set(persona.evaluation.instructions)
+
 
 PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER)}
 
@@ -226,6 +329,10 @@ class Intent(Enum):
     PRAISE_DONE = "praise_done"
     GIVE_UP_NEXT = "give_up_next"  # stop asking for rewrites; next problem
     GIVE_UP_DONE = "give_up_done"
+    # The noisy user's (UserSession's rates)
+    CORRECT_VAGUELY = "correct_vaguely"  # a complaint that does not say what is wrong or how it should be
+    MOVE_ON_NEXT = "move_on_next"  # nothing said about the answer: just the next problem
+    MOVE_ON_DONE = "move_on_done"  # nothing said about the answer: the user leaves
 
 
 @dataclass(frozen=True)
@@ -243,20 +350,23 @@ class Voice(Protocol):
 
 
 class ScriptedVoice:
-    """Picks one of the persona's phrasings: deterministic given the session's rng."""
+    """Picks one of the persona's evaluation-pool phrasings: deterministic given the session's rng."""
 
     def say(self, cue: Cue, rng: random.Random) -> str:
-        persona = cue.persona
+        persona, requests = cue.persona, cue.persona.evaluation
         phrasings = {
             Intent.OPEN: persona.openers,
-            Intent.CORRECT: persona.corrections,
-            Intent.CORRECT_STEPS: persona.step_corrections,
-            Intent.CORRECT_AGAIN: persona.repeated_corrections,
-            Intent.REASK: persona.reasks,
+            Intent.CORRECT: requests.corrections,
+            Intent.CORRECT_STEPS: requests.step_corrections,
+            Intent.CORRECT_AGAIN: requests.repeated_corrections,
+            Intent.REASK: requests.reasks,
             Intent.PRAISE_NEXT: persona.praise_next,
             Intent.PRAISE_DONE: persona.praise_done,
             Intent.GIVE_UP_NEXT: persona.give_up_next,
             Intent.GIVE_UP_DONE: persona.give_up_done,
+            Intent.CORRECT_VAGUELY: persona.vague_corrections,
+            Intent.MOVE_ON_NEXT: persona.move_on_next,
+            Intent.MOVE_ON_DONE: persona.move_on_done,
         }[cue.intent]
         return rng.choice(phrasings).format(question=cue.question or "")
 
@@ -270,6 +380,8 @@ _LLM_INSTRUCTIONS = {
     Intent.PRAISE_DONE: "The answer is what you want. Thank the assistant and say you are done for today.",
     Intent.GIVE_UP_NEXT: "The answer is still not what you want. Give up on it with a short complaint; your next question follows.",
     Intent.GIVE_UP_DONE: "The answer is still not what you want. Give up with a short complaint and say you are done.",
+    Intent.CORRECT_VAGUELY: "The answer is not what you want. Say so in a few words, without saying what is wrong "
+    "or how it should be.",
 }
 
 
@@ -279,7 +391,8 @@ class LLMVoice:
 
     Code still decides what happens (the intent) and supplies the questions verbatim, so that
     every session asks problems whose working the detectors know; the model only words the
-    reactions, in character. Asking a question is left to code entirely.
+    reactions, in character. Asking a question, and moving on without a word about the answer,
+    are left to code entirely.
     """
 
     url: str  # base URL up to /v1
@@ -291,7 +404,7 @@ class LLMVoice:
     retries: int = 3
 
     def say(self, cue: Cue, rng: random.Random) -> str:
-        if cue.intent in (Intent.OPEN, Intent.REASK):
+        if cue.intent in (Intent.OPEN, Intent.REASK, Intent.MOVE_ON_NEXT, Intent.MOVE_ON_DONE):
             return ScriptedVoice().say(cue, rng)
         reaction = self._complete(cue, seed=rng.randrange(2**31))
         if cue.intent in (Intent.PRAISE_NEXT, Intent.GIVE_UP_NEXT):
@@ -343,6 +456,10 @@ class UserSession:
     Call `first_message()`, then `react(answer)` after every answer until a message has
     `done=True`. `first_attempts` records, per problem, whether the first answer to it satisfied
     the preference; a session *satisfies* the preference when every first answer did.
+
+    The noise rates are probabilities per reaction; at 0 (the default) the user's reaction is a
+    function of `persona.satisfied` and the rng. Whatever the user says, `first_attempts` records
+    the truth, so the benchmark's ground truth never depends on the noise.
     """
 
     persona: Persona
@@ -351,6 +468,10 @@ class UserSession:
     voice: Voice = field(default_factory=ScriptedVoice)
     max_turns: int = 6
     max_retries: int = 1
+    wrong_rate: float = 0.0  # the user is wrong: reacts as if the answer's satisfaction were flipped
+    quiet_rate: float = 0.0  # a satisfied user says nothing about it: just the next question, or leaves
+    vague_rate: float = 0.0  # a complaint does not say why: no directive, so the rule judge finds no hint
+    move_on_rate: float = 0.0  # an unsatisfied user does not complain: just the next question, or leaves
     first_attempts: list[bool] = field(default_factory=list)
     turns: int = 0
     _current: int = 0
@@ -372,27 +493,35 @@ class UserSession:
         ok = self.persona.satisfied(answer, self.problem)
         if self._retries == 0:
             self.first_attempts.append(ok)
+        # What the user believes decides what they say; the noise draws nothing at rate 0.
+        seems_ok = ok != self._chance(self.wrong_rate)
+        silent = self._chance(self.quiet_rate if seems_ok else self.move_on_rate)
         last_problem = self._current + 1 >= len(self.problems)
         out_of_turns = self.turns >= self.max_turns
-        if ok or self._retries >= self.max_retries or out_of_turns:
-            gave_up = not ok
+        if seems_ok or silent or self._retries >= self.max_retries or out_of_turns:
             if last_problem or out_of_turns:
-                intent = Intent.GIVE_UP_DONE if gave_up else Intent.PRAISE_DONE
-                return UserMessage(self._say(intent, None, answer), done=True)
+                done = Intent.MOVE_ON_DONE if silent else Intent.PRAISE_DONE if seems_ok else Intent.GIVE_UP_DONE
+                return UserMessage(self._say(done, None, answer), done=True)
             self._current += 1
             self._retries = 0
-            intent = Intent.GIVE_UP_NEXT if gave_up else Intent.PRAISE_NEXT
-            return UserMessage(self._say(intent, self.problem.question, answer), done=False)
+            following = Intent.MOVE_ON_NEXT if silent else Intent.PRAISE_NEXT if seems_ok else Intent.GIVE_UP_NEXT
+            return UserMessage(self._say(following, self.problem.question, answer), done=False)
         self._retries += 1
         return UserMessage(self._say(self._complaint(answer), self.problem.question, answer), done=False)
 
+    def _chance(self, rate: float) -> bool:
+        """True with probability `rate`; a rate of 0 draws nothing, so the noiseless user's rng stream is unchanged."""
+        return rate > 0 and self.rng.random() < rate
+
     def _complaint(self, answer: str) -> Intent:
-        """Again, a re-ask, or a correction that names what is wrong: the look, or the missing working."""
+        """Vague, again, a re-ask, or a correction that names what is wrong: the look, or the missing working."""
+        if self._chance(self.vague_rate):
+            return Intent.CORRECT_VAGUELY
         if self._retries > 1:
             return Intent.CORRECT_AGAIN
         if self.rng.random() < 0.25:
             return Intent.REASK
-        if self.persona.step_corrections and not has_markup(answer):
+        if self.persona.evaluation.step_corrections and not has_markup(answer):
             return Intent.CORRECT_STEPS
         return Intent.CORRECT
 
