@@ -116,7 +116,7 @@ def test_results_json_has_issue_12s_fields(tmp_path: Path) -> None:
     assert on_disk == json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
     assert on_disk["report_seeds"] == [3] and on_disk["tuning_seeds"] == [100, 101, 102, 103, 104]
     assert on_disk["seed_list"] == [3, 100] and on_disk["catch_up"] is False
-    assert on_disk["hint_strings_shared_with_pretraining"] is None or isinstance(on_disk["hint_strings_shared_with_pretraining"], int)
+    assert on_disk["hint_strings_shared_with_pretraining"] == 0
     assert on_disk["judge_agreement"] == 0.5 and on_disk["judge_abstained"] == 0.25 and on_disk["judged_turns"] == 48
     assert set(on_disk["arms"]) == {"none", "memory", "rl", "opd", "combine", "memory_combine"}
     for arm in on_disk["arms"].values():

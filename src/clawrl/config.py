@@ -490,6 +490,11 @@ class BenchConfig(_Settings):
             parse_seeds(value)
         return value
 
+    def user_noise(self) -> dict[str, float]:
+        """The noisy user's rates by `UserSession` field name: `wrong_rate`, `quiet_rate`, ..."""
+        return {name.removeprefix("user_"): getattr(self, name) for name in type(self).model_fields
+                if name.startswith("user_") and name.endswith("_rate")}
+
     def run_seeds(self) -> list[int]:
         """The seeds this run plays: --seed-list, or --seeds from --first-seed."""
         if self.seed_list is None:

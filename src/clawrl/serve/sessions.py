@@ -126,12 +126,15 @@ def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, 
     answered empty and the request echoes an empty assistant message after `position` whose
     conversation is that turn's, the request continues that turn from there.
     """
+    empty_answers = [later for later in range(len(messages) - 1, position, -1)
+                     if messages[later]["role"] == "assistant" and _assistant_fingerprint(messages[later]) is None]
+    if not empty_answers:  # the common case: no store read
+        return candidate, position
     newest = store.last_main_turn(candidate.session_id)
     if newest is None or newest.id == candidate.id or newest.answer_fingerprint is not None:
         return candidate, position
-    for later in range(len(messages) - 1, position, -1):
-        message = messages[later]
-        if message["role"] == "assistant" and _assistant_fingerprint(message) is None and _follows_conversation(messages[:later], newest):
+    for later in empty_answers:
+        if _follows_conversation(messages[:later], newest):
             return newest, later
     return candidate, position
 

@@ -322,8 +322,7 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
             result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, 0))
             for index, session_problems in enumerate(work.sessions, start=1):
                 user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice,
-                                   wrong_rate=config.user_wrong_rate, quiet_rate=config.user_quiet_rate,
-                                   vague_rate=config.user_vague_rate, move_on_rate=config.user_move_on_rate)
+                                   **config.user_noise())
                 system_prompt = memory.system_prompt()
                 continued = play_session(agent, user, system_prompt, request_seed(seed, "session", index), truths)
                 result.session_satisfied.append(user.satisfied)

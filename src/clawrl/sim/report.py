@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import BenchConfig, parse_seeds
+from clawrl.sim.chats import hint_strings_shared_with_pretraining
 from clawrl.sim.metrics import ALIGN_WINDOW, bootstrap_ci, mean, sessions_to_align, step_curve
 from clawrl.sim.results import RunResult
 from clawrl.sim.stats import judge_agreement, paired_differences, training_over_seeds
@@ -38,17 +39,6 @@ ARM_LABELS = {
 # another (real or simulated) user, so a figure to place ours next to, not to compare against.
 UPSTREAM_SESSIONS_TO_ALIGN = {"combine": 10.3, "rl": 14.1, "opd": 29.7, "memory": 14.5}
 UPSTREAM_LABELS = {"combine": "Hybrid", "rl": "GRPO", "opd": "OPD", "memory": "Mem0"}
-
-
-def hint_strings_shared_with_pretraining() -> int | None:
-    """How many of the simulated users' hint strings the pre-training corpus contains (issue 12:
-    must be 0); None where `clawrl.sim.chats` has no such count."""
-    try:
-        from clawrl.sim import chats
-    except ImportError:
-        return None
-    count = getattr(chats, "hint_strings_shared_with_pretraining", None)
-    return None if count is None else int(count())
 
 
 def median_sessions(values: Sequence[int | None]) -> float | None:
@@ -112,8 +102,7 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
         "report_seeds": [seed for seed in seeds if seed not in tuning],
         "tuning_seeds": tuning,
         "catch_up": config.catch_up,
-        "user_noise": {name.removeprefix("user_"): getattr(config, name) for name in type(config).model_fields
-                       if name.startswith("user_") and name.endswith("_rate")},
+        "user_noise": config.user_noise(),
         "hint_strings_shared_with_pretraining": hint_strings_shared_with_pretraining(),
         "judge_agreement": judged["agreement"],
         "judge_abstained": judged["abstained"],
@@ -127,10 +116,11 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
                                       for arm, arm_runs in arms.items()}),
     }
     out = Path(config.out)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    text = json.dumps(results, indent=1) + "\n"
+    (out / "results.json").write_text(text)
     if config.summary is not None:
         Path(config.summary).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.summary).write_text(json.dumps(results, indent=1) + "\n")
+        Path(config.summary).write_text(text)
     plot(results, out / "learning.png")
     (out / "report.md").write_text(report_card(results, command))
     return results
@@ -142,8 +132,7 @@ def command_line(config: BenchConfig) -> str:
     else:
         seeds = f" --seeds {config.seeds}" + (f" --first-seed {config.first_seed}" if config.first_seed else "")
     catch_up = "" if config.catch_up else " --no-catch-up"
-    noise = "".join(f" --{name.replace('_', '-')} {getattr(config, name):g}" for name in type(config).model_fields
-                    if name.startswith("user_") and name.endswith("_rate") and getattr(config, name))
+    noise = "".join(f" --user-{name.replace('_', '-')} {rate:g}" for name, rate in config.user_noise().items() if rate)
     return f"clawrl bench learn --method {config.method} --sessions {config.sessions}{seeds}{catch_up}{noise}"
 
 
@@ -177,8 +166,8 @@ def _upstream_text(arm: str) -> str:
     return "" if figure is None else f"{figure:g} ({UPSTREAM_LABELS[arm]})"
 
 
-def _share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
+def _figure(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def paired_table(results: dict[str, Any]) -> str:
@@ -205,10 +194,9 @@ def training_table(results: dict[str, Any]) -> str:
         weight = "n/a" if training["mean_is_weight"] is None else (
             f"{training['mean_is_weight']:.3f} [{training['min_step_is_weight']:.3f}, "
             f"{training['max_step_is_weight']:.3f}]")
-        drift = "n/a" if training["logprob_drift"] is None else f"{training['logprob_drift']:.4f}"
-        clip = "n/a" if training["clip_fraction"] is None else f"{training['clip_fraction']:.3f}"
-        staleness = "n/a" if training["mean_staleness"] is None else f"{training['mean_staleness']:.2f}"
-        lines.append(f"| {ARM_LABELS.get(name, name)} | {staleness} | {_share(training['stale_share'])} "
+        drift, clip = _figure(training["logprob_drift"], 4), _figure(training["clip_fraction"], 3)
+        staleness = _figure(training["mean_staleness"])
+        lines.append(f"| {ARM_LABELS.get(name, name)} | {staleness} | {_figure(training['stale_share'])} "
                      f"({training['samples_dropped_stale']} of {training['samples_dropped_stale'] + training['samples_trained']} "
                      f"trained or dropped) | {weight} | {drift} | {clip} |")
     return "\n".join(lines)
@@ -250,9 +238,9 @@ def report_card(results: dict[str, Any], command: str) -> str:
         f"{', '.join(f'{name} {value:g}' for name, value in results['user_noise'].items()) or 'none'}. "
         f"Hint strings shared with pre-training: {results['hint_strings_shared_with_pretraining']}.",
         "",
-        f"Judge against the user's hidden ground truth: {_share(results['judge_agreement'])} of "
+        f"Judge against the user's hidden ground truth: {_figure(results['judge_agreement'])} of "
         f"{results['judged_turns']} judged turns agree (+1 on a satisfied user, -1 on an unsatisfied one); "
-        f"{_share(results['judge_abstained'])} scored 0.",
+        f"{_figure(results['judge_abstained'])} scored 0.",
         "",
         *(["Paired differences (per seed, the same held-out prompts; the interval resamples seeds and prompts):",
            "", paired_table(results), ""] if results.get("paired") else []),
