@@ -81,7 +81,7 @@ def test_results_json_schema_report_card_and_plot(tmp_path: Path) -> None:
         run("combine", 0, [(0, 0, 1), (2, 1, 3), (4, 2, 4)], [False, True, True, True]),
         run("combine", 1, [(0, 0, 0), (3, 1, 4), (4, 1, 4)], [False, False, True, True]),
     ]
-    results = write_report(config, {"batch_size": 8, "full": True}, runs, "clawrl bench learn --sessions 4")
+    results = write_report(config, {"combine": {"batch_size": 8, "full": True}}, runs, "clawrl bench learn --sessions 4")
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk == json.loads(json.dumps(results))
     assert set(on_disk["arms"]) == {"none", "combine"}
@@ -98,7 +98,8 @@ def test_results_json_schema_report_card_and_plot(tmp_path: Path) -> None:
     assert on_disk["arms"]["none"]["sessions_to_align"] is None
     card = (tmp_path / "report.md").read_text()
     assert "| combine (RL + OPD) | 0.12 | **1.00** |" in card and "learning.png" in card
-    assert "`clawrl bench learn --sessions 4`" in card and "--batch-size 8 --full" in card
+    assert "`clawrl bench learn --sessions 4`" in card and "trained arms with `--batch-size 8 --full`" in card
+    assert combine["train_flags"] == {"batch_size": 8, "full": True} and on_disk["arms"]["none"]["train_flags"] is None
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -111,7 +112,8 @@ def test_results_json_has_issue_12s_fields(tmp_path: Path) -> None:
         for arm, hits in (("none", 1), ("memory", 2), ("rl", 2), ("opd", 1), ("combine", 4), ("memory_combine", 3))
         for seed in (3, 100)
     ]
-    results = write_report(config, {"batch_size": 4}, runs, "clawrl bench learn --seed-list 3,100 --no-catch-up")
+    trained = {arm: {"batch_size": 4} for arm in ("rl", "opd", "combine", "memory_combine")}
+    results = write_report(config, trained, runs, "clawrl bench learn --seed-list 3,100 --no-catch-up")
     on_disk = json.loads(summary.read_text())
     assert on_disk == json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
     assert on_disk["report_seeds"] == [3] and on_disk["tuning_seeds"] == [100, 101, 102, 103, 104]

@@ -3,9 +3,16 @@ the judge against the user's hidden ground truth, the asynchronous-path figures,
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from clawrl.config import BenchConfig, parse_seeds
+from clawrl.sim.report import write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import (
     judge_agreement,
@@ -15,6 +22,7 @@ from clawrl.sim.stats import (
     training_over_seeds,
     training_summary,
 )
+from tests.helpers import run_cli
 
 OUTCOMES = {0: [True, False, True, False], 1: [False, False, True, True], 2: [True, True, True, False]}
 
@@ -115,3 +123,50 @@ def test_runs_round_trip_through_json() -> None:
     run = RunResult("memory_combine", 3, [Evaluation(0, 0, [True, False], "a")], [True], 2, 1.5, [(1, True), (0, False)],
                     {"steps": 1})
     assert RunResult.from_json(run.to_json()) == run
+
+
+def _bench_dir(root: Path, arm: str, flags: dict[str, Any] | None, outcomes: dict[int, list[bool]],
+               wrong_rate: float = 0.1) -> Path:
+    """What `clawrl bench learn --method ARM --out DIR` leaves behind: results.json and runs.json."""
+    out = root / arm
+    runs = [RunResult(arm, seed, [Evaluation(0, 0, [False] * len(final), "before"),
+                                  Evaluation(4, 3, final, "after")], [False, True, True, True], 3, 1.0)
+            for seed, final in outcomes.items()]
+    config = BenchConfig(method=arm, sessions=4, seed_list="10-11", out=out, user_wrong_rate=wrong_rate)
+    out.mkdir(parents=True)
+    (out / "runs.json").write_text(json.dumps([run.to_json() for run in runs]))
+    write_report(config, {arm: flags} if flags else {}, runs, "clawrl bench learn")
+    return out
+
+
+def test_arms_run_apart_merge_into_one_report_with_their_own_settings(tmp_path: Path) -> None:
+    combine = _bench_dir(tmp_path, "combine", {"lr": 5e-4}, {10: [True, True, True, False], 11: [True] * 4})
+    rl = _bench_dir(tmp_path, "rl", {"lr": 1e-3}, {10: [False, True, False, False], 11: [True, False, False, False]})
+    none = _bench_dir(tmp_path, "none", None, {10: [False] * 4, 11: [False] * 4})
+    summary = tmp_path / "docs" / "learn.json"
+    printed = run_cli("bench", "merge", str(combine), str(rl), str(none), "--out", str(tmp_path / "merged"),
+                      "--summary", str(summary), parse=False)
+    assert "combine (RL + OPD)" in printed and "rl (binary RL)" in printed
+    merged = json.loads(summary.read_text())
+    assert merged == json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert set(merged["arms"]) == {"combine", "rl", "none"} and merged["report_seeds"] == [10, 11]
+    assert merged["arms"]["combine"]["train_flags"] == {"lr": 5e-4}
+    assert merged["arms"]["rl"]["train_flags"] == {"lr": 1e-3} and merged["arms"]["none"]["train_flags"] is None
+    assert merged["arms"]["combine"]["final"] == pytest.approx(0.875)
+    assert merged["paired"]["combine-rl"]["mean"] == pytest.approx(0.875 - 0.25)
+    assert merged["user_noise"]["wrong_rate"] == 0.1
+    card = (tmp_path / "merged" / "report.md").read_text()
+    assert "combine with `--lr 0.0005`" in card and "rl with `--lr 0.001`" in card
+    assert (tmp_path / "merged" / "learning.png").stat().st_size > 0
+
+
+def test_merging_runs_of_another_user_or_the_same_arm_twice_is_refused(tmp_path: Path) -> None:
+    combine = _bench_dir(tmp_path / "a", "combine", {"lr": 5e-4}, {10: [True]})
+    noisier = _bench_dir(tmp_path / "b", "rl", {"lr": 5e-4}, {10: [True]}, wrong_rate=0.3)
+    again = _bench_dir(tmp_path / "c", "combine", {"lr": 1e-3}, {10: [False]})
+    for dirs, message in [((combine, noisier), "differ in user_noise"),
+                          ((combine, again), "arm combine seed 10 is in more than one"),
+                          ((combine, tmp_path / "nowhere"), "no results.json and runs.json")]:
+        result = subprocess.run([sys.executable, "-m", "clawrl.cli", "bench", "merge", *map(str, dirs),
+                                 "--out", str(tmp_path / "merged")], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

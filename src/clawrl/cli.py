@@ -349,6 +349,24 @@ def cmd_bench_learn(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_merge(args: argparse.Namespace) -> int:
+    from clawrl.sim.report import merge_reports, report_table
+
+    missing = [str(d) for d in args.run_dirs if not (d / "results.json").is_file() or not (d / "runs.json").is_file()]
+    if missing:
+        print(f"error: no results.json and runs.json in {', '.join(missing)} (a finished `clawrl bench learn --out`)",
+              file=sys.stderr)
+        return 2
+    try:
+        results = merge_reports(args.run_dirs, args.out, args.summary)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"\n{report_table(results)}\n\nwrote {args.out / 'results.json'}, {args.out / 'report.md'}, "
+          f"{args.out / 'learning.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clawrl", description="An agent that improves by being used.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -424,6 +442,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "scores, sessions to align, a report card and a plot")
     add_config_flags(learn, BenchConfig, TrainConfig)
     learn.set_defaults(handler=cmd_bench_learn)
+    merge = bench.add_parser("merge", help="one report from several `bench learn` output directories (arms run "
+                             "apart, each with its own settings, on the same seeds and user)")
+    merge.add_argument("run_dirs", nargs="+", type=Path, help="`bench learn --out` directories to merge")
+    merge.add_argument("--out", type=Path, required=True, help="where the merged results.json, report and plot go")
+    merge.add_argument("--summary", type=Path, help="also write the merged results.json here")
+    merge.set_defaults(handler=cmd_bench_merge)
 
     demo = commands.add_parser("demo", help="watch the tiny model learn a simulated user's preference on the CPU "
                                "(the learning benchmark's control and combined arms, one seed)")

@@ -410,7 +410,8 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
         for seed in config.run_seeds():
             runs.append(run_arm(arm, seed, config, train_flags, voice, progress))
             (config.out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
-    return write_report(config, train_flags, runs, command_line(config))
+    trained = {arm: train_flags for arm in arms_for(config.method) if arm in TRAINED_ARMS}
+    return write_report(config, trained, runs, command_line(config))
 
 
 def prepared_model(config: BenchConfig) -> str:

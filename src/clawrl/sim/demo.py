@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from clawrl.config import BenchConfig
-from clawrl.sim.bench import SessionDone, bench_train_flags, prepared_model, run_arm, voice_for, workload
+from clawrl.sim.bench import TRAINED_ARMS, SessionDone, bench_train_flags, prepared_model, run_arm, voice_for, workload
 from clawrl.sim.report import report_table, write_report
 from clawrl.sim.users import PERSONAS
 
@@ -37,7 +37,7 @@ def run_demo(out: Path, sessions: int = 36, model: str = "tiny-pretrained") -> i
     print(f"      {sessions} sessions per arm, held-out prompts scored as the policy changes")
     train_flags = bench_train_flags({})
     runs = [run_arm(arm, 0, config, train_flags, voice_for(config), progress=_show_progress) for arm in DEMO_ARMS]
-    results = write_report(config, train_flags, runs, "clawrl demo")
+    results = write_report(config, {arm: train_flags for arm in DEMO_ARMS if arm in TRAINED_ARMS}, runs, "clawrl demo")
     trained = runs[-1]
     print("[3/3] one held-out prompt, answered by the served policy (a 1M-parameter model: watch the style,"
           " not the arithmetic)")

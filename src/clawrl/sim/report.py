@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +85,12 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
     }
 
 
-def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequence[RunResult], command: str) -> dict[str, Any]:
-    """Write results.json, report.md and learning.png under `config.out`; return the results."""
+def write_report(config: BenchConfig, train_flags: Mapping[str, dict[str, Any]], runs: Sequence[RunResult],
+                 command: str) -> dict[str, Any]:
+    """Write results.json, report.md and learning.png under `config.out`; return the results.
+
+    `train_flags` holds each trained arm's trainer settings (arms tuned apart have their own).
+    """
     arms: dict[str, list[RunResult]] = {}
     for run in runs:
         arms.setdefault(run.arm, []).append(run)
@@ -109,9 +113,9 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
         "judged_turns": judged["judged_turns"],
         "model": config.model,
         "heldout_prompts": config.heldout_prompts,
-        "train_flags": train_flags,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
-        "arms": {arm: summarize_arm(arm_runs, config.sessions) for arm, arm_runs in arms.items()},
+        "arms": {arm: {**summarize_arm(arm_runs, config.sessions), "train_flags": train_flags.get(arm)}
+                 for arm, arm_runs in arms.items()},
         "paired": paired_differences({arm: {run.seed: run.final.outcomes for run in arm_runs}
                                       for arm, arm_runs in arms.items()}),
     }
@@ -124,6 +128,37 @@ def write_report(config: BenchConfig, train_flags: dict[str, Any], runs: Sequenc
     plot(results, out / "learning.png")
     (out / "report.md").write_text(report_card(results, command))
     return results
+
+
+# What every merged invocation must share: the runs are compared as if one invocation had made them.
+MERGE_MUST_AGREE = ("persona", "sessions", "catch_up", "user_noise", "model", "heldout_prompts", "tuning_seeds")
+
+
+def merge_reports(run_dirs: Sequence[Path], out: Path, summary: Path | None = None) -> dict[str, Any]:
+    """One report from several `clawrl bench learn` output directories (arms run apart, e.g. each with its
+    own tuned settings): their runs.json together, each arm with the trainer settings it ran with."""
+    loaded = [(json.loads((Path(d) / "results.json").read_text()), json.loads((Path(d) / "runs.json").read_text()))
+              for d in run_dirs]
+    first = loaded[0][0]
+    for results, _ in loaded[1:]:
+        differing = [key for key in MERGE_MUST_AGREE if results[key] != first[key]]
+        if differing:
+            raise ValueError(f"cannot merge runs that differ in {', '.join(differing)}")
+    runs = [RunResult.from_json(item) for _, items in loaded for item in items]
+    seen: set[tuple[str, int]] = set()
+    for run in runs:
+        if (run.arm, run.seed) in seen:
+            raise ValueError(f"arm {run.arm} seed {run.seed} is in more than one of the merged directories")
+        seen.add((run.arm, run.seed))
+    train_flags = {name: arm["train_flags"] for results, _ in loaded for name, arm in results["arms"].items()
+                   if arm.get("train_flags") is not None}
+    noise = {f"user_{name}": rate for name, rate in first["user_noise"].items()}
+    config = BenchConfig(persona=first["persona"], sessions=first["sessions"], catch_up=first["catch_up"],
+                         model=first["model"], heldout_prompts=first["heldout_prompts"],
+                         tuning_seeds=",".join(map(str, first["tuning_seeds"])), out=out, summary=summary, **noise)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
+    return write_report(config, train_flags, runs, "clawrl bench merge " + " ".join(map(str, run_dirs)))
 
 
 def command_line(config: BenchConfig) -> str:
@@ -214,13 +249,23 @@ def flags_for(values: dict[str, Any]) -> list[str]:
     return flags
 
 
+def trained_with(results: dict[str, Any]) -> str:
+    """Which trainer settings the trained arms ran with: one phrase if they share them, else per arm."""
+    by_flags: dict[str, list[str]] = {}
+    for name, arm in results["arms"].items():
+        if arm.get("train_flags") is not None:
+            by_flags.setdefault(" ".join(flags_for(arm["train_flags"])), []).append(name)
+    if len(by_flags) <= 1:
+        return "".join(f"trained arms with `{flags}`" for flags in by_flags) or "no trained arm"
+    return "; ".join(f"{', '.join(names)} with `{flags}`" for flags, names in by_flags.items())
+
+
 def report_card(results: dict[str, Any], command: str) -> str:
-    flags = " ".join(flags_for(results["train_flags"]))
     return "\n".join([
         f"# Learning benchmark ({results['persona']})",
         "",
         f"`{command}`: model `{results['model']}`, {results['heldout_prompts']} held-out prompts per evaluation, "
-        f"trained arms with `{flags}`; {results['machine']}.",
+        f"{trained_with(results)}; {results['machine']}.",
         "",
         "Held-out score: the share of answers to held-out prompts (never trained on) that satisfy the user's hidden "
         "preference, mean over seeds. Sessions to align: the sessions before "

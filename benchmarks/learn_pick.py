@@ -1,0 +1,70 @@
+"""Pick each trained arm's settings from the learning benchmark's tuning sweep (issue 12).
+
+Reads `TUNE/<arm>/<setting>/results.json` as `benchmarks/learn_sweep.sh tune TUNE` leaves them (the
+same settings on the same tuning seeds for every arm), prints the sweep's table and writes, as JSON,
+the `clawrl bench learn` trainer flags each arm is reported with: the setting with the highest mean
+final held-out score over the tuning seeds (a tie keeps the benchmark's default settings, then the first by name).
+`memory_combine` trains as `combine` does, so it takes combine's pick rather than a sweep of its own.
+
+    python benchmarks/learn_pick.py runs/learn/tune --out runs/learn/settings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from clawrl.sim.bench import BENCH_TRAIN_DEFAULTS
+from clawrl.sim.report import flags_for
+
+TUNED_ARMS = ("combine", "rl", "opd")
+
+
+def arm_flags(results: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The trainer settings an arm ran with (older results.json files hold them once, at the top)."""
+    return results["arms"][arm].get("train_flags") or results["train_flags"]
+
+
+def sweep_table(tune_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Per arm, every setting of the sweep with its final scores: the default first, then by name."""
+    table: dict[str, list[dict[str, Any]]] = {}
+    for arm in TUNED_ARMS:
+        for results_path in sorted((tune_dir / arm).glob("*/results.json")):
+            results = json.loads(results_path.read_text())
+            per_seed = {seed["seed"]: seed["final"] for seed in results["arms"][arm]["per_seed"]}
+            table.setdefault(arm, []).append({
+                "setting": results_path.parent.name, "flags": " ".join(flags_for(arm_flags(results, arm))),
+                "final_per_seed": per_seed, "final": results["arms"][arm]["final"],
+                "baseline": results["arms"][arm]["baseline"], "seeds": results["seed_list"],
+                "default": arm_flags(results, arm) == BENCH_TRAIN_DEFAULTS,
+            })
+        table.get(arm, []).sort(key=lambda row: not row["default"])  # stable: by name after the default
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tune_dir", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help="the chosen flags per arm (JSON)")
+    args = parser.parse_args()
+    table = sweep_table(args.tune_dir)
+    print("| arm | setting | final held-out score per tuning seed | mean |\n|---|---|---|---|")
+    chosen: dict[str, str] = {}
+    for arm, rows in table.items():
+        best = max(rows, key=lambda row: row["final"])  # max keeps the first of equals
+        chosen[arm] = best["flags"]
+        for row in rows:
+            per_seed = ", ".join(f"{seed}: {score:.2f}" for seed, score in row["final_per_seed"].items())
+            mark = " **(picked)**" if row is best else ""
+            print(f"| {arm} | `{row['setting']}`{mark} | {per_seed} | {row['final']:.2f} |")
+    if "combine" in chosen:
+        chosen["memory_combine"] = chosen["combine"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"chosen": chosen, "sweep": table}, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
