@@ -22,7 +22,9 @@ from clawrl.config import (
     BenchConfig,
     DashboardConfig,
     EngineConfig,
+    EnvConfig,
     JudgeConfig,
+    RolloutConfig,
     ServeConfig,
     StoreConfig,
     TrainConfig,
@@ -367,6 +369,102 @@ def cmd_bench_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_envs_list(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clawrl.envs.registry import describe_environments
+
+    described = asyncio.run(describe_environments(config_from_args(EnvConfig, args)))
+    if args.json:
+        _print_json(described)
+        return 0
+    for item in described:
+        print(f"{item['name']:<10} {item['train_tasks']:>5} train {item['eval_tasks']:>5} eval  {item['description']}")
+    return 0
+
+
+def cmd_envs_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from clawrl.envs.http import create_env_app
+    from clawrl.envs.registry import ENVIRONMENTS, make_environment
+
+    config = config_from_args(EnvConfig, args)
+    if config.env not in ENVIRONMENTS:
+        raise SystemExit(f"error: no environment {config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
+    app = create_env_app(lambda: make_environment(config), ENVIRONMENTS[config.env].description, args.max_episodes)
+    logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from clawrl.envs.registry import ENVIRONMENTS
+
+    env_config, config = config_from_args(EnvConfig, args), config_from_args(RolloutConfig, args)
+    if env_config.env not in ENVIRONMENTS:
+        raise SystemExit(f"error: no environment {env_config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
+    # the episodes are played by a scripted policy; driving a served model is a separate path
+    if config.policy is None:
+        raise SystemExit("error: rollout needs --policy oracle|random")
+    summary = asyncio.run(_policy_rollouts(env_config, config))
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"{summary['episodes']} episodes, {summary['failed']} failed, mean reward {summary['mean_reward']}")
+    return 0
+
+
+async def _policy_rollouts(env_config: EnvConfig, config: RolloutConfig) -> dict[str, Any]:
+    import time
+
+    from clawrl.envs.policies import make_policy
+    from clawrl.envs.registry import make_environment
+    from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
+
+    started = time.monotonic()
+    planned = plan_episodes(await make_environment(env_config).tasks(config.split), config)
+    record_file = config.record.open("a") if config.record else None
+    progress = _RolloutProgress(len(planned), record_file)
+    try:
+        records = await run_rollouts(lambda: make_environment(env_config),
+                                     lambda env, task, seed: make_policy(config.policy, env, task, seed),
+                                     planned, config, progress.episode_done)  # fmt: skip
+    finally:
+        progress.finish()
+    elapsed = time.monotonic() - started
+    return {**summarize(records), "env": env_config.env, "policy": config.policy, "split": config.split,
+            "elapsed_s": round(elapsed, 2), "episodes_per_min": round(60 * len(records) / elapsed, 1)}  # fmt: skip
+
+
+class _RolloutProgress:
+    """A progress line on stderr, and the JSONL record of each episode as it finishes."""
+
+    def __init__(self, total: int, record_file: Any) -> None:
+        self.total, self.record_file = total, record_file
+        self.done = self.failed = 0
+        self.reward = 0.0
+
+    def episode_done(self, record: Any) -> None:
+        self.done += 1
+        self.failed += record.failed
+        self.reward += 0.0 if record.failed else record.reward
+        if self.record_file is not None:
+            self.record_file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+            self.record_file.flush()  # a record per finished episode survives an interrupted run
+        finished = self.done - self.failed
+        mean = f"{self.reward / finished:.3f}" if finished else "-"
+        sys.stderr.write(f"\rrollout: {self.done}/{self.total} episodes, {self.failed} failed, mean reward {mean}")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        sys.stderr.write("\n")
+        if self.record_file is not None:
+            self.record_file.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clawrl", description="An agent that improves by being used.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -448,6 +546,25 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", type=Path, required=True, help="where the merged results.json, report and plot go")
     merge.add_argument("--summary", type=Path, help="also write the merged results.json here")
     merge.set_defaults(handler=cmd_bench_merge)
+
+    envs = commands.add_parser("envs", help="general-agent environments (DESIGN §9)").add_subparsers(dest="envs_command", required=True)
+    envs_list = envs.add_parser("list", help="the environments, with their task counts")
+    add_config_flags(envs_list, EnvConfig)
+    envs_list.add_argument("--json", action="store_true", help="print JSON")
+    envs_list.set_defaults(handler=cmd_envs_list)
+    envs_serve = envs.add_parser("serve", help="serve an environment over HTTP in OpenEnv's shape (/reset, /step, "
+                                 "/state, /health, /schema)")
+    add_config_flags(envs_serve, EnvConfig)
+    envs_serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    envs_serve.add_argument("--port", type=int, default=8000, help="TCP port")
+    envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes open at once (one environment each)")
+    envs_serve.set_defaults(handler=cmd_envs_serve)
+
+    rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy; a JSONL "
+                                  "record and a summary")
+    add_config_flags(rollout, EnvConfig, RolloutConfig)
+    rollout.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rollout.set_defaults(handler=cmd_rollout)
 
     demo = commands.add_parser("demo", help="watch the tiny model learn a simulated user's preference on the CPU "
                                "(the learning benchmark's control and combined arms, one seed)")

@@ -506,3 +506,55 @@ class BenchConfig(_Settings):
         if self.user_url and not self.user_model:
             raise ValueError("--user-url needs --user-model (the model id at that endpoint that plays the user)")
         return self
+
+
+class EnvConfig(_Settings):
+    """The general-agent environments (DESIGN §9): which one, and how its episodes run.
+
+    Its environment variables are `CLAWRL_ENV_<FIELD>`, apart from the server's and the bench's.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CLAWRL_ENV_")
+
+    env: str = Field("toolcall", description="Environment to run: `toolcall` or `terminal` (`clawrl envs list`).")
+    max_steps: int = Field(
+        8, ge=1, description="Actions per episode; the episode ends (and is scored) at the limit."
+    )
+    tool_output_chars: int = Field(
+        2000, ge=100, description="A tool's answer longer than this keeps its head and tail (errors are at the end)."
+    )
+    command_timeout_s: float = Field(
+        20.0, gt=0, description="Wall-clock limit of one tool command in the sandbox; the command is killed after it."
+    )
+    toolcall_train_problems: int = Field(500, ge=1, description="Problems in the tool-call family's train split.")
+    toolcall_eval_problems: int = Field(100, ge=1, description="Problems in the tool-call family's eval split.")
+    terminal_tasks_dir: Path | None = Field(
+        None,
+        description="A directory of terminal task folders (Harbor layout); unset: the built-in generated tasks, "
+        "written once under --cache-dir.",
+    )
+    terminal_seed: int = Field(0, ge=0, description="Seed of the built-in terminal task generator.")
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "clawrl", description="Where generated tasks are written (once per generator seed)."
+    )
+
+
+class RolloutConfig(_Settings):
+    """`clawrl rollout`: episodes drawn from a split, in groups per task, some at a time."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAWRL_ROLLOUT_")
+
+    policy: Literal["oracle", "random"] | None = Field(
+        None,
+        description="Scripted policy that plays the episodes without a model: `oracle` (solves every task) or "
+        "`random` (well-formed random calls and answers).",
+    )
+    episodes: int = Field(8, ge=1, description="Episodes to run in all.")
+    group_size: int = Field(1, ge=1, description="Episodes per task (a GRPO group): tasks drawn = episodes / size.")
+    concurrency: int = Field(4, ge=1, description="Episodes running at a time (each in its own environment).")
+    split: Literal["train", "eval"] = Field("train", description="Split the tasks are drawn from.")
+    seed: int = Field(0, ge=0, description="Seed of the task draw and of the episodes (episode k gets seed + k).")
+    episode_timeout_s: float = Field(
+        300.0, gt=0, description="Wall-clock limit of one episode; a slower one ends as failed."
+    )
+    record: Path | None = Field(None, description="Append one JSON line per finished episode to this file.")

@@ -1,0 +1,29 @@
+"""The environments clawrl knows by name: `clawrl envs list`, `--env NAME`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clawrl.config import EnvConfig
+from clawrl.envs.protocol import Environment
+from clawrl.envs.terminal import TerminalEnv
+from clawrl.envs.toolcall import ToolCallEnv
+
+ENVIRONMENTS: dict[str, type[ToolCallEnv] | type[TerminalEnv]] = {family.name: family for family in (ToolCallEnv, TerminalEnv)}
+
+
+def make_environment(config: EnvConfig) -> Environment:
+    """A new environment of the kind `config.env` names; ValueError for an unknown name."""
+    if config.env not in ENVIRONMENTS:
+        raise ValueError(f"no environment {config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
+    return ENVIRONMENTS[config.env](config)
+
+
+async def describe_environments(config: EnvConfig) -> list[dict[str, Any]]:
+    """Each environment's name, description and split sizes, as `clawrl envs list --json` prints them."""
+    described = []
+    for name in ENVIRONMENTS:
+        env = make_environment(config.model_copy(update={"env": name}))
+        train, evaluation = await env.tasks("train"), await env.tasks("eval")
+        described.append({"name": name, "description": ENVIRONMENTS[name].description, "train_tasks": len(train), "eval_tasks": len(evaluation)})
+    return described

@@ -1,0 +1,431 @@
+"""The built-in terminal tasks: a seeded generator writing task folders in Harbor's layout.
+
+Each task is a folder any Harbor-style runner can read:
+
+    <task-id>/task.toml              [metadata] category, difficulty, split; [verifier]/[agent] timeouts
+    <task-id>/instruction.md         what the model is asked to do
+    <task-id>/environment/Dockerfile for Docker-based runners; clawrl ignores it (no Docker)
+    <task-id>/environment/workspace/ the starting files: the sandbox's /workspace (COPYed by the Dockerfile)
+    <task-id>/tests/test.sh          writes 1 or 0 to /logs/verifier/reward.txt
+    <task-id>/solution/solve.sh      the reference solution (run in /workspace)
+
+Categories: files, text, permissions, archives and git. Every template is played in `VARIANTS`
+variants with different names and contents; variant 0 of each template is the eval split, the
+others train, so eval asks for the same skills on material the model has not seen. Git tasks are
+generated only when git is installed (the sandbox sees the host's /usr, and preparing a
+repository needs git here): on a machine without git the other tasks are the same ones.
+
+Generation is deterministic in the seed, and cheap; `generated_tasks_dir` writes the set once
+under a cache directory (atomically: concurrent first runs do not see half a set).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GENERATOR_VERSION = 1  # bump when the tasks change, so caches of the old set are not reused
+VARIANTS = 3
+REWARD_FILE = "/logs/verifier/reward.txt"
+_WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
+          "lumen", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sierra", "tundra", "umber", "violet")
+_DOCKERFILE = """\
+# For Docker-based runners (Harbor); clawrl's sandbox uses workspace/ directly and ignores this file.
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends python3 git && rm -rf /var/lib/apt/lists/*
+WORKDIR /workspace
+COPY workspace/ /workspace/
+"""
+_GIT_IDENTITY = "git has no identity configured: give one, e.g. `git -c user.name=agent -c user.email=agent@example.com commit ...`."
+
+
+@dataclass
+class TaskSpec:
+    """One generated task before it is written out."""
+
+    instruction: str
+    checks: list[str]  # shell conditions run in /workspace; all must hold for reward 1
+    solution: str
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)
+    git_repos: dict[str, str] = field(default_factory=dict)  # directory -> commit message of its first commit
+    uncommitted: dict[str, str] = field(default_factory=dict)  # files written after that commit
+    difficulty: str = "easy"
+
+
+def generated_tasks_dir(cache_dir: Path, seed: int) -> Path:
+    """The built-in task set for `seed`, generated under `cache_dir` on first use."""
+    with_git = shutil.which("git") is not None
+    target = cache_dir / "terminal-tasks" / f"v{GENERATOR_VERSION}-seed{seed}{'-git' if with_git else ''}"
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    generate_tasks(staging, seed, with_git)
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first: its set is the same
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def generate_tasks(out_dir: Path, seed: int, with_git: bool) -> list[Path]:
+    """Write every task folder under `out_dir`; returns their paths."""
+    written = []
+    for category, name, template in _TEMPLATES:
+        if category == "git" and not with_git:
+            continue
+        for variant in range(VARIANTS):
+            rng = random.Random(f"terminal:{seed}:{name}:{variant}")
+            task_dir = out_dir / f"{category}-{name}-{variant}"
+            _write_task(task_dir, template(rng), category, "eval" if variant == 0 else "train", seed)
+            written.append(task_dir)
+    return written
+
+
+def _write_task(task_dir: Path, spec: TaskSpec, category: str, split: str, seed: int) -> None:
+    workspace = task_dir / "environment" / "workspace"
+    workspace.mkdir(parents=True)
+    (task_dir / "environment" / "Dockerfile").write_text(_DOCKERFILE)
+    for relative, content in spec.files.items():
+        path = workspace / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        os.chmod(path, spec.modes.get(relative, 0o644))
+    for repo, message in spec.git_repos.items():
+        _commit_all(workspace / repo, message)
+    for relative, text in spec.uncommitted.items():
+        (workspace / relative).write_text(text)
+    (task_dir / "instruction.md").write_text(spec.instruction.strip() + "\n")
+    (task_dir / "task.toml").write_text(_task_toml(category, spec.difficulty, split, seed))
+    _write_script(task_dir / "tests" / "test.sh", _test_script(spec.checks))
+    _write_script(task_dir / "solution" / "solve.sh", f"#!/bin/bash\nset -e\ncd /workspace\n{spec.solution.strip()}\n")
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def _task_toml(category: str, difficulty: str, split: str, seed: int) -> str:
+    return (
+        'version = "1.0"\n\n[metadata]\n'
+        f'category = "{category}"\ndifficulty = "{difficulty}"\nsplit = "{split}"\n'
+        f'generator = "clawrl.envs.terminal_tasks v{GENERATOR_VERSION}"\nseed = {seed}\n\n'
+        "[verifier]\ntimeout_sec = 60.0\n\n[agent]\ntimeout_sec = 300.0\n\n"
+        "[environment]\ncpus = 1\nmemory_mb = 1024\nstorage_mb = 256\nallow_internet = false\n"
+    )
+
+
+def _test_script(checks: list[str]) -> str:
+    conditions = "\n".join(f"  {check} || return 1" for check in checks)
+    return (
+        "#!/bin/bash\n# Reward 1 when every check holds, else 0 (Harbor: the reward goes to /logs/verifier/reward.txt).\n"
+        f"cd /workspace || exit 1\nmkdir -p \"$(dirname {REWARD_FILE})\"\n"
+        f"checks() {{\n{conditions}\n}}\n"
+        f"if checks >/dev/null 2>&1; then echo 1 > {REWARD_FILE}; else echo 0 > {REWARD_FILE}; fi\n"
+    )
+
+
+def _commit_all(repo: Path, message: str) -> None:
+    """A repository with one commit of everything in `repo`; fixed identity and dates keep it reproducible."""
+    stamp = "2024-01-01T00:00:00+0000"
+    env = {**os.environ, "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp, "GIT_CONFIG_GLOBAL": os.devnull}
+    identity = ["-c", "user.name=clawrl", "-c", "user.email=clawrl@example.com", "-c", "init.defaultBranch=main"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", message]):
+        subprocess.run(["git", *identity, *command], cwd=repo, env=env, check=True, capture_output=True)
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode()).hexdigest()
+
+
+def _lines(rng: random.Random, count: int) -> list[str]:
+    return [f"{rng.choice(_WORDS)}-{rng.randint(10, 99)}" for _ in range(count)]
+
+
+def _tar_gz(members: dict[str, str]) -> bytes:
+    """A gzipped tar of text files, with fixed times so that the bytes are reproducible."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return gzip.compress(buffer.getvalue(), mtime=0)
+
+
+def _file_equals(path: str, text: str) -> str:
+    """A check that `path` holds exactly `text` (a trailing newline aside)."""
+    return f'[ "$(cat {shlex.quote(path)})" = {shlex.quote(text.rstrip(chr(10)))} ]'
+
+
+# --- files ------------------------------------------------------------------------------------------
+
+
+def _mkdir_write(rng: random.Random) -> TaskSpec:
+    directory, name, word = rng.choice(_WORDS), f"{rng.choice(_WORDS)}.txt", rng.choice(_WORDS).upper()
+    return TaskSpec(
+        f"Create a directory `{directory}` in the workspace holding a file `{name}` whose only line is `{word}`.",
+        [f"[ -d {directory} ]", _file_equals(f"{directory}/{name}", word)],
+        f"mkdir -p {directory}\necho {word} > {directory}/{name}",
+    )
+
+
+def _move_logs(rng: random.Random) -> TaskSpec:
+    logs = [f"{word}.log" for word in rng.sample(_WORDS, rng.randint(2, 4))]
+    others = [f"{word}.txt" for word in rng.sample(_WORDS, 2)]
+    target = rng.choice(("logs", "archive", "old_logs"))
+    files = {name: f"{name} line\n" for name in logs + others}
+    checks = [f"[ -f {target}/{name} ] && [ ! -e {name} ]" for name in logs] + [f"[ -f {name} ]" for name in others]
+    return TaskSpec(
+        f"Move every `.log` file in the workspace into a new directory `{target}/`. Leave the other files where they are.",
+        checks, f"mkdir -p {target}\nmv *.log {target}/", files,
+    )
+
+
+def _backup_copy(rng: random.Random) -> TaskSpec:
+    name = f"{rng.choice(_WORDS)}.conf"
+    content = "\n".join(f"{key}={rng.randint(1, 999)}" for key in rng.sample(_WORDS, 4)) + "\n"
+    return TaskSpec(
+        f"Copy `{name}` to `backup/{name}.bak`, keeping the original in place.",
+        [f"cmp -s {name} backup/{name}.bak", _file_equals(name, content)],
+        f"mkdir -p backup\ncp {name} backup/{name}.bak", {name: content},
+    )
+
+
+def _count_files(rng: random.Random) -> TaskSpec:
+    count, nested = rng.randint(3, 9), rng.randint(1, 3)
+    files = {f"data/file{i}.dat": f"{i}\n" for i in range(count)}
+    files.update({f"data/sub/nested{i}.dat": "x\n" for i in range(nested)})
+    return TaskSpec(
+        "Write the number of regular files directly in `data/` (not counting files in its subdirectories) to "
+        "`count.txt`, as a bare number.",
+        [_file_equals("count.txt", str(count))], "find data -maxdepth 1 -type f | wc -l > count.txt", files,
+    )
+
+
+# --- text -------------------------------------------------------------------------------------------
+
+
+def _sort_unique(rng: random.Random) -> TaskSpec:
+    names = [rng.choice(_WORDS) for _ in range(rng.randint(8, 14))]
+    expected = "\n".join(sorted(set(names)))
+    return TaskSpec(
+        "Write the distinct lines of `names.txt`, sorted alphabetically, one per line, to `sorted.txt`.",
+        [_file_equals("sorted.txt", expected)], "sort -u names.txt > sorted.txt", {"names.txt": "\n".join(names) + "\n"},
+    )
+
+
+def _count_errors(rng: random.Random) -> TaskSpec:
+    levels = [rng.choice(("INFO", "INFO", "WARN", "ERROR")) for _ in range(rng.randint(12, 30))]
+    lines = [f"2024-01-01 10:{i:02d}:00 {level} {rng.choice(_WORDS)} event" for i, level in enumerate(levels)]
+    word = rng.choice(("ERROR", "WARN"))
+    return TaskSpec(
+        f"Count the lines of `app.log` that contain `{word}` and write the number, alone, to `{word.lower()}s.txt`.",
+        [_file_equals(f"{word.lower()}s.txt", str(levels.count(word)))],
+        f"grep -c {word} app.log > {word.lower()}s.txt", {"app.log": "\n".join(lines) + "\n"},
+    )
+
+
+def _replace_in_configs(rng: random.Random) -> TaskSpec:
+    old, new = rng.sample(_WORDS, 2)
+    names = rng.sample(_WORDS, 3)
+    files = {f"config/{name}.conf": f"host={old}.local\nname={name}\nbackup={old}\n" for name in names}
+    files["config/README"] = f"mentions {old} but is not a .conf file\n"
+    checks = [f"! grep -q {old} config/{name}.conf && [ $(grep -c {new} config/{name}.conf) -eq 2 ]" for name in names]
+    checks.append(f"grep -q {old} config/README")
+    return TaskSpec(
+        f"In every `.conf` file under `config/`, replace each occurrence of `{old}` with `{new}`. Do not change other files.",
+        checks, f"sed -i 's/{old}/{new}/g' config/*.conf", files, difficulty="medium",
+    )
+
+
+def _csv_column(rng: random.Random) -> TaskSpec:
+    columns = ["id", "name", "city", "score"]
+    rows = [[str(i), rng.choice(_WORDS), rng.choice(_WORDS).title(), str(rng.randint(1, 100))] for i in range(rng.randint(4, 8))]
+    column = rng.choice(columns[1:])
+    index = columns.index(column)
+    table = "\n".join(",".join(row) for row in [columns, *rows]) + "\n"
+    return TaskSpec(
+        f"`people.csv` is comma-separated with a header line. Write the values of its `{column}` column (no header), "
+        f"one per line in file order, to `{column}.txt`.",
+        [_file_equals(f"{column}.txt", "\n".join(row[index] for row in rows))],
+        f"tail -n +2 people.csv | cut -d, -f{index + 1} > {column}.txt", {"people.csv": table}, difficulty="medium",
+    )
+
+
+def _sum_numbers(rng: random.Random) -> TaskSpec:
+    numbers = [rng.randint(-50, 500) for _ in range(rng.randint(5, 15))]
+    return TaskSpec(
+        "`numbers.txt` holds one integer per line. Write their sum, alone, to `total.txt`.",
+        [_file_equals("total.txt", str(sum(numbers)))],
+        "python3 -c 'print(sum(int(l) for l in open(\"numbers.txt\")))' > total.txt",
+        {"numbers.txt": "\n".join(map(str, numbers)) + "\n"},
+    )
+
+
+# --- permissions ------------------------------------------------------------------------------------
+
+
+def _make_executable(rng: random.Random) -> TaskSpec:
+    name = f"{rng.choice(_WORDS)}.sh"
+    word = rng.choice(_WORDS)
+    content = f"#!/bin/bash\necho {word}\n"
+    return TaskSpec(
+        f"Make the script `{name}` executable by its owner, without changing its content.",
+        [f"[ $(( 0$(stat -c %a {name}) & 0100 )) -ne 0 ]", f"[ \"$(./{name})\" = {word} ]"],
+        f"chmod u+x {name}", {name: content},
+    )
+
+
+def _private_file(rng: random.Random) -> TaskSpec:
+    name = f"{rng.choice(_WORDS)}.key"
+    return TaskSpec(
+        f"Set the permissions of `{name}` so that only its owner can read and write it, and nobody can execute it "
+        "(mode 600).",
+        [f"[ $(stat -c %a {name}) = 600 ]"], f"chmod 600 {name}", {name: f"{rng.getrandbits(64):x}\n"}, modes={name: 0o664},
+    )
+
+
+def _read_only_dir(rng: random.Random) -> TaskSpec:
+    names = [f"shared/{word}.txt" for word in rng.sample(_WORDS, rng.randint(2, 4))]
+    return TaskSpec(
+        "Make every file in `shared/` read-only for everyone: mode 444.",
+        [f"[ $(stat -c %a {name}) = 444 ]" for name in names], "chmod 444 shared/*",
+        {name: "data\n" for name in names}, modes={name: 0o664 for name in names},
+    )
+
+
+def _script_modes(rng: random.Random) -> TaskSpec:
+    scripts = [f"bin/{word}.sh" for word in rng.sample(_WORDS, 2)]
+    others = [f"bin/{word}.md" for word in rng.sample(_WORDS, 2)]
+    files = {name: "#!/bin/bash\ntrue\n" for name in scripts} | {name: "notes\n" for name in others}
+    return TaskSpec(
+        "In `bin/`, give every `.sh` file mode 755 and every other file mode 644.",
+        [f"[ $(stat -c %a {name}) = 755 ]" for name in scripts] + [f"[ $(stat -c %a {name}) = 644 ]" for name in others],
+        "chmod 644 bin/*\nchmod 755 bin/*.sh", files, modes={name: 0o600 for name in files}, difficulty="medium",
+    )
+
+
+# --- archives ---------------------------------------------------------------------------------------
+
+
+def _create_tarball(rng: random.Random) -> TaskSpec:
+    directory, archive = rng.choice(("docs", "notes", "reports")), f"{rng.choice(_WORDS)}.tar.gz"
+    files = {f"{directory}/{word}.md": f"# {word}\n" for word in rng.sample(_WORDS, 3)}
+    checks = [f"tar -tzf {archive} | grep -qx {name}" for name in files]
+    checks += [f"[ \"$(tar -xzOf {archive} {name})\" = '{text.strip()}' ]" for name, text in files.items()]
+    return TaskSpec(
+        f"Create a gzip-compressed tar archive `{archive}` of the directory `{directory}/` (paths inside the archive "
+        f"start with `{directory}/`).",
+        checks, f"tar -czf {archive} {directory}", files,
+    )
+
+
+def _extract_tarball(rng: random.Random) -> TaskSpec:
+    members = {f"{word}.txt": f"{rng.choice(_WORDS)}\n" for word in rng.sample(_WORDS, 3)}
+    target = rng.choice(("out", "unpacked", "restore"))
+    return TaskSpec(
+        f"Extract the archive `bundle.tar.gz` into a new directory `{target}/`, so that its files are directly in "
+        f"`{target}/`.",
+        [_file_equals(f"{target}/{name}", text) for name, text in members.items()],
+        f"mkdir -p {target}\ntar -xzf bundle.tar.gz -C {target}", {"bundle.tar.gz": _tar_gz(members)},
+    )
+
+
+def _gzip_file(rng: random.Random) -> TaskSpec:
+    name = f"{rng.choice(_WORDS)}.csv"
+    content = "\n".join(_lines(rng, 20)) + "\n"
+    return TaskSpec(
+        f"Compress `{name}` with gzip so that only `{name}.gz` remains (the uncompressed file is gone).",
+        [f"[ ! -e {name} ]", f"[ \"$(gunzip -c {name}.gz | md5sum | cut -d' ' -f1)\" = {_md5(content)} ]"],
+        f"gzip {name}", {name: content},
+    )
+
+
+def _archive_manifest(rng: random.Random) -> TaskSpec:
+    members = {f"{rng.choice(('src', 'lib'))}/{word}.py": "pass\n" for word in rng.sample(_WORDS, rng.randint(3, 5))}
+    return TaskSpec(
+        "Write the paths of the files in `release.tar.gz`, sorted alphabetically, one per line, to `manifest.txt`.",
+        [_file_equals("manifest.txt", "\n".join(sorted(members)))], "tar -tzf release.tar.gz | sort > manifest.txt",
+        {"release.tar.gz": _tar_gz(members)},
+    )
+
+
+# --- git --------------------------------------------------------------------------------------------
+
+
+def _git_init(rng: random.Random) -> TaskSpec:
+    message = f"Add {rng.choice(_WORDS)} project"
+    names = [f"project/{word}.py" for word in rng.sample(_WORDS, 3)]
+    return TaskSpec(
+        f"Make `project/` a git repository and commit all of its files in a single commit with the message "
+        f"`{message}`. {_GIT_IDENTITY}",
+        ["[ $(git -C project rev-list --count HEAD) -eq 1 ]", f"[ \"$(git -C project log -1 --format=%s)\" = '{message}' ]",
+         f"[ $(git -C project ls-files | wc -l) -eq {len(names)} ]", "[ -z \"$(git -C project status --porcelain)\" ]"],
+        f"cd project\ngit init -q\ngit add -A\ngit -c user.name=agent -c user.email=agent@example.com commit -q -m '{message}'",
+        {name: f"print('{name}')\n" for name in names}, difficulty="medium",
+    )
+
+
+def _git_branch(rng: random.Random) -> TaskSpec:
+    branch, name, word = f"feature/{rng.choice(_WORDS)}", f"{rng.choice(_WORDS)}.txt", rng.choice(_WORDS)
+    return TaskSpec(
+        f"In the git repository `repo/`, create a branch `{branch}` from `main` and commit on it a new file `{name}` "
+        f"containing the line `{word}`. `main` must stay as it is. {_GIT_IDENTITY}",
+        [f"[ \"$(git -C repo show {branch}:{name})\" = {word} ]", "[ $(git -C repo rev-list --count main) -eq 1 ]",
+         f"[ $(git -C repo rev-list --count {branch}) -eq 2 ]"],
+        f"cd repo\ngit checkout -q -b {branch}\necho {word} > {name}\ngit add {name}\n"
+        f"git -c user.name=agent -c user.email=agent@example.com commit -q -m 'Add {name}'",
+        {"repo/README.md": "# repo\n"}, git_repos={"repo": "Initial commit"}, difficulty="medium",
+    )
+
+
+def _git_commit_changes(rng: random.Random) -> TaskSpec:
+    name, message = f"{rng.choice(_WORDS)}.txt", f"Update {rng.choice(_WORDS)}"
+    return TaskSpec(
+        f"`repo/` is a git repository with uncommitted changes. Commit all of them (including the new file) with "
+        f"the message `{message}`. {_GIT_IDENTITY}",
+        [f"[ \"$(git -C repo log -1 --format=%s)\" = '{message}' ]", "[ -z \"$(git -C repo status --porcelain)\" ]",
+         f"git -C repo cat-file -e HEAD:{name}"],
+        f"cd repo\ngit add -A\ngit -c user.name=agent -c user.email=agent@example.com commit -q -m '{message}'",
+        {"repo/main.txt": "first\n"}, git_repos={"repo": "Initial commit"},
+        uncommitted={"repo/main.txt": "first\nsecond\n", f"repo/{name}": "new\n"}, difficulty="medium",
+    )
+
+
+def _git_tag(rng: random.Random) -> TaskSpec:
+    tag = f"v{rng.randint(1, 9)}.{rng.randint(0, 9)}.{rng.randint(0, 9)}"
+    return TaskSpec(
+        f"Tag the latest commit of the git repository `repo/` as `{tag}`.",
+        [f"[ \"$(git -C repo rev-parse {tag}^{{commit}})\" = \"$(git -C repo rev-parse HEAD)\" ]"],
+        f"git -C repo tag {tag}", {"repo/app.py": "print('hi')\n"}, git_repos={"repo": "Initial commit"},
+    )
+
+
+_TEMPLATES: list[tuple[str, str, Callable[[random.Random], TaskSpec]]] = [
+    ("files", "mkdir_write", _mkdir_write), ("files", "move_logs", _move_logs),
+    ("files", "backup_copy", _backup_copy), ("files", "count_files", _count_files),
+    ("text", "sort_unique", _sort_unique), ("text", "count_matches", _count_errors),
+    ("text", "replace", _replace_in_configs), ("text", "csv_column", _csv_column), ("text", "sum_numbers", _sum_numbers),
+    ("permissions", "make_executable", _make_executable), ("permissions", "private_file", _private_file),
+    ("permissions", "read_only_dir", _read_only_dir), ("permissions", "script_modes", _script_modes),
+    ("archives", "create_tarball", _create_tarball), ("archives", "extract_tarball", _extract_tarball),
+    ("archives", "gzip_file", _gzip_file), ("archives", "manifest", _archive_manifest),
+    ("git", "init_commit", _git_init), ("git", "branch", _git_branch),
+    ("git", "commit_changes", _git_commit_changes), ("git", "tag", _git_tag),
+]  # fmt: skip

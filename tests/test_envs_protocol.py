@@ -1,0 +1,181 @@
+"""The environment protocol on the wire: our server on a real port, driven by raw HTTP and by
+`HTTPEnvironment`, and the same client driving a minimal server written to OpenEnv's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from clawrl.config import EnvConfig
+from clawrl.envs.http import HTTPEnvironment, create_env_app
+from clawrl.envs.problems import problem
+from clawrl.envs.protocol import Action, EpisodeOverError
+from clawrl.envs.toolcall import ToolCallEnv
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _serve(app: FastAPI) -> Iterator[str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def toolcall_url() -> Iterator[str]:
+    config = EnvConfig(toolcall_train_problems=20, toolcall_eval_problems=5, max_steps=3)
+    yield from _serve(create_env_app(lambda: ToolCallEnv(config), "math", max_episodes=4))
+
+
+def answer(task: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"The answer is \\boxed{{{problem(task).answer}}}"}
+
+
+def test_health_schema_and_tasks(toolcall_url: str) -> None:
+    assert httpx.get(f"{toolcall_url}/health").json() == {"status": "healthy"}
+    schema = httpx.get(f"{toolcall_url}/schema").json()
+    assert set(schema) == {"action", "observation", "state"}
+    assert "tool_calls" in schema["action"]["properties"]
+    train = httpx.get(f"{toolcall_url}/tasks", params={"split": "train"}).json()["tasks"]
+    evaluation = httpx.get(f"{toolcall_url}/tasks", params={"split": "eval"}).json()["tasks"]
+    assert len(train) == 20 and len(evaluation) == 5 and not set(train) & set(evaluation)
+
+
+def test_an_episode_over_raw_http_in_openenv_shape(toolcall_url: str) -> None:
+    task = httpx.get(f"{toolcall_url}/tasks").json()["tasks"][0]
+    reset = httpx.post(f"{toolcall_url}/reset", json={"seed": 3, "episode_id": "ep-1", "task": task}).json()
+    assert set(reset) >= {"observation", "reward", "done"} and reset["done"] is False
+    roles = [message["role"] for message in reset["observation"]["messages"]]
+    assert roles == ["system", "user"] and problem(task).question in reset["observation"]["messages"][1]["content"]
+    assert [tool["function"]["name"] for tool in reset["observation"]["tools"]] == ["python"]
+    assert reset["metadata"]["episode_id"] == "ep-1"
+
+    step = httpx.post(f"{toolcall_url}/step", json={"action": answer(task), "episode_id": "ep-1"}).json()
+    assert step["done"] is True and step["reward"] == 1.0 and step["metadata"]["correct"] is True
+    state = httpx.get(f"{toolcall_url}/state", params={"episode_id": "ep-1"}).json()
+    assert state == {"episode_id": "ep-1", "step_count": 1, "task": task, "done": True, "reward": 1.0}
+
+
+def test_bad_requests_get_error_objects_not_500s(toolcall_url: str) -> None:
+    httpx.post(f"{toolcall_url}/reset", json={"episode_id": "ep-bad"})
+    cases = [
+        ("/step", {"action": {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"arguments": "{}"}}]},
+                   "episode_id": "ep-bad"}, 400),
+        ("/step", {"action": {"role": "user", "content": "hi"}, "episode_id": "ep-bad"}, 400),
+        ("/step", {"episode_id": "ep-bad"}, 400),
+        ("/step", {"action": {"content": "1"}, "episode_id": "nope"}, 404),
+        ("/reset", {"task": "arithmetic-9-1"}, 400),
+        ("/reset", {"seed": -1}, 400),
+        ("/close", {"episode_id": "nope"}, 404),
+    ]
+    for path, body, status in cases:
+        response = httpx.post(f"{toolcall_url}{path}", json=body)
+        assert response.status_code == status, (body, response.text)
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    httpx.post(f"{toolcall_url}/step", json={"action": {"content": "1"}, "episode_id": "ep-bad"})
+    over = httpx.post(f"{toolcall_url}/step", json={"action": {"content": "1"}, "episode_id": "ep-bad"})
+    assert over.status_code == 409 and over.json()["error"]["code"] == "episode_over"
+    assert httpx.post(f"{toolcall_url}/step", content=b"not json", headers={"content-type": "application/json"}).status_code == 400
+
+
+def test_too_many_open_episodes_is_a_429_and_finished_ones_make_room(toolcall_url: str) -> None:
+    for index in range(4):
+        assert httpx.post(f"{toolcall_url}/reset", json={"episode_id": f"full-{index}"}).status_code == 200
+    refused = httpx.post(f"{toolcall_url}/reset", json={"episode_id": "full-4"})
+    assert refused.status_code == 429
+    httpx.post(f"{toolcall_url}/step", json={"action": {"content": "1"}, "episode_id": "full-0"})  # ends full-0
+    assert httpx.post(f"{toolcall_url}/reset", json={"episode_id": "full-4"}).status_code == 200
+    for index in range(1, 5):
+        assert httpx.post(f"{toolcall_url}/close", json={"episode_id": f"full-{index}"}).status_code == 200
+
+
+def test_http_environment_drives_our_server(toolcall_url: str) -> None:
+    async def play() -> None:
+        env = HTTPEnvironment(toolcall_url)
+        task = (await env.tasks("eval"))[0]
+        opening = await env.reset(seed=0, task=task)
+        assert opening.tools[0]["function"]["name"] == "python"
+        bad_call = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "nope", "arguments": "{}"}}]}
+        first = await env.step(Action.model_validate(bad_call))
+        assert not first.done and first.observation.messages[0].tool_call_id == "c1"
+        assert "no tool 'nope'" in first.observation.messages[0].content
+        last = await env.step(Action.model_validate(answer(task)))
+        assert last.done and last.reward == 1.0
+        assert (await env.state()).step_count == 2
+        with pytest.raises(EpisodeOverError):
+            await env.step(Action.model_validate(answer(task)))
+        await env.close()
+
+    asyncio.run(play())
+
+
+# --- a server written to OpenEnv's documented shapes (stateless HTTP, its own action JSON) ---
+
+
+class EchoAction(BaseModel):
+    message: str
+
+
+def openenv_echo_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/reset")
+    async def reset(body: dict[str, Any]) -> dict[str, Any]:
+        return {"observation": {"echoed_message": "", "message_length": 0}, "reward": None, "done": False}
+
+    @app.post("/step")
+    async def step(body: dict[str, Any]) -> dict[str, Any]:
+        action = EchoAction.model_validate(body["action"])
+        observation = {"echoed_message": action.message, "message_length": len(action.message)}
+        return {"observation": observation, "reward": float(len(action.message)), "done": action.message == "bye"}
+
+    @app.get("/schema")
+    async def schema() -> dict[str, Any]:
+        return {"action": EchoAction.model_json_schema(), "observation": {}, "state": {}}
+
+    @app.get("/state")
+    async def state() -> dict[str, Any]:
+        return {"episode_id": None, "step_count": 0}
+
+    return app
+
+
+def test_http_environment_drives_an_openenv_server_through_an_act_tool() -> None:
+    async def play(url: str) -> None:
+        env = HTTPEnvironment(url)
+        assert await env.tasks("train") == []  # no task list: the server picks
+        opening = await env.reset(seed=1)
+        assert [tool["function"]["name"] for tool in opening.tools] == ["act"]
+        assert opening.tools[0]["function"]["parameters"]["required"] == ["message"]
+        call = {"id": "a1", "type": "function", "function": {"name": "act", "arguments": '{"message": "hello"}'}}
+        bad = {"id": "a2", "type": "function", "function": {"name": "act", "arguments": '{"msg": 1}'}}
+        result = await env.step(Action(tool_calls=[call, bad]))
+        assert '"echoed_message": "hello"' in result.observation.messages[0].content
+        assert result.observation.messages[1].content.startswith("error: missing argument 'message'")
+        assert result.reward == 5.0 and not result.done
+        bye = {"id": "a3", "type": "function", "function": {"name": "act", "arguments": '{"message": "bye"}'}}
+        assert (await env.step(Action(tool_calls=[bye]))).done
+        await env.close()
+
+    for url in _serve(openenv_echo_app()):
+        asyncio.run(play(url))
