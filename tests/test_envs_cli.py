@@ -19,6 +19,7 @@ from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.http import HTTPEnvironment
 from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Action
+from clawrl.envs.records import PlannedEpisode
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.toolcall import ToolCallEnv
@@ -120,7 +121,9 @@ def test_a_crash_a_timeout_and_a_malformed_action_fail_only_their_episodes() -> 
         crash, hang, malformed = planned[0].task, planned[1].task, planned[2].task
         CrashingEnv.crash_task = crash
 
-        async def make_policy(_env: Any, task: str, _seed: int) -> Any:
+        async def make_policy(_env: Any, planned: PlannedEpisode) -> Any:
+            task = planned.task
+
             async def policy(messages: list[dict[str, Any]], _tools: list[dict[str, Any]]) -> dict[str, Any]:
                 if task == hang:
                     await asyncio.sleep(30)

@@ -115,7 +115,7 @@ def test_scripted_policies_score_as_expected_on_every_eval_task(tasks_dir: Path,
         env = TerminalEnv(EnvConfig(), tasks_dir=tasks_dir)
         planned = plan_episodes(await env.tasks("eval"), config)
         make_env = lambda: TerminalEnv(EnvConfig(max_steps=4), tasks_dir=tasks_dir)  # noqa: E731
-        records = await run_rollouts(make_env, lambda e, t, s: make_policy(policy, e, t, s), planned, config)
+        records = await run_rollouts(make_env, lambda e, p: make_policy(policy, e, p.task, p.seed), planned, config)
         if policy == "oracle":
             assert [r.task for r in records if r.reward != 1.0] == []
         return summarize(records)

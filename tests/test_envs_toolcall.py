@@ -108,7 +108,7 @@ def test_scripted_policies_score_as_expected(policy: str, expected: float) -> No
         env = ToolCallEnv(CONFIG)
         planned = plan_episodes(await env.tasks("eval"), config)
         assert len({p.task for p in planned}) == 4 and [p.seed for p in planned] == list(range(8))
-        records = await run_rollouts(lambda: ToolCallEnv(CONFIG), lambda e, t, s: make_policy(policy, e, t, s), planned, config)
+        records = await run_rollouts(lambda: ToolCallEnv(CONFIG), lambda e, p: make_policy(policy, e, p.task, p.seed), planned, config)
         return summarize(records)
 
     summary = asyncio.run(run())

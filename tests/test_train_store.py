@@ -90,7 +90,7 @@ def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     store.record_judgment(judgment("t1"))
     store.close()
     with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 3's store looked like
-        for table in ("samples", "policy_versions", "policy_pointers"):
+        for table in ("samples", "policy_versions", "policy_pointers", "episodes"):
             db.execute(f"DROP TABLE {table}")
         db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
     store = Store.for_run_dir(tmp_path)
@@ -100,4 +100,4 @@ def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     training.add_samples([ready_sample("t1")])
     training.register_version(version(1, 0), ["t1"])
     with sqlite3.connect(tmp_path / "clawrl.db") as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "3"
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "4"

@@ -402,67 +402,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     import asyncio
 
     from clawrl.envs.registry import ENVIRONMENTS
+    from clawrl.envs.rollout import rollout
 
     env_config, config = config_from_args(EnvConfig, args), config_from_args(RolloutConfig, args)
     if env_config.env not in ENVIRONMENTS:
         raise SystemExit(f"error: no environment {env_config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
-    # the episodes are played by a scripted policy; driving a served model is a separate path
-    if config.policy is None:
-        raise SystemExit("error: rollout needs --policy oracle|random")
-    summary = asyncio.run(_policy_rollouts(env_config, config))
+    summary = asyncio.run(rollout(env_config, config))
     if args.json:
         _print_json(summary)
     else:
         print(f"{summary['episodes']} episodes, {summary['failed']} failed, mean reward {summary['mean_reward']}")
     return 0
-
-
-async def _policy_rollouts(env_config: EnvConfig, config: RolloutConfig) -> dict[str, Any]:
-    import time
-
-    from clawrl.envs.policies import make_policy
-    from clawrl.envs.registry import make_environment
-    from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
-
-    started = time.monotonic()
-    planned = plan_episodes(await make_environment(env_config).tasks(config.split), config)
-    record_file = config.record.open("a") if config.record else None
-    progress = _RolloutProgress(len(planned), record_file)
-    try:
-        records = await run_rollouts(lambda: make_environment(env_config),
-                                     lambda env, task, seed: make_policy(config.policy, env, task, seed),
-                                     planned, config, progress.episode_done)  # fmt: skip
-    finally:
-        progress.finish()
-    elapsed = time.monotonic() - started
-    return {**summarize(records), "env": env_config.env, "policy": config.policy, "split": config.split,
-            "elapsed_s": round(elapsed, 2), "episodes_per_min": round(60 * len(records) / elapsed, 1)}  # fmt: skip
-
-
-class _RolloutProgress:
-    """A progress line on stderr, and the JSONL record of each episode as it finishes."""
-
-    def __init__(self, total: int, record_file: Any) -> None:
-        self.total, self.record_file = total, record_file
-        self.done = self.failed = 0
-        self.reward = 0.0
-
-    def episode_done(self, record: Any) -> None:
-        self.done += 1
-        self.failed += record.failed
-        self.reward += 0.0 if record.failed else record.reward
-        if self.record_file is not None:
-            self.record_file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-            self.record_file.flush()  # a record per finished episode survives an interrupted run
-        finished = self.done - self.failed
-        mean = f"{self.reward / finished:.3f}" if finished else "-"
-        sys.stderr.write(f"\rrollout: {self.done}/{self.total} episodes, {self.failed} failed, mean reward {mean}")
-        sys.stderr.flush()
-
-    def finish(self) -> None:
-        sys.stderr.write("\n")
-        if self.record_file is not None:
-            self.record_file.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -560,8 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes open at once (one environment each)")
     envs_serve.set_defaults(handler=cmd_envs_serve)
 
-    rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy; a JSONL "
-                                  "record and a summary")
+    rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy or a clawrl "
+                                  "server's model (recorded in its store for training); a JSONL record and a summary")
     add_config_flags(rollout, EnvConfig, RolloutConfig)
     rollout.add_argument("--json", action="store_true", help="print the summary as JSON")
     rollout.set_defaults(handler=cmd_rollout)

@@ -344,6 +344,20 @@ class TrainConfig(LossConfig):
     train_seed: int = Field(0, description="Seed of the trainer (LoRA initialisation, any sampling).")
     tensorboard: bool = Field(False, description="Write TensorBoard event files to RUN_DIR/tensorboard/.")
     train_poll_s: float = Field(1.0, gt=0, description="Pause between looks for new judged turns when idle.")
+    episode_gamma: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Discount of an episode's outcome by distance from its end: step t of T gets outcome * gamma^(T-1-t) "
+        "(plus the judge term) before group normalisation.",
+    )
+    step_judge_coef: float = Field(
+        0.3,
+        ge=0,
+        description="Weight of the judge's score (+1, -1, 0) of each episode step in its step reward. Above 0, an "
+        "episode group's samples wait until its steps are judged; 0 trains on the outcome alone and waits for no "
+        "judge (use it with --judge off).",
+    )
 
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else (1e-5 if self.full else 1e-4)
@@ -547,7 +561,18 @@ class RolloutConfig(_Settings):
     policy: Literal["oracle", "random"] | None = Field(
         None,
         description="Scripted policy that plays the episodes without a model: `oracle` (solves every task) or "
-        "`random` (well-formed random calls and answers).",
+        "`random` (well-formed random calls and answers). Give this or --server.",
+    )
+    server: str | None = Field(
+        None,
+        description="Base URL of a clawrl server's API (e.g. http://127.0.0.1:30000/v1) whose model plays the episodes: "
+        "every step is a recorded turn, and each episode's outcome and step rewards go to its store. Give this or --policy.",
+    )
+    api_key: str | None = Field(None, description="Bearer key for --server, when the server requires one.")
+    max_tokens: int = Field(256, ge=1, description="max_tokens of each model step (with --server).")
+    temperature: float = Field(
+        1.0, ge=0, le=2, description="Sampling temperature of each model step (with --server); the G rollouts of a "
+        "group differ only by sampling, so 0 gives groups with no spread."
     )
     episodes: int = Field(8, ge=1, description="Episodes to run in all.")
     group_size: int = Field(1, ge=1, description="Episodes per task (a GRPO group): tasks drawn = episodes / size.")
@@ -558,3 +583,9 @@ class RolloutConfig(_Settings):
         300.0, gt=0, description="Wall-clock limit of one episode; a slower one ends as failed."
     )
     record: Path | None = Field(None, description="Append one JSON line per finished episode to this file.")
+
+    @model_validator(mode="after")
+    def _one_player(self) -> Self:
+        if (self.policy is None) == (self.server is None):
+            raise ValueError("rollout needs --policy oracle|random (a scripted policy) or --server URL (a clawrl server's model), one of them")
+        return self

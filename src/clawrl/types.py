@@ -11,10 +11,11 @@ serve builds the Turn, the store keeps it (mapping rows to and from these record
 names. Statuses and kinds are `Literal` aliases, so a typo is a type error, not a silent
 no-match in a query.
 
-Room for general agents (DESIGN §9): an environment step is a main `Turn` whose `NextState` is the
-environment's observation (tool results); an episode is a session's turns in order; a group is
-the episodes of one task. Their rewards arrive as `Judgment`s (outcome and step scores) and the
-group-normalised advantage goes into `Sample.reward`, so the trainer needs no second shape.
+General agents (DESIGN §9): an environment step is a main `Turn` whose `NextState` is the
+environment's observation (tool results); an `Episode` is one session's main turns in order, with
+the outcome and per-step environment rewards; a group is the episodes of one task. The judge
+scores each step like any main turn, and the group-normalised advantage of a step goes into
+`Sample.reward`, so the trainer needs no second shape.
 
 This module imports nothing from clawrl: it is the ground floor every package builds on.
 """
@@ -34,11 +35,18 @@ FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]  # cancelled
 JudgmentSource = Literal["prm", "rule", "feedback"]  # a language model, the rules, or explicit feedback
 SampleStatus = Literal["ready", "held", "dropped", "trained"]  # held: waiting on the at-least-one rule
 SampleKind = Literal["combined", "opd", "rl", "at_least_one", "none"]
-DropReason = Literal["no_signal", "no_next_state", "untrainable", "teacher_too_long", "stale", "non_finite_gradient"]
+DropReason = Literal[
+    "no_signal", "no_next_state", "untrainable", "teacher_too_long", "stale", "non_finite_gradient",
+    "failed_episode",  # an episode step whose episode failed (crash, timeout, malformed action)
+    "flat_group",  # an episode step whose rewards across its group (at its step index) are all equal
+]
 Method = Literal["rl", "opd", "combine"]
 Teacher = Literal["base", "policy"]  # the OPD teacher: the frozen starting weights or the current ones
 WeightsKind = Literal["lora", "full"]
 PointerReason = Literal["publish", "rollback"]
+EpisodeStatus = Literal["running", "finished", "failed"]
+# `NextState.source_turn_id` of an episode's final observation: no request carried it, the episode's result did
+EPISODE_RESULT_SOURCE = "episode"
 
 
 @dataclass
@@ -96,8 +104,31 @@ class NextState:
 
     turn_id: str  # the turn it follows
     messages: list[Message]
-    source_turn_id: str  # the turn whose request carried it
+    source_turn_id: str  # the turn whose request carried it, or EPISODE_RESULT_SOURCE
     created_at: float = 0.0
+
+
+@dataclass
+class Episode:
+    """One environment episode played through the server (DESIGN §9): the session holding its steps.
+
+    Registered (`running`) before its first step, so its turns are never taken for a chat; ended
+    `finished` with the outcome or `failed` (kept out of training). Its steps are the session's
+    main turns in order; `step_rewards[t]` is the environment's reward for step t.
+    """
+
+    session_id: str
+    env: str
+    task: str
+    group_id: str  # the G rollouts of one task share it (GRPO's group)
+    group_size: int  # how many episodes the group has: it is complete when all have ended
+    seed: int
+    status: EpisodeStatus = "running"
+    reward: float | None = None  # the outcome, once finished
+    step_rewards: list[float] = field(default_factory=list)
+    error: str | None = None  # why it failed
+    created_at: float = 0.0
+    ended_at: float | None = None
 
 
 @dataclass

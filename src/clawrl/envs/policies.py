@@ -10,6 +10,8 @@ other. Two are built in:
   when it does not, the task or the environment is broken.
 - `random` makes well-formed but aimless moves: each step it calls one offered tool with random
   arguments of the right types, or answers a random number without a tool call.
+
+The model behind a clawrl server is a policy of the same shape (`server.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from clawrl.envs.protocol import Environment
+from clawrl.envs.records import EpisodeRecord
 from clawrl.types import Message, ToolSpec
 
 Policy = Callable[[list[Message], list[ToolSpec]], Awaitable[Message]]
@@ -28,6 +31,13 @@ _RANDOM_STRINGS = {
     "code": ["print(1)", "print(2 + 2)", "import math\nprint(math.pi)", "print('hello')"],
     "command": ["ls", "pwd", "ls -la", "echo hello", "cat /etc/hostname", "true"],
 }
+
+
+@runtime_checkable
+class Finishing(Protocol):
+    """A policy told how its episode ended (the server-backed one reports it to the store)."""
+
+    async def finish(self, record: EpisodeRecord) -> None: ...
 
 
 @runtime_checkable

@@ -6,53 +6,35 @@ environment runs one episode at a time). An episode ends as *failed*, with the r
 `error`, when its environment or policy raises, when it runs past `episode_timeout_s`, or when the
 policy's message is not a well-formed assistant message; the worker then closes its environment
 (the next reset starts clean) and goes on, so one bad episode never stops the others. Failed
-episodes are kept out of training and out of `mean_reward`.
+episodes are kept out of training and out of `mean_reward`. A policy that is `Finishing` (the
+server-backed one) is told how each of its episodes ended, the failed ones too.
+
+`rollout` is `clawrl rollout`: a scripted policy (`--policy`) or the model of a clawrl server
+(`--server`, `server.py`), a progress line and a JSONL record of the episodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
+import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from clawrl.config import RolloutConfig
+from clawrl.config import EnvConfig, RolloutConfig
+from clawrl.envs.policies import Finishing, Policy, make_policy
 from clawrl.envs.protocol import Action, Environment
-from clawrl.envs.policies import Policy
-from clawrl.types import Message
+from clawrl.envs.records import EpisodeRecord, PlannedEpisode
+from clawrl.envs.registry import make_environment
+from clawrl.envs.server import server_policies
 
-PolicyFactory = Callable[[Environment, str, int], Awaitable[Policy]]  # (env, task, seed) -> the episode's policy
-
-
-@dataclass(frozen=True)
-class PlannedEpisode:
-    task: str
-    seed: int
-    group: int  # episodes of one group share the task (GRPO's group of rollouts)
-
-
-@dataclass
-class EpisodeRecord:
-    """One played episode, as the JSONL record holds it."""
-
-    task: str
-    seed: int
-    group: int
-    steps: int = 0
-    reward: float = 0.0
-    failed: bool = False
-    error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    messages: list[Message] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+PolicyFactory = Callable[[Environment, PlannedEpisode], Awaitable[Policy]]  # the policy of one planned episode
 
 
 def plan_episodes(tasks: list[str], config: RolloutConfig) -> list[PlannedEpisode]:
@@ -63,8 +45,9 @@ def plan_episodes(tasks: list[str], config: RolloutConfig) -> list[PlannedEpisod
     groups = math.ceil(config.episodes / config.group_size)
     # distinct tasks while the split has enough of them, then repeats
     drawn = rng.sample(tasks, groups) if groups <= len(tasks) else rng.choices(tasks, k=groups)
-    planned = [PlannedEpisode(task, 0, group) for group, task in enumerate(drawn) for _ in range(config.group_size)]
-    return [PlannedEpisode(p.task, config.seed + index, p.group) for index, p in enumerate(planned[: config.episodes])]
+    planned = [(task, group) for group, task in enumerate(drawn) for _ in range(config.group_size)][: config.episodes]
+    sizes = Counter(group for _task, group in planned)
+    return [PlannedEpisode(task, config.seed + index, group, sizes[group]) for index, (task, group) in enumerate(planned)]
 
 
 async def run_episode(env: Environment, policy: Policy, planned: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
@@ -97,6 +80,7 @@ async def _play(env: Environment, policy: Policy, record: EpisodeRecord) -> None
         record.messages.append(action.to_message().to_openai())
         result = await env.step(action)
         record.steps += 1
+        record.step_rewards.append(result.reward)
         record.messages.extend(message.to_openai() for message in result.observation.messages)
         if result.done:
             record.reward, record.info = result.reward, result.info
@@ -105,7 +89,7 @@ async def _play(env: Environment, policy: Policy, record: EpisodeRecord) -> None
 
 async def run_rollouts(
     make_env: Callable[[], Environment],
-    make_policy: PolicyFactory,
+    policy_for: PolicyFactory,
     planned: list[PlannedEpisode],
     config: RolloutConfig,
     on_episode: Callable[[EpisodeRecord], None] = lambda _record: None,
@@ -121,7 +105,7 @@ async def run_rollouts(
         try:
             while not queue.empty():
                 index, episode = queue.get_nowait()
-                record = await _policy_episode(env, make_policy, episode, config.episode_timeout_s)
+                record = await _policy_episode(env, policy_for, episode, config.episode_timeout_s)
                 if record.failed:
                     await _close_quietly(env)
                 records[index] = record
@@ -133,12 +117,18 @@ async def run_rollouts(
     return [record for record in records if record is not None]
 
 
-async def _policy_episode(env: Environment, make_policy: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
+async def _policy_episode(env: Environment, policy_for: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
     try:
-        policy = await make_policy(env, episode.task, episode.seed)
+        policy = await policy_for(env, episode)
     except Exception as error:
         return EpisodeRecord(episode.task, episode.seed, episode.group, failed=True, error=f"{type(error).__name__}: {error}")
-    return await run_episode(env, policy, episode, timeout_s)
+    record = await run_episode(env, policy, episode, timeout_s)
+    if isinstance(policy, Finishing):
+        try:
+            await policy.finish(record)
+        except Exception as error:  # the episode's result never reached its recipient: not a usable episode
+            record.failed, record.error = True, f"recording the episode failed: {type(error).__name__}: {error}"
+    return record
 
 
 async def _close_quietly(env: Environment) -> None:
@@ -158,3 +148,54 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
         "groups": len({record.group for record in records}),
         "mean_steps": round(sum(r.steps for r in finished) / len(finished), 2) if finished else None,
     }
+
+
+async def rollout(env_config: EnvConfig, config: RolloutConfig) -> dict[str, Any]:
+    """`clawrl rollout`: the episodes played by the scripted `--policy` or by the model at `--server`."""
+    if config.server is None:
+        assert config.policy is not None
+        name = config.policy
+        summary = await play(env_config, config, lambda env, planned: make_policy(name, env, planned.task, planned.seed))
+        return {**summary, "policy": name}
+    async with server_policies(config, env_config.env) as policies:
+        return {**await play(env_config, config, policies), "server": config.server}
+
+
+async def play(env_config: EnvConfig, config: RolloutConfig, policy_for: PolicyFactory) -> dict[str, Any]:
+    """Plan and play `clawrl rollout`'s episodes with a progress line and the JSONL record; returns the summary."""
+    started = time.monotonic()
+    planned = plan_episodes(await make_environment(env_config).tasks(config.split), config)
+    progress = RolloutProgress(len(planned), config.record.open("a") if config.record else None)
+    try:
+        records = await run_rollouts(lambda: make_environment(env_config), policy_for, planned, config, progress.episode_done)
+    finally:
+        progress.finish()
+    elapsed = time.monotonic() - started
+    return {**summarize(records), "env": env_config.env, "split": config.split, "elapsed_s": round(elapsed, 2),
+            "episodes_per_min": round(60 * len(records) / elapsed, 1)}  # fmt: skip
+
+
+class RolloutProgress:
+    """A progress line on stderr, and the JSONL record of each episode as it finishes."""
+
+    def __init__(self, total: int, record_file: TextIO | None) -> None:
+        self.total, self.record_file = total, record_file
+        self.done = self.failed = 0
+        self.reward = 0.0
+
+    def episode_done(self, record: EpisodeRecord) -> None:
+        self.done += 1
+        self.failed += record.failed
+        self.reward += 0.0 if record.failed else record.reward
+        if self.record_file is not None:
+            self.record_file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+            self.record_file.flush()  # a record per finished episode survives an interrupted run
+        finished = self.done - self.failed
+        mean = f"{self.reward / finished:.3f}" if finished else "-"
+        sys.stderr.write(f"\rrollout: {self.done}/{self.total} episodes, {self.failed} failed, mean reward {mean}")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        sys.stderr.write("\n")
+        if self.record_file is not None:
+            self.record_file.close()

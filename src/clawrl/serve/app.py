@@ -26,10 +26,12 @@ from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import schemas
 from clawrl.serve.completions import ChatService
+from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.policy import PolicyFollower
 from clawrl.store import Store
+from clawrl.store.episodes import EpisodeStore
 from clawrl.train.process import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -198,12 +200,26 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         metrics.feedback.labels(str(item.score)).inc()
         return {"id": feedback_id, "turn": turn_id, "score": item.score, "recorded": True}
 
+    episodes = EpisodeStore(store)
+
+    @app.post("/v1/episodes")
+    async def episode_start(request: Request) -> dict[str, Any]:
+        authorize(request)
+        item = parse_body(schemas.EpisodeStartRequest, await read_json(request, config.max_body_bytes))
+        return await asyncio.to_thread(start_episode, episodes, item)
+
+    @app.post("/v1/episodes/{session_id}/result")
+    async def episode_result(session_id: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        item = parse_body(schemas.EpisodeResultRequest, await read_json(request, config.max_body_bytes))
+        return await asyncio.to_thread(end_episode, episodes, session_id, item)
+
     if config.dashboard:
         add_dashboard(app, store, config.api_key, served_name)
     return app
 
 
-_KNOWN_PATHS = {"/healthz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback"}
+_KNOWN_PATHS = {"/healthz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback", "/v1/episodes"}
 
 
 class _CountRequests:
@@ -217,7 +233,10 @@ class _CountRequests:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        endpoint = path if path in _KNOWN_PATHS else "/dashboard" if path.startswith("/dashboard") else "other"
+        endpoint = path if path in _KNOWN_PATHS else "other"
+        for prefix in ("/dashboard", "/v1/episodes/"):  # paths with a variable part count under their prefix
+            if path.startswith(prefix):
+                endpoint = prefix.rstrip("/")
 
         async def counting_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":

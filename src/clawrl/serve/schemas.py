@@ -122,6 +122,41 @@ class FeedbackRequest(_Lenient):
         return self
 
 
+# A finite reward: JSON has no NaN, but Python's parser reads `NaN` and `Infinity`
+Reward = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class EpisodeStartRequest(_Lenient):
+    """`POST /v1/episodes`: register an episode before its first step (its session id names it)."""
+
+    session_id: Annotated[str, Field(min_length=1, max_length=256)]
+    env: Annotated[str, Field(min_length=1, max_length=64)]
+    task: Annotated[str, Field(min_length=1, max_length=256)]
+    group_id: Annotated[str, Field(min_length=1, max_length=128)]
+    group_size: Annotated[int, Field(strict=True, ge=1, le=4096)]
+    seed: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]  # the store keeps a 32-bit integer
+
+
+class EpisodeResultRequest(_Lenient):
+    """`POST /v1/episodes/{session_id}/result`: how an episode ended.
+
+    `final_observation` is what the environment answered to the last step (its tool messages): no
+    later chat request carries it, so it is recorded as that step's next state from here.
+    """
+
+    failed: bool = False
+    error: Annotated[str, Field(max_length=10_000)] | None = None
+    reward: Reward | None = None
+    step_rewards: Annotated[list[Reward], Field(max_length=10_000)] = []
+    final_observation: Annotated[list[ChatMessage], Field(max_length=256)] = []
+
+    @model_validator(mode="after")
+    def _finished_needs_reward(self) -> EpisodeResultRequest:
+        if not self.failed and self.reward is None:
+            raise ValueError("a finished episode needs its outcome `reward` (or `failed: true`)")
+        return self
+
+
 # --- responses -------------------------------------------------------------------------------
 
 

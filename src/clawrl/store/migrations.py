@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Engine, select, text
 
 from clawrl.store.schema import Base, Meta
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -24,7 +24,11 @@ def _training_tables(_connection: Connection) -> None:
     """v3 adds `samples`, `policy_versions` and `policy_pointers`: new tables only, which `create_all` has made."""
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables, 3: _training_tables}
+def _episode_table(_connection: Connection) -> None:
+    """v4 adds `episodes`: a new table only, which `create_all` has made."""
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables, 3: _training_tables, 4: _episode_table}
 
 
 class SchemaTooNewError(RuntimeError):

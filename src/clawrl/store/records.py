@@ -13,6 +13,7 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from clawrl.store.schema import (
+    EpisodeRow,
     FeedbackRow,
     JudgmentRow,
     NextStateRow,
@@ -22,6 +23,7 @@ from clawrl.store.schema import (
     TurnRow,
 )
 from clawrl.types import (
+    Episode,
     Feedback,
     HintCandidate,
     Judgment,
@@ -92,3 +94,11 @@ def policy_version(row: PolicyVersionRow) -> PolicyVersion:
 
 def policy_version_row(record: PolicyVersion) -> PolicyVersionRow:
     return PolicyVersionRow(**_columns(record))
+
+
+def episode(row: EpisodeRow) -> Episode:
+    return _record(Episode, row)
+
+
+def episode_row(record: Episode) -> EpisodeRow:
+    return EpisodeRow(**_columns(record))

@@ -150,6 +150,28 @@ class SampleRow(Base):
     settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # when trained or dropped
 
 
+class EpisodeRow(Base):
+    """One environment episode played through the server (DESIGN §9); its steps are its session's main turns.
+
+    No foreign key to `sessions`: the episode is registered before its first request creates the
+    session, so that its turns are never mistaken for a chat's.
+    """
+
+    __tablename__ = "episodes"
+    session_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    env: Mapped[str] = mapped_column(String(64))
+    task: Mapped[str] = mapped_column(String(256))
+    group_id: Mapped[str] = mapped_column(String(128), index=True)  # the G rollouts of one task share it
+    group_size: Mapped[int] = mapped_column(Integer)  # the group is complete when this many have ended
+    seed: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(8), index=True)  # running | finished | failed
+    reward: Mapped[float | None] = mapped_column(Float, nullable=True)  # the outcome, once finished
+    step_rewards: Mapped[list[float]] = mapped_column(JSON)  # the environment's reward of each step
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it failed
+    created_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class PolicyVersionRow(Base):
     """A published policy version: one optimizer step's weights under RUN_DIR/policy/vN/.
 

@@ -13,12 +13,13 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import exists, func, select, update
 from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
 from clawrl.store.repository import Store
 from clawrl.store.schema import (
+    EpisodeRow,
     FeedbackRow,
     JudgmentRow,
     NextStateRow,
@@ -69,12 +70,14 @@ class TrainingStore:
 
     # --- building samples -----------------------------------------------------------------------
     def judged_turns_without_sample(self, limit: int) -> list[JudgedTurn]:
-        """Judged main turns that have no sample row yet, in arrival order."""
+        """Judged main turns of chats (not of episodes: their samples wait for their group) that have
+        no sample row yet, in arrival order."""
+        of_episode = exists().where(EpisodeRow.session_id == TurnRow.session_id)
         query = (
             select(TurnRow, JudgmentRow)
             .join(JudgmentRow, JudgmentRow.turn_id == TurnRow.id)
             .outerjoin(SampleRow, SampleRow.turn_id == TurnRow.id)
-            .where(SampleRow.id.is_(None), TurnRow.kind == "main")
+            .where(SampleRow.id.is_(None), TurnRow.kind == "main", ~of_episode)
             .order_by(TurnRow.created_at, TurnRow.id)
             .limit(limit)
         )

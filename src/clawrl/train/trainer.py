@@ -7,7 +7,8 @@ in the serving process: the GIL and the CPU are shared. Each round it
    that version's weights and optimizer state (or the base weights for version 0) and trains on
    from there, so a rollback also rolls the trainer back;
 2. turns newly judged turns into sample rows (`samples.py`; OPD teacher log-probs are computed
-   here, with this process's model);
+   here, with this process's model), and the steps of complete episode groups into samples with
+   group-normalised advantages (`episodes.py`);
 3. takes the oldest ready samples, dropping those more than `max_staleness` versions old; with
    `batch_size` of them it makes one update (`update.update_step`);
 4. writes the new version directory and registers it, marking its samples trained and moving the
@@ -41,7 +42,9 @@ from clawrl.engines.base import ScoredResponse
 from clawrl.engines.hf import resolve_device, resolve_dtype
 from clawrl.engines.scoring import score_response
 from clawrl.store import Store
+from clawrl.store.episodes import EpisodeStore
 from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.train.episodes import EpisodeSampleBuilder
 from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 from clawrl.train.samples import SampleBuilder
 from clawrl.train.types import StepMetrics
@@ -107,6 +110,9 @@ class Trainer:
             topk=config.opd_topk,
             max_context_tokens=self.max_context_tokens,
         )
+        self.episode_builder = EpisodeSampleBuilder(
+            EpisodeStore(store), self.training, self.method, config.episode_gamma, config.step_judge_coef
+        )
         self.head = 0  # the version the weights in memory are: the starting weights so far
         self.step = 0  # optimizer steps behind the weights in memory
         self._writer: Any = None
@@ -139,6 +145,7 @@ class Trainer:
         """One round: follow the pointer, build samples, and step if a batch is ready."""
         self._follow_pointer()
         self.builder.build()
+        self.episode_builder.build()
         batch = self._take_batch()
         if batch is None:
             return False

@@ -1,0 +1,157 @@
+"""Episodes in the store (DESIGN §9): registering them, ending them, and reading whole groups back.
+
+An episode is registered (`running`) before its first step reaches the chat API, so the trainer
+never takes its turns for a chat's; its steps are its session's main turns in order. Ending it
+records the outcome and the per-step environment rewards, and the last step's observation as that
+step's next state (no later request carries it), and closes the session. A group (the G episodes
+of one task) is handed to the trainer once all of its episodes have ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import case, exists, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DBSession
+
+import clawrl.store.records as records
+from clawrl.store.repository import Store
+from clawrl.store.schema import EpisodeRow, JudgmentRow, NextStateRow, SampleRow, SessionRow, TurnRow
+from clawrl.types import EPISODE_RESULT_SOURCE, Episode, EpisodeStatus, Message, NextState, Turn
+
+
+class EpisodeExistsError(Exception):
+    """An episode is already registered under this session id."""
+
+
+class UnknownEpisodeError(KeyError):
+    """No episode is registered under this session id."""
+
+
+class EpisodeEndedError(Exception):
+    """The episode has already ended; its result is recorded once."""
+
+
+class StepCountError(ValueError):
+    """A finished episode's step rewards do not match its recorded steps (main turns)."""
+
+
+@dataclass
+class EpisodeStep:
+    """One step of an episode: its turn, whether its next state arrived, the judge's score if judged,
+    and whether it already has a sample (a failed episode's late turn may arrive after the others')."""
+
+    turn: Turn
+    has_next_state: bool
+    judge_score: int | None
+    has_sample: bool
+
+
+@dataclass
+class PlayedEpisode:
+    """An ended episode with its steps in order."""
+
+    episode: Episode
+    steps: list[EpisodeStep]
+
+
+@dataclass
+class EpisodeGroup:
+    """The ended episodes of one group (one task), some of whose steps have no sample yet."""
+
+    group_id: str
+    episodes: list[PlayedEpisode]
+
+
+class EpisodeStore:
+    """Episode records over a `Store` (same database, same transactions)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def start(self, episode: Episode) -> None:
+        """Register a running episode; EpisodeExistsError when its session id is taken."""
+        row = records.episode_row(dataclasses.replace(episode, status="running", created_at=time.time(), ended_at=None))
+        try:
+            with self.store.write() as db:
+                db.add(row)
+        except IntegrityError:  # the primary key: registered before, or by a concurrent request
+            raise EpisodeExistsError(episode.session_id) from None
+
+    def end(
+        self,
+        session_id: str,
+        status: EpisodeStatus,
+        reward: float | None,
+        step_rewards: list[float],
+        error: str | None,
+        final_observation: list[Message],
+    ) -> Episode:
+        """Record how the episode ended and close its session.
+
+        A finished episode's `final_observation` (what the environment answered to the last step)
+        becomes the last step's next state, so that the step is judged like the others. Raises
+        UnknownEpisodeError, EpisodeEndedError, or StepCountError when a finished episode's
+        `step_rewards` do not match its main turns.
+        """
+        now = time.time()
+        with self.store.write() as db:
+            row = db.get(EpisodeRow, session_id, with_for_update=True)
+            if row is None:
+                raise UnknownEpisodeError(session_id)
+            if row.status != "running":
+                raise EpisodeEndedError(session_id)
+            if status == "finished":
+                steps = list(db.scalars(
+                    select(TurnRow.id).where(TurnRow.session_id == session_id, TurnRow.kind == "main").order_by(TurnRow.index)
+                ))  # fmt: skip
+                if len(steps) != len(step_rewards):
+                    raise StepCountError(f"the episode has {len(steps)} recorded steps but {len(step_rewards)} step rewards")
+                # the first continuation wins, as in record_turn: a next state is never overwritten
+                if final_observation and steps and db.get(NextStateRow, steps[-1]) is None:
+                    db.add(records.next_state_row(NextState(steps[-1], final_observation, EPISODE_RESULT_SOURCE, now)))
+            row.status, row.reward, row.step_rewards, row.error, row.ended_at = status, reward, list(step_rewards), error, now
+            session = db.get(SessionRow, session_id)
+            if session is not None:
+                session.done, session.done_reason, session.updated_at = True, "client", now
+            return records.episode(row)
+
+    def episode(self, session_id: str) -> Episode | None:
+        with self.store.read() as db:
+            row = db.get(EpisodeRow, session_id)
+            return records.episode(row) if row is not None else None
+
+    def groups_to_sample(self, limit: int) -> list[EpisodeGroup]:
+        """Up to `limit` groups, oldest first, whose episodes have all ended and some of whose steps have no sample."""
+        ended = func.sum(case((EpisodeRow.status != "running", 1), else_=0))
+        unsampled = exists().where(
+            TurnRow.session_id == EpisodeRow.session_id, TurnRow.kind == "main", ~exists().where(SampleRow.turn_id == TurnRow.id)
+        )
+        query = (
+            select(EpisodeRow.group_id)
+            .group_by(EpisodeRow.group_id)
+            .having(ended >= func.min(EpisodeRow.group_size))
+            .having(func.max(case((unsampled, 1), else_=0)) == 1)
+            .order_by(func.min(EpisodeRow.created_at))
+            .limit(limit)
+        )
+        with self.store.read() as db:
+            group_ids = list(db.scalars(query))
+            return [self._group(db, group_id) for group_id in group_ids]
+
+    def _group(self, db: DBSession, group_id: str) -> EpisodeGroup:
+        episodes = list(db.scalars(select(EpisodeRow).where(EpisodeRow.group_id == group_id).order_by(EpisodeRow.seed, EpisodeRow.session_id)))
+        sessions = [row.session_id for row in episodes]
+        turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id.in_(sessions), TurnRow.kind == "main").order_by(TurnRow.index)))
+        ids = [turn.id for turn in turns]
+        with_next = set(db.scalars(select(NextStateRow.turn_id).where(NextStateRow.turn_id.in_(ids))))
+        scores = dict(db.execute(select(JudgmentRow.turn_id, JudgmentRow.score).where(JudgmentRow.turn_id.in_(ids))).all())
+        with_sample = set(db.scalars(select(SampleRow.turn_id).where(SampleRow.turn_id.in_(ids))))
+        steps: dict[str, list[EpisodeStep]] = {session: [] for session in sessions}
+        for turn in turns:
+            step = EpisodeStep(records.turn(turn), turn.id in with_next, scores.get(turn.id), turn.id in with_sample)
+            steps[turn.session_id].append(step)
+        return EpisodeGroup(group_id, [PlayedEpisode(records.episode(row), steps[row.session_id]) for row in episodes])

@@ -1,0 +1,153 @@
+"""Training from episodes (DESIGN §9): step rewards, group-normalised advantages and drops as pure
+functions on hand-computed values; the episode records and group reads on SQLite and PostgreSQL;
+and a real trainer making an optimizer step (`--method rl`) from the samples of a recorded group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from clawrl.config import EngineConfig, TrainConfig
+from clawrl.store import Store
+from clawrl.store.episodes import EpisodeStore, StepCountError
+from clawrl.store.training import TrainingStore
+from clawrl.train.episodes import EpisodeSampleBuilder, group_advantages, step_rewards
+from clawrl.train.trainer import Trainer
+from clawrl.types import EPISODE_RESULT_SOURCE, Episode
+from tests.helpers import Conversation, judgment, record, user
+
+TOOL_RESULT = [{"role": "tool", "tool_call_id": "c", "content": "1"}]
+
+
+# --- pure functions -----------------------------------------------------------------------------
+
+
+def test_step_rewards_discount_the_outcome_and_add_the_judge_term() -> None:
+    # T = 3: the outcome discounted by 0.9^2, 0.9^1, 0.9^0; the judge's +1, none, -1 weighted 0.3
+    assert step_rewards(1.0, [1, None, -1], gamma=0.9, judge_coef=0.3) == pytest.approx([0.81 + 0.3, 0.9, 1.0 - 0.3])
+    assert step_rewards(0.0, [1, 1], gamma=0.5, judge_coef=0.0) == [0.0, 0.0]
+    assert step_rewards(2.0, [0], gamma=0.5, judge_coef=1.0) == [2.0]
+
+
+def test_group_advantages_normalise_per_step_index() -> None:
+    # index 0 over [1, 3, 1]: mean 5/3, population std sqrt(8/9); index 1 over [2, 2]: no spread
+    advantages = group_advantages([[1.0, 2.0], [3.0], [1.0, 2.0]], eps=0.0)
+    std = math.sqrt(8 / 9)
+    assert advantages[0][0] == pytest.approx((1 - 5 / 3) / std) == pytest.approx(-1 / math.sqrt(2))
+    assert advantages[1][0] == pytest.approx((3 - 5 / 3) / std) == pytest.approx(math.sqrt(2))
+    assert advantages[0][1] is None and advantages[2][1] is None
+    # eps keeps the division finite: (r - mean) / (std + eps)
+    assert group_advantages([[1.0], [0.0]], eps=0.5)[0][0] == pytest.approx(0.5 / 1.0)
+
+
+def test_groups_without_spread_give_no_advantage() -> None:
+    assert group_advantages([[0.5, 1.0], [0.5, 1.0]]) == [[None, None], [None, None]]
+    assert group_advantages([[1.0, 0.0]]) == [[None, None]]  # one episode: nothing to compare with
+    assert group_advantages([]) == []
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path / 'clawrl.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    opened = Store(url)
+    yield opened
+    opened.close()
+
+
+def play(store: Store, session: str, group: str, outcome: float | None, steps: int, size: int = 2, seed: int = 0) -> list[str]:
+    """Record an episode of `steps` steps as the server would: registered, its turns (each step's
+    request carrying the previous tool result), and its result (`outcome` None: failed)."""
+    episodes = EpisodeStore(store)
+    episodes.start(Episode(session, "toolcall", "task-1", group, size, seed))
+    turn_ids = [f"{session}-t{index}" for index in range(steps)]
+    for index, turn_id in enumerate(turn_ids):
+        previous = turn_ids[index - 1] if index else None
+        record(store, turn_id, session, [user("q")], f"a{index}", continues_turn_id=previous, next_state=TOOL_RESULT, id_source="header")
+    if outcome is None:
+        episodes.end(session, "failed", None, [], "RuntimeError: the sandbox went away", [])
+    else:
+        episodes.end(session, "finished", outcome, [0.0] * (steps - 1) + [outcome], None, TOOL_RESULT)
+    return turn_ids
+
+
+def test_an_episode_is_recorded_and_its_final_observation_is_the_last_steps_next_state(store: Store) -> None:
+    turn_ids = play(store, "e1", "g", 1.0, steps=2)
+    episode = EpisodeStore(store).episode("e1")
+    assert episode is not None and episode.status == "finished" and episode.reward == 1.0 and episode.step_rewards == [0.0, 1.0]
+    last = store.turn_context(turn_ids[-1]).next_state
+    assert last is not None and last.messages == TOOL_RESULT and last.source_turn_id == EPISODE_RESULT_SOURCE
+    assert store.turn_context(turn_ids[0]).next_state.source_turn_id == turn_ids[1]
+    assert store.session("e1").done
+    EpisodeStore(store).start(Episode("e2", "toolcall", "task-1", "g", 2, 1))
+    record(store, "e2-t0", "e2", [user("q")], "a", id_source="header")
+    with pytest.raises(StepCountError):  # one recorded step, two step rewards
+        EpisodeStore(store).end("e2", "finished", 1.0, [0.0, 1.0], None, [])
+
+
+def test_a_group_waits_for_all_its_episodes_and_its_turns_are_no_chat(store: Store) -> None:
+    episodes, training = EpisodeStore(store), TrainingStore(store)
+    first = play(store, "e1", "g", 1.0, steps=2)
+    assert store.record_judgment(judgment(first[0]))
+    assert episodes.groups_to_sample(10) == []  # one of two episodes has ended
+    assert training.judged_turns_without_sample(10) == []  # an episode's turn is never a chat's
+    play(store, "e2", "g", 0.0, steps=2, seed=1)
+    (group,) = episodes.groups_to_sample(10)
+    assert group.group_id == "g" and [len(episode.steps) for episode in group.episodes] == [2, 2]
+    assert group.episodes[0].steps[0].judge_score == 1 and group.episodes[0].steps[1].judge_score is None
+
+
+def test_samples_wait_for_the_judge_and_drop_failed_episodes_and_flat_steps(store: Store) -> None:
+    training = TrainingStore(store)
+    builder = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", gamma=0.5, judge_coef=1.0)
+    good, bad = play(store, "e1", "g", 1.0, steps=2, size=3), play(store, "e2", "g", 0.0, steps=2, size=3, seed=1)
+    crashed = play(store, "e3", "g", None, steps=1, size=3, seed=2)
+    assert builder.build() == 0  # every step has a next state and none is judged yet
+    for turn_id, score in zip(good + bad, [1, 1, 1, -1]):
+        assert store.record_judgment(judgment(turn_id, score))
+    assert builder.build() == 5
+    samples = training.samples_for(good + bad + crashed)
+    # index 0: r = 1*0.5 + 1 = 1.5 and 0*0.5 + 1 = 1.0, equal judge terms but not equal rewards
+    # index 1: r = 1 + 1 = 2.0 and 0 - 1 = -1.0
+    assert samples[good[0]].reward == pytest.approx(1.0, abs=1e-4) and samples[bad[0]].reward == pytest.approx(-1.0, abs=1e-4)
+    assert samples[good[1]].reward == pytest.approx(1.0, abs=1e-4) and samples[bad[1]].reward == pytest.approx(-1.0, abs=1e-4)
+    assert all(samples[turn_id].status == "ready" and samples[turn_id].kind == "rl" for turn_id in good + bad)
+    assert samples[crashed[0]].status == "dropped" and samples[crashed[0]].drop_reason == "failed_episode"
+    assert builder.build() == 0  # built once
+
+    flat = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", gamma=0.5, judge_coef=0.0)
+    same = play(store, "f1", "flat", 1.0, steps=1) + play(store, "f2", "flat", 1.0, steps=1, seed=1)
+    assert flat.build() == 2
+    assert {sample.drop_reason for sample in training.samples_for(same).values()} == {"flat_group"}
+
+
+# --- the trainer --------------------------------------------------------------------------------
+
+
+def test_the_trainer_makes_a_step_from_a_recorded_group(tiny_model_dir: Path, tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    chat = Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+    episodes = EpisodeStore(store)
+    for session, outcome, seed in (("e1", 1.0, 0), ("e2", 0.0, 1)):
+        episodes.start(Episode(session, "toolcall", "task-1", "g", 2, seed))
+        chat.turn(f"{session}-t0", session, "What is 6 * 7?", "<tool_call>python</tool_call>")
+        chat.turn(f"{session}-t1", session, "42", f"\\boxed{{{42 if outcome else 41}}}", after=f"{session}-t0")
+        episodes.end(session, "finished", outcome, [0.0, outcome], None, [])
+    config = TrainConfig(method="rl", batch_size=4, lr=1e-2, train_poll_s=0.1, episode_gamma=0.5, step_judge_coef=0.0)
+    trainer = Trainer(config, EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1), store, tmp_path)
+    trainer.start()
+    assert trainer.run_once()  # no judge term: the samples need no judgment
+    version = TrainingStore(store).version(1)
+    assert version is not None and version.num_samples == 4
+    samples = TrainingStore(store).samples_for(["e1-t0", "e1-t1", "e2-t0", "e2-t1"])
+    # outcome 1 vs 0, discounted by 0.5 at the first step: each index normalises to +1 / -1
+    assert [round(samples[turn].reward, 4) for turn in ("e1-t0", "e1-t1", "e2-t0", "e2-t1")] == [1.0, 1.0, -1.0, -1.0]
+    assert all(sample.status == "trained" and sample.trained_version == 1 for sample in samples.values())
+    trainer.close()
