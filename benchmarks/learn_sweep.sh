@@ -6,14 +6,19 @@
 # the tuning runs and merges the report runs into one report.
 #
 #   benchmarks/learn_sweep.sh tune   OUT   # 3 settings x {rl, opd, combine} on tuning seeds
-#   benchmarks/learn_sweep.sh report OUT SETTINGS_JSON  # every arm on the report seeds,
-#                                          # caught up and --no-catch-up, each with its settings
+#   benchmarks/learn_sweep.sh report OUT SETTINGS_JSON  # every arm on the report seeds caught
+#                                          # up, the trained single arms also --no-catch-up,
+#                                          # each with its settings
+# CLAWRL may name the `clawrl` to run, e.g. a wrapper that sets PYTHONPATH to a clean worktree
+# of a fixed commit, so that edits to the working tree during the runs cannot reach them.
 set -euo pipefail
 
 PARALLEL=${PARALLEL:-2}
 CLAWRL=${CLAWRL:-.venv/bin/clawrl}
 TUNING_SEEDS=${TUNING_SEEDS:-100-101}
 REPORT_SEEDS=${REPORT_SEEDS:-10-14}
+# The --no-catch-up runs: fewer seeds and no memory_combine, to fit the session's time.
+NO_CATCH_UP_SEEDS=${NO_CATCH_UP_SEEDS:-10-12}
 # The noisy user of every reported run, and of the tuning runs, so that settings are tuned for it.
 NOISE=(--user-wrong-rate 0.1 --user-quiet-rate 0.2 --user-vague-rate 0.2 --user-move-on-rate 0.1)
 # The sweep: name and trainer flags. The first is the benchmark's default (BENCH_TRAIN_DEFAULTS).
@@ -48,11 +53,14 @@ case $mode in
     chosen=${3:?settings JSON from learn_merge.py --pick}
     for catch in catch-up no-catch-up; do
       for arm in none memory combine rl opd memory_combine; do
-        if [[ $catch == no-catch-up && ( $arm == none || $arm == memory ) ]]; then
-          continue  # nothing trains in these arms: catching up changes nothing
+        seeds=$REPORT_SEEDS
+        if [[ $catch == no-catch-up ]]; then
+          # nothing trains in none and memory: catching up changes nothing
+          [[ $arm == none || $arm == memory || $arm == memory_combine ]] && continue
+          seeds=$NO_CATCH_UP_SEEDS
         fi
         flags=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['chosen'].get(sys.argv[2], ''))" "$chosen" "$arm")
-        add_job "$out/$catch/$arm" --method "$arm" --seed-list "$REPORT_SEEDS" --$catch $flags "${NOISE[@]}"
+        add_job "$out/$catch/$arm" --method "$arm" --seed-list "$seeds" --$catch $flags "${NOISE[@]}"
       done
     done
     ;;
