@@ -1,0 +1,142 @@
+"""What the environments cost (issue 13, item 7): the sandbox's start, reset and per-command
+overhead, and episodes and steps per minute of each family with the oracle policy.
+
+- **Sandbox lifecycle**: `Sandbox.start`, `reset` and `close`, each timed `--repeats` times.
+- **A command**: the same trivial command run on the host with `subprocess`, through
+  `Sandbox.run` (a fork that enters the namespaces, rlimits, a pid namespace of its own) and
+  through a persistent `ShellSession`: the difference is what the sandbox adds to a tool step.
+- **Rollouts**: `clawrl rollout --policy oracle`'s own code path (`envs.rollout.play`) per family
+  at each `--concurrency`; the oracle never fails, so every figure is the environments' cost and
+  none is the model's.
+
+    python benchmarks/envs.py --repeats 30 --episodes 24 --concurrency 1,2,4
+
+Prints markdown tables and writes the figures as JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from clawrl.config import EnvConfig, RolloutConfig
+from clawrl.envs.policies import make_policy
+from clawrl.envs.rollout import play
+from clawrl.envs.sandbox import Sandbox, sandbox_available
+from machine import machine  # benchmarks/machine.py, beside this script
+
+# /usr/bin/python3 on both sides: the sandbox has the host's /usr, not a PATH of shims
+COMMANDS = {"true": "true", "/usr/bin/python3 -c 'print(1)'": "/usr/bin/python3 -c 'print(1)'"}
+
+
+def spread_ms(seconds: list[float]) -> dict[str, float]:
+    """Median and p90 in milliseconds."""
+    ordered = sorted(seconds)
+    return {"median_ms": round(1000 * statistics.median(ordered), 2),
+            "p90_ms": round(1000 * ordered[int(0.9 * (len(ordered) - 1))], 2)}
+
+
+async def timed(action: Callable[[], Awaitable[Any]], repeats: int) -> list[float]:
+    durations = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        await action()
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+async def lifecycle(repeats: int) -> dict[str, dict[str, float]]:
+    starts, resets, closes = [], [], []
+    for _ in range(repeats):
+        sandbox = Sandbox()
+        started = time.perf_counter()
+        await sandbox.start()
+        starts.append(time.perf_counter() - started)
+        resets += await timed(sandbox.reset, 1)
+        closes += await timed(sandbox.close, 1)
+    return {"start": spread_ms(starts), "reset": spread_ms(resets), "close": spread_ms(closes)}
+
+
+def host_command(command: str) -> None:
+    subprocess.run(["bash", "-c", command], check=True, capture_output=True)
+
+
+async def command_costs(repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    async with Sandbox() as sandbox:
+        shell = await sandbox.shell()
+        for name, command in COMMANDS.items():
+            host = await timed(lambda: asyncio.to_thread(host_command, command), repeats)
+            sandboxed = await timed(lambda: sandbox.run(command), repeats)
+            in_shell = await timed(lambda: shell.run(command), repeats)
+            rows.append({"command": name, "host": spread_ms(host), "sandbox_run": spread_ms(sandboxed),
+                         "shell_session": spread_ms(in_shell)})
+        await shell.close()
+    return rows
+
+
+async def rollouts(family: str, episodes: int, concurrency: int) -> dict[str, Any]:
+    config = RolloutConfig(policy="oracle", episodes=episodes, concurrency=concurrency, split="train")
+    summary = await play(EnvConfig(env=family), config,
+                         lambda env, planned: make_policy("oracle", env, planned.task, planned.seed))
+    steps = summary["mean_steps"] * (summary["episodes"] - summary["failed"])
+    return {"family": family, "concurrency": concurrency, "episodes": summary["episodes"], "failed": summary["failed"],
+            "mean_reward": summary["mean_reward"], "elapsed_s": summary["elapsed_s"],
+            "episodes_per_min": summary["episodes_per_min"], "steps_per_min": round(60 * steps / summary["elapsed_s"], 1)}
+
+
+def print_tables(results: dict[str, Any]) -> None:
+    print("\n| sandbox | median (ms) | p90 (ms) |\n|---|---:|---:|")
+    for name, figures in results["lifecycle"].items():
+        print(f"| {name} | {figures['median_ms']} | {figures['p90_ms']} |")
+    print("\n| command | host (ms) | Sandbox.run (ms) | ShellSession (ms) |\n|---|---:|---:|---:|")
+    for row in results["commands"]:
+        print(f"| `{row['command']}` | {row['host']['median_ms']} | {row['sandbox_run']['median_ms']} | "
+              f"{row['shell_session']['median_ms']} |")
+    print("\n| family | concurrency | episodes | failed | mean reward | episodes/min | steps/min |\n|---|---:|---:|---:|---:|---:|---:|")
+    for row in results["rollouts"]:
+        print(f"| {row['family']} | {row['concurrency']} | {row['episodes']} | {row['failed']} | {row['mean_reward']} | "
+              f"{row['episodes_per_min']} | {row['steps_per_min']} |")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    levels = [int(value) for value in args.concurrency.split(",")]
+    return {
+        "lifecycle": await lifecycle(args.repeats),
+        "commands": await command_costs(args.repeats),
+        "rollouts": [await rollouts(family, args.episodes, level)
+                     for family in args.families.split(",") for level in levels],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30, help="timings per sandbox operation and command")
+    parser.add_argument("--episodes", type=int, default=24, help="oracle episodes per family and concurrency")
+    parser.add_argument("--concurrency", default="1,2,4", help="episodes at a time, comma-separated")
+    parser.add_argument("--families", default="toolcall,terminal", help="environments, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 repeats, 2 episodes, concurrency 1,2")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/envs.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.episodes, args.concurrency = 3, 2, "1,2"
+    reason = sandbox_available()
+    if reason is not None:
+        raise SystemExit(f"sandboxes cannot start here: {reason}")
+    results = asyncio.run(measure(args))
+    print_tables(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"machine": machine(), "settings": {k: str(v) for k, v in vars(args).items()},
+                                    **results}, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
