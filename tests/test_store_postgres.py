@@ -178,3 +178,12 @@ def test_clawrl_serve_and_its_trainer_share_a_postgres_store(tiny_model_dir: Pat
     assert [(item["version"], item["parent"], item["metrics"]["num_samples"]) for item in listed] == [(1, 0, 3), (2, 1, 3)]
     assert not (tmp_path / "run" / "clawrl.db").exists()  # everything went to PostgreSQL
     assert TrainingStore(Store(postgres_url)).sample_counts() == {"trained": 6}
+
+
+def test_a_nul_in_sampled_text_or_a_message_is_recorded_not_refused(postgres_url: str) -> None:
+    # PostgreSQL refuses NUL in text; an untrained model samples one now and then (SQLite keeps it)
+    store = Store(postgres_url)
+    record(store, "nul", "s-nul", [user("a\x00b")], "answer\x00text")
+    recorded = store.turn("nul")
+    assert recorded is not None and recorded.response_text == "answer\ufffdtext"
+    assert recorded.response_token_ids == [3]  # the ids, what trains, are kept as they were

@@ -56,6 +56,8 @@ class Store:
         self.engine = create_engine(url, pool_pre_ping=not self.is_sqlite)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
+        else:
+            event.listen(self.engine, "before_cursor_execute", _without_nul, retval=True)
         # a lock only SQLite needs (see `write`); a server database takes concurrent writers itself
         self._write_queue: AbstractContextManager[Any] = threading.Lock() if self.is_sqlite else nullcontext()
         migrate(self.engine)
@@ -373,3 +375,21 @@ def _configure_sqlite(engine: Any) -> None:
     def _on_begin(connection: Any) -> None:
         write = connection.get_execution_options().get("clawrl_write", False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+# PostgreSQL refuses NUL in text (and the \u0000 escape in JSON) that SQLite stores: a sampled token
+# or a client's message can hold one. Text is what the ids decode to, never what trains (the ids
+# are kept as they are), so NUL becomes U+FFFD rather than a failed write and a lost turn.
+def _nul_free(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").replace("\\u0000", "\\ufffd")
+    if isinstance(value, dict):
+        return {key: _nul_free(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_nul_free(item) for item in value)
+    return value
+
+
+def _without_nul(_connection: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
+                 _executemany: bool) -> tuple[str, Any]:
+    return statement, _nul_free(parameters)
