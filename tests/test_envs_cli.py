@@ -8,7 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from clawrl.envs.records import PlannedEpisode
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.toolcall import ToolCallEnv
+from tests.helpers import wait_until
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 
@@ -66,6 +66,14 @@ def test_rollout_without_a_policy_says_what_to_give() -> None:
     assert unknown.returncode != 0 and "no environment 'chess'" in unknown.stderr
 
 
+def _healthy(url: str, server: subprocess.Popen[bytes]) -> bool:
+    assert server.poll() is None, "the environment server exited"
+    try:
+        return bool(httpx.get(f"{url}/health").json() == {"status": "healthy"})
+    except httpx.TransportError:
+        return False
+
+
 def test_envs_serve_answers_in_openenv_shape() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -74,14 +82,7 @@ def test_envs_serve_answers_in_openenv_shape() -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health").json() == {"status": "healthy"}:
-                    break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline and server.poll() is None, "the environment server did not start"
-                time.sleep(0.2)
+        wait_until(lambda: _healthy(url, server), 60, "the environment server to start", every=0.2)
 
         async def play() -> float:
             env = HTTPEnvironment(url)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from clawrl.envs.http import HTTPEnvironment, create_env_app
 from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Action, EpisodeOverError
 from clawrl.envs.toolcall import ToolCallEnv
+from tests.helpers import wait_until
 
 
 def _free_port() -> int:
@@ -34,8 +34,7 @@ def _serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    wait_until(lambda: server.started, 30, "the environment server to start", every=0.01)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)

@@ -29,6 +29,7 @@ from clawrl.envs.sandbox import (
     SandboxLimits,
     sandbox_available,
 )
+from tests.helpers import wait_until
 
 REASON = sandbox_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sandbox unavailable: {REASON}")
@@ -60,15 +61,6 @@ def host_pids_with(token: str) -> list[int]:
             except OSError:
                 pass  # it exited while we looked
     return pids
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_root_is_new_and_host_files_are_invisible(image: Path) -> None:
@@ -148,8 +140,9 @@ def test_network_is_loopback_only() -> None:
             assert (await box.run(f"{connect} 1.1.1.1 53")).exit_code != 0
             assert "lo" in (await box.run("ls /sys/class/net 2>/dev/null || ip -o link")).stdout
             local = await box.run(
-                "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 0.5;"
-                "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8000/\").status)'"
+                "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"
+                "for try in $(seq 100); do python3 -c 'import urllib.request; "
+                "print(urllib.request.urlopen(\"http://127.0.0.1:8000/\").status)' 2>/dev/null && break; sleep 0.05; done"
             )
             assert local.stdout.strip() == "200", local
 
@@ -196,10 +189,10 @@ def test_timeout_kills_the_whole_tree_even_setsid_and_sigterm_ignoring() -> None
             )
             assert stubborn.timed_out and stubborn.exit_code == TIMEOUT_EXIT_CODE
             assert time.monotonic() - start < 8
-            assert wait_until(lambda: not host_pids_with(f"sleep {token}"))
+            wait_until(lambda: not host_pids_with(f"sleep {token}"), 10, "the sandboxed sleeps to be gone")
             with pytest.raises(asyncio.TimeoutError):  # a caller that gives up kills the command too
                 await asyncio.wait_for(box.run(f"sleep {token}"), 0.5)
-            assert wait_until(lambda: not host_pids_with(f"sleep {token}"))
+            wait_until(lambda: not host_pids_with(f"sleep {token}"), 10, "the sandboxed sleeps to be gone")
             assert (await box.run("echo fine")).stdout == "fine\n"
 
     arun(go())
@@ -249,11 +242,11 @@ def test_sigkill_of_the_runner_leaves_nothing_behind(tmp_path: Path) -> None:
     )  # fmt: skip
     assert runner.stdout
     init_pid = int(runner.stdout.readline())
-    assert wait_until(lambda: len(host_pids_with(f"sleep {token}")) >= 2)
+    wait_until(lambda: len(host_pids_with(f"sleep {token}")) >= 2, 10, "both sleeps to run")
     runner.send_signal(signal.SIGKILL)
     runner.wait()
-    assert wait_until(lambda: not host_pids_with(f"sleep {token}"))
-    assert wait_until(lambda: not Path(f"/proc/{init_pid}").exists())
+    wait_until(lambda: not host_pids_with(f"sleep {token}"), 10, "the sandboxed sleeps to be gone")
+    wait_until(lambda: not Path(f"/proc/{init_pid}").exists(), 10, "the sandbox's init to exit")
     assert "clawrl" not in Path("/proc/self/mountinfo").read_text()
     assert not list(temp.iterdir())
 
@@ -298,8 +291,7 @@ def test_concurrent_sandboxes_are_isolated() -> None:
             await box.write_file("/tmp/who", str(index))
             shell = await box.shell()
             await shell.run(f"sleep 1{index}.5 &")
-            await asyncio.sleep(0.2)
-            sleeps = await shell.run("ps -eo args | grep '^sleep' || true")
+            sleeps = await shell.run("for try in $(seq 100); do ps -eo args | grep '^sleep' && break; sleep 0.05; done")
             files = await box.run("cat /tmp/who; ls /workspace")
             return str(index), sleeps.stdout.strip(), files.stdout
 

@@ -383,16 +383,25 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _environment_or_exit(name: str) -> Any:
+    """The environment class `name` names, or exit with the error that lists the names."""
+    from clawrl.envs.registry import environment_class
+
+    try:
+        return environment_class(name)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
 def cmd_envs_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from clawrl.envs.http import create_env_app
-    from clawrl.envs.registry import ENVIRONMENTS, make_environment
+    from clawrl.envs.registry import make_environment
 
     config = config_from_args(EnvConfig, args)
-    if config.env not in ENVIRONMENTS:
-        raise SystemExit(f"error: no environment {config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
-    app = create_env_app(lambda: make_environment(config), ENVIRONMENTS[config.env].description, args.max_episodes)
+    description = _environment_or_exit(config.env).description
+    app = create_env_app(lambda: make_environment(config), description, args.max_episodes)
     logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -401,12 +410,10 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     import asyncio
 
-    from clawrl.envs.registry import ENVIRONMENTS
     from clawrl.envs.rollout import rollout
 
     env_config, config = config_from_args(EnvConfig, args), config_from_args(RolloutConfig, args)
-    if env_config.env not in ENVIRONMENTS:
-        raise SystemExit(f"error: no environment {env_config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
+    _environment_or_exit(env_config.env)
     summary = asyncio.run(rollout(env_config, config))
     if args.json:
         _print_json(summary)

@@ -12,11 +12,16 @@ from clawrl.envs.toolcall import ToolCallEnv
 ENVIRONMENTS: dict[str, type[ToolCallEnv] | type[TerminalEnv]] = {family.name: family for family in (ToolCallEnv, TerminalEnv)}
 
 
+def environment_class(name: str) -> type[ToolCallEnv] | type[TerminalEnv]:
+    """The environment class `name` names; ValueError, listing the names, for an unknown one."""
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"no environment {name!r}; the environments are {', '.join(ENVIRONMENTS)}")
+    return ENVIRONMENTS[name]
+
+
 def make_environment(config: EnvConfig) -> Environment:
     """A new environment of the kind `config.env` names; ValueError for an unknown name."""
-    if config.env not in ENVIRONMENTS:
-        raise ValueError(f"no environment {config.env!r}; the environments are {', '.join(ENVIRONMENTS)}")
-    return ENVIRONMENTS[config.env](config)
+    return environment_class(config.env)(config)
 
 
 async def describe_environments(config: EnvConfig) -> list[dict[str, Any]]:
