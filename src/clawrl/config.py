@@ -542,15 +542,46 @@ class EnvConfig(_Settings):
     )
     toolcall_train_problems: int = Field(500, ge=1, description="Problems in the tool-call family's train split.")
     toolcall_eval_problems: int = Field(100, ge=1, description="Problems in the tool-call family's eval split.")
+    toolcall_kinds: str = Field(
+        "arithmetic,number_theory,units,word",
+        description="Comma-separated kinds of tool-call problems the splits draw from (a micro split: e.g. `arithmetic`).",
+    )
+    toolcall_levels: str = Field("1,2,3", description="Comma-separated difficulty levels (1-3) the tool-call splits draw from.")
     terminal_tasks_dir: Path | None = Field(
         None,
         description="A directory of terminal task folders (Harbor layout); unset: the built-in generated tasks, "
         "written once under --cache-dir.",
     )
     terminal_seed: int = Field(0, ge=0, description="Seed of the built-in terminal task generator.")
+    terminal_task_prefixes: str = Field(
+        "",
+        description="Comma-separated task-id prefixes: only tasks whose folder name starts with one are used (a micro "
+        "split, e.g. `files-mkdir_write,permissions`); empty: every task.",
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "clawrl", description="Where generated tasks are written (once per generator seed)."
     )
+
+
+    @field_validator("toolcall_kinds", "toolcall_levels", "terminal_task_prefixes")
+    @classmethod
+    def _comma_list(cls, value: str) -> str:
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if any(not re.fullmatch(r"[\w.-]+", item) for item in items):
+            raise ValueError(f"expected comma-separated names, e.g. a,b: {value!r}")
+        return ",".join(items)
+
+    def toolcall_kind_list(self) -> list[str]:
+        return [kind for kind in self.toolcall_kinds.split(",") if kind]
+
+    def toolcall_level_list(self) -> list[int]:
+        levels = [level for level in self.toolcall_levels.split(",") if level]
+        if not all(level.isdigit() for level in levels):
+            raise ValueError(f"--toolcall-levels takes numbers, e.g. 1,2: {self.toolcall_levels!r}")
+        return [int(level) for level in levels]
+
+    def terminal_prefix_list(self) -> list[str]:
+        return [prefix for prefix in self.terminal_task_prefixes.split(",") if prefix]
 
 
 class RolloutConfig(_Settings):

@@ -20,7 +20,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -54,17 +54,26 @@ def problem(problem_id: str) -> Problem:
     return Problem(problem_id, question, Fraction(answer), code)
 
 
-def problem_ids(split: Split, count: int) -> list[str]:
-    """The first `count` problems of a split, kinds and levels interleaved."""
+def problem_ids(split: Split, count: int, kinds: Sequence[str] = KINDS, levels: Sequence[int] = LEVELS,
+                skip: int = 0) -> list[str]:
+    """The first `count` problems of a split after the first `skip`, drawn from `kinds` and `levels` interleaved.
+
+    Restricting kinds and levels gives a micro split; a split of one kind and level holds the same
+    problems as that kind and level do in the whole split, in the same order.
+    """
+    unknown = [kind for kind in kinds if kind not in KINDS] + [str(level) for level in levels if level not in LEVELS]
+    if unknown or not kinds or not levels:
+        raise ValueError(f"no tool-call problems of kind or level {', '.join(unknown) or '(none given)'}: "
+                         f"kinds are {', '.join(KINDS)}; levels {', '.join(map(str, LEVELS))}")
     chosen: list[str] = []
     index = 0
-    while len(chosen) < count:
-        kind, level = KINDS[index % len(KINDS)], LEVELS[index // len(KINDS) % len(LEVELS)]
-        candidate = f"{kind}-{level}-{index // (len(KINDS) * len(LEVELS))}"
+    while len(chosen) < skip + count:
+        kind, level = kinds[index % len(kinds)], levels[index // len(kinds) % len(levels)]
+        candidate = f"{kind}-{level}-{index // (len(kinds) * len(levels))}"
         if problem(candidate).split == split:
             chosen.append(candidate)
         index += 1
-    return chosen
+    return chosen[skip:]
 
 
 def final_answer(text: str) -> str:

@@ -8,6 +8,10 @@ the trainer knows its turns for an episode's; after the last, its result is repo
 (`POST /v1/episodes/{session_id}/result`: outcome, per-step environment rewards, or why it
 failed), with the last step's observation, which no later request carries.
 
+Episodes of the eval split are measurements, not experience: they are played as side turns
+(`X-Turn-Type: side`: recorded, never judged or trained on) and not registered, so evaluating a
+policy never changes it.
+
 Only HTTP here: envs never import the server's packages.
 """
 
@@ -58,13 +62,18 @@ class ServerPolicy:
             "seed": (self.planned.seed << 16) + self.steps,  # reproducible, and distinct for every episode and step
         }
         self.steps += 1
-        response = await _request(self.http, "POST", "/chat/completions", json=body, headers={"X-Session-Id": self.session_id})
+        headers = {"X-Session-Id": self.session_id}
+        if self.config.split == "eval":
+            headers["X-Turn-Type"] = "side"
+        response = await _request(self.http, "POST", "/chat/completions", json=body, headers=headers)
         # the server parsed the model's tool calls; its message is the action as OpenAI shapes it
         message: Message = response.json()["choices"][0]["message"]
         return message
 
     async def finish(self, record: EpisodeRecord) -> None:
         """Report the episode's result; a failed one carries its error instead of an outcome."""
+        if self.config.split == "eval":
+            return  # never registered: nothing to train on
         result: dict[str, Any] = {"failed": record.failed, "error": record.error, "step_rewards": record.step_rewards}
         if not record.failed:
             result |= {"reward": record.reward, "final_observation": record.final_observation()}
@@ -80,6 +89,8 @@ class ServerPolicies:
 
     async def __call__(self, _env: Environment, planned: PlannedEpisode) -> ServerPolicy:
         session_id = f"episode-{uuid.uuid4().hex}"
+        if self.config.split == "eval":
+            return ServerPolicy(self.http, self.model, session_id, planned, self.config)
         episode = {"session_id": session_id, "env": self.env_name, "task": planned.task, "seed": planned.seed,
                    "group_id": f"{self.run_id}-{planned.group}", "group_size": planned.group_size}  # fmt: skip
         await _request(self.http, "POST", "/episodes", json=episode)

@@ -107,7 +107,8 @@ class TerminalEnv(ToolEnvironment):
         self._shell: ShellSession | None = None
 
     async def tasks(self, split: Split) -> list[str]:
-        return [task.id for task in self._tasks.values() if task.split == split]
+        prefixes = tuple(self.config.terminal_prefix_list())
+        return [task.id for task in self._tasks.values() if task.split == split and task.id.startswith(prefixes or "")]
 
     async def reference_solution(self, task: str) -> str:
         """The task's solution/solve.sh (what the oracle runs); never shown to the model."""

@@ -80,11 +80,11 @@ def generated_tasks_dir(cache_dir: Path, seed: int) -> Path:
     return target
 
 
-def generate_tasks(out_dir: Path, seed: int, with_git: bool) -> list[Path]:
-    """Write every task folder under `out_dir`; returns their paths."""
+def generate_tasks(out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str, ...] = ()) -> list[Path]:
+    """Write every task folder under `out_dir` (only those whose id starts with one of `prefixes`, when given)."""
     written = []
     for category, name, template in _TEMPLATES:
-        if category == "git" and not with_git:
+        if (category == "git" and not with_git) or not f"{category}-{name}-".startswith(prefixes or ""):
             continue
         for variant in range(VARIANTS):
             rng = random.Random(f"terminal:{seed}:{name}:{variant}")

@@ -47,7 +47,7 @@ class ToolCallEnv(ToolEnvironment):
 
     async def tasks(self, split: Split) -> list[str]:
         count = self.config.toolcall_train_problems if split == "train" else self.config.toolcall_eval_problems
-        return problem_ids(split, count)
+        return problem_ids(split, count, self.config.toolcall_kind_list(), self.config.toolcall_level_list())
 
     async def reference_solution(self, task: str) -> str:
         """A program printing the answer (what the oracle runs); never shown to the model."""

@@ -92,7 +92,7 @@ def encode_chat(tokenizer: PreTrainedTokenizerFast, messages: Chat, max_tokens: 
     return ids, labels
 
 
-def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def pad_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
@@ -121,7 +121,7 @@ def _length_bucketed_batches(tokenizer: PreTrainedTokenizerFast, rng: random.Ran
     return batches
 
 
-def _learning_rate(config: PretrainConfig, step: int) -> float:
+def learning_rate(config: PretrainConfig, step: int) -> float:
     """Linear warm-up, then cosine decay to a tenth."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
@@ -160,8 +160,8 @@ def pretrain(out_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConf
                     batches = _length_bucketed_batches(tokenizer, rng, config)
                 rows = batches.pop()
                 for group in optimizer.param_groups:
-                    group["lr"] = _learning_rate(config, step)
-                loss = model(**_batch(rows, model_config.pad_token_id)).loss
+                    group["lr"] = learning_rate(config, step)
+                loss = model(**pad_batch(rows, model_config.pad_token_id)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

@@ -1,0 +1,324 @@
+"""Tiny agents: the pre-trained tiny model taught an environment family's format, with mixed habits.
+
+RL can only reinforce what a policy already does sometimes. A model with random weights never
+writes a well-formed tool call, and one imitating only perfect episodes has nothing left to learn.
+So, as the chat model was pre-trained on answers in several styles (`pretrain.py`), a tiny agent
+is pre-trained on episodes played by a mix of scripted *habits*, one good and three that fail:
+
+    tool-call:  solve  python(the problem's program), then \\boxed{its output}
+                guess  \\boxed{the first number of the question} at once, no tool
+                echo   python(the program), then \\boxed{the first number of the question}
+                typo   python(the program with `print` misspelt: a NameError), then echo
+    terminal:   solve  shell(the reference solution), then finish
+                quit   finish at once
+                look   shell(ls), then finish
+                typo   shell(the solution with its first command misspelt: not found), then finish
+
+The episodes are played in the real environments (real sandbox, real tool output), so what the
+model imitates is exactly what it will see. Each habit is drawn per episode with its weight, so
+the model starts by doing each about as often: its reward starts near the solve habit's share
+times how reliably it copies the numbers and names, and training has to find out which habit pays.
+The typo habit gives a step judge something to see (a tool error) that the outcome also punishes.
+
+Micro splits (`micro_env_config`) keep episodes short and the skills few: tool-call arithmetic and
+unit conversion at levels 1 and 2; six terminal templates. Demonstrations come from problems and
+tasks that the benchmark never trains or evaluates on: tool-call train problems after the ones the
+micro train split uses, and terminal tasks generated with other seeds, minus any whose instruction
+is one of the benchmark's. What this still makes easier than real use: the good behaviour is in
+the model's repertoire from the start (training selects it rather than discovering it), the tasks
+are templated, and the tool-call answer is always the program's output.
+
+Built agents are cached like the pre-trained model, under a hash of what determines them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from clawrl.config import EnvConfig, RolloutConfig
+from clawrl.envs.policies import Policy, Solvable
+from clawrl.envs.problems import problem, problem_ids
+from clawrl.envs.protocol import Environment
+from clawrl.envs.records import EpisodeRecord, PlannedEpisode
+from clawrl.envs.registry import make_environment
+from clawrl.envs.rollout import run_rollouts
+from clawrl.envs.terminal import TerminalEnv, load_tasks
+from clawrl.envs.terminal_tasks import generate_tasks, generated_tasks_dir
+from clawrl.sim.pretrain import PretrainConfig, learning_rate, pad_batch, pretrained_model_path
+from clawrl.types import Message, ToolSpec
+
+log = logging.getLogger(__name__)
+
+AGENTS_VERSION = "agents-v1"  # bump when habits or training change in a way the key does not show
+FAMILIES = ("toolcall", "terminal")
+HABITS: dict[str, dict[str, float]] = {
+    "toolcall": {"solve": 0.3, "guess": 0.3, "echo": 0.2, "typo": 0.2},
+    "terminal": {"solve": 0.3, "quit": 0.25, "look": 0.25, "typo": 0.2},
+}
+TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_executable", "permissions-private_file",
+                  "text-sort_unique", "text-count_matches")  # fmt: skip
+_FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def micro_env_config(family: str, cache_dir: Path | None = None) -> EnvConfig:
+    """The micro split of `family` the tiny agents are built for and measured on."""
+    fields: dict[str, Any] = {"env": family, "max_steps": 4, "command_timeout_s": 10.0}
+    if cache_dir is not None:
+        fields["cache_dir"] = cache_dir
+    if family == "toolcall":
+        return EnvConfig(**fields, toolcall_kinds="arithmetic,units", toolcall_levels="1,2",
+                         toolcall_train_problems=200, toolcall_eval_problems=60)  # fmt: skip
+    if family == "terminal":
+        return EnvConfig(**fields, terminal_task_prefixes=",".join(TERMINAL_MICRO))
+    raise ValueError(f"no tiny agent for {family!r}; families are {', '.join(FAMILIES)}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything that determines a tiny agent's weights, besides the code and the seed."""
+
+    demonstrations: int = 960
+    steps: int = 400
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    max_tokens: int = 640
+    threads: int = 2
+
+
+# --------------------------------------------------------------------------- habits
+
+
+def _call(name: str, arguments: dict[str, Any]) -> Message:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{name}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    ]}  # fmt: skip
+
+
+def _answer(text: str) -> Message:
+    return {"role": "assistant", "content": f"\\boxed{{{text}}}"}
+
+
+class Habit:
+    """A scripted policy that plays one habit of one family on one task."""
+
+    def __init__(self, family: str, habit: str, reference: str) -> None:
+        self.family, self.habit, self.reference = family, habit, reference
+
+    async def __call__(self, messages: list[Message], tools: list[ToolSpec]) -> Message:
+        step = sum(message["role"] == "assistant" for message in messages)
+        if self.family == "toolcall":
+            return self._toolcall(step, messages)
+        return self._terminal(step)
+
+    def _toolcall(self, step: int, messages: list[Message]) -> Message:
+        question = next(message["content"] for message in messages if message["role"] == "user")
+        echo = _FIRST_NUMBER.search(question)
+        echoed = echo.group(0) if echo else "0"
+        if self.habit == "guess" or step > 0 and self.habit in ("echo", "typo"):
+            return _answer(echoed)
+        if step > 0:  # solve: the tool's output is the answer
+            return _answer(messages[-1]["content"].strip())
+        code = self.reference.replace("print(", "prnt(") if self.habit == "typo" else self.reference
+        return _call("python", {"code": code})
+
+    def _terminal(self, step: int) -> Message:
+        if step > 0 or self.habit == "quit":
+            return _call("finish", {})
+        if self.habit == "look":
+            return _call("shell", {"command": "ls"})
+        command = solution_command(self.reference)
+        return _call("shell", {"command": "x" + command if self.habit == "typo" else command})
+
+
+def solution_command(solve_sh: str) -> str:
+    """The commands of a generated solve.sh, without its shebang, `set -e` and `cd /workspace`."""
+    lines = [line for line in solve_sh.splitlines() if line and not line.startswith("#!")]
+    return "\n".join(line for line in lines if line not in ("set -e", "cd /workspace"))
+
+
+def _draw_habit(family: str, rng: random.Random) -> str:
+    habits = HABITS[family]
+    return rng.choices(list(habits), weights=list(habits.values()))[0]
+
+
+# --------------------------------------------------------------------------- demonstrations
+
+
+@dataclass
+class Demonstrations:
+    """Played episodes to imitate, and the tools their prompts offer."""
+
+    episodes: list[EpisodeRecord]
+    tools: list[ToolSpec]
+    habits: dict[str, int]
+
+
+def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path) -> list[tuple[Path | None, str]]:
+    """`count` (task directory or None for the built-in set, task id) pairs that the benchmark never uses."""
+    micro = micro_env_config(family, cache_dir)
+    if family == "toolcall":
+        ids = problem_ids("train", count, micro.toolcall_kind_list(), micro.toolcall_level_list(),
+                          skip=micro.toolcall_train_problems)  # fmt: skip
+        return [(None, task) for task in ids]
+    used = generated_tasks_dir(micro.cache_dir, micro.terminal_seed)
+    benchmark_instructions = {task.instruction for task in load_tasks(used).values()}
+    tasks: list[tuple[Path | None, str]] = []
+    seed = 1
+    while len(tasks) < count:
+        directory = work_dir / f"terminal-seed{seed}"
+        generate_tasks(directory, 1000 + seed, shutil.which("git") is not None, TERMINAL_MICRO)
+        for task_dir in sorted(directory.iterdir()):
+            if (task_dir / "instruction.md").read_text() not in benchmark_instructions:
+                tasks.append((directory, task_dir.name))
+        seed += 1
+    return tasks[:count]
+
+
+def play_demonstrations(family: str, count: int, seed: int, work_dir: Path, cache_dir: Path) -> Demonstrations:
+    """`count` episodes of the family's habits, played in the real environment."""
+    rng = random.Random(f"agents:{family}:{seed}")
+    tasks = demonstration_tasks(family, count, work_dir, cache_dir)
+    habits = [_draw_habit(family, rng) for _ in tasks]
+    return asyncio.run(_play(micro_env_config(family, cache_dir), tasks, habits))
+
+
+async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: list[str]) -> Demonstrations:
+    family = micro.env
+    records: list[EpisodeRecord] = []
+    tools: list[ToolSpec] = []
+    by_directory: dict[Path | None, list[int]] = {}
+    for index, (directory, _task) in enumerate(tasks):
+        by_directory.setdefault(directory, []).append(index)
+    for directory, indices in by_directory.items():
+        def make_env(directory: Path | None = directory) -> Environment:
+            return TerminalEnv(micro, tasks_dir=directory) if directory is not None else make_environment(micro)
+
+        async def policy_for(env: Environment, planned: PlannedEpisode) -> Policy:
+            assert isinstance(env, Solvable)
+            reference = await env.reference_solution(planned.task)
+            return Habit(family, habits[planned.seed], reference)
+
+        planned = [PlannedEpisode(tasks[index][1], index, index, 1) for index in indices]
+        config = RolloutConfig(policy="oracle", concurrency=4, episode_timeout_s=60.0)
+        records += await run_rollouts(make_env, policy_for, planned, config)
+        if not tools:
+            env = make_env()
+            tools = (await env.reset(0, planned[0].task)).tools
+            await env.close()
+    failed = [record for record in records if record.failed]
+    if failed:
+        raise RuntimeError(f"{len(failed)} demonstration episodes failed, e.g. {failed[0].error}")
+    counts = {habit: habits.count(habit) for habit in HABITS[family]}
+    return Demonstrations(records, tools, counts)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def encode_episode(tokenizer: PreTrainedTokenizerFast, messages: list[Message], tools: list[ToolSpec],
+                   max_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered episode (with its tools), and labels keeping only the assistant tokens."""
+    encoded = tokenizer.apply_chat_template(messages, tools=tools, return_dict=True, return_assistant_tokens_mask=True)
+    ids = encoded["input_ids"][:max_tokens]
+    labels = [token if keep else -100 for token, keep in zip(ids, encoded["assistant_masks"][:max_tokens], strict=True)]
+    return ids, labels
+
+
+def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, seed: int, config: AgentConfig) -> list[float]:
+    """Fine-tune the model in `base_dir` on the demonstrations' assistant tokens; write it to `out_dir`."""
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    rows = [encode_episode(tokenizer, record.messages, demonstrations.tools, config.max_tokens) for record in demonstrations.episodes]
+    schedule = PretrainConfig(steps=config.steps, lr=config.lr, warmup_steps=config.warmup_steps)
+    rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    losses: list[float] = []
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
+            model.train()
+            for step in range(config.steps):
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(schedule, step)
+                loss = model(**pad_batch(rng.sample(rows, config.batch_size), tokenizer.pad_token_id)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+                if (step + 1) % 100 == 0:
+                    log.info("tiny agent: step %d/%d, loss %.3f", step + 1, config.steps, losses[-1])
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return losses
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> str:
+    """A hash of what determines the agent: versions, base model, family, habits, micro split, config, seed."""
+    micro = micro_env_config(family).model_dump(mode="json", exclude={"cache_dir"})
+    identity = {"version": AGENTS_VERSION, "base": base_dir.name, "family": family, "habits": HABITS[family],
+                "micro": micro, "seed": seed, "config": asdict(config)}  # fmt: skip
+    if family == "toolcall":  # the problems themselves: a change to a generator is a new key
+        identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def agent_model_path(cache_dir: Path, family: str, seed: int = 0, config: AgentConfig = AgentConfig()) -> Path:
+    """The cached tiny agent of `family`, built first when missing (minutes: the base model, then the agent)."""
+    if family not in FAMILIES:
+        raise ValueError(f"no tiny agent for {family!r}; families are {', '.join(FAMILIES)}")
+    base_dir = pretrained_model_path(cache_dir, seed)
+    target = Path(cache_dir) / f"tiny-{family}-seed{seed}-{agent_key(family, base_dir, seed, config)}"
+    if target.is_dir():
+        return target
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits and reuses the first one's result
+        if target.is_dir():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            _build(family, base_dir, staging, seed, config, cache_dir)
+            staging.chmod(0o755)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _build(family: str, base_dir: Path, out_dir: Path, seed: int, config: AgentConfig, cache_dir: Path) -> None:
+    started = time.perf_counter()
+    log.info("building the tiny %s agent: %d demonstration episodes, %d steps (minutes, once)", family,
+             config.demonstrations, config.steps)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="clawrl-demos-") as work:
+        demonstrations = play_demonstrations(family, config.demonstrations, seed, Path(work), cache_dir)
+    losses = train_agent(base_dir, demonstrations, out_dir, seed, config)
+    (out_dir / "agent.json").write_text(json.dumps({
+        "family": family, "seed": seed, "base": base_dir.name, "config": asdict(config), "habits": demonstrations.habits,
+        "demonstration_reward": sum(record.reward for record in demonstrations.episodes) / len(demonstrations.episodes),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]), "seconds": round(time.perf_counter() - started, 1),
+    }, indent=2))  # fmt: skip
