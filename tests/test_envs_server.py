@@ -119,6 +119,21 @@ def assert_steps_recorded(store: Store, steps: list[Any], messages: list[dict[st
         assert (context.next_state.source_turn_id == EPISODE_RESULT_SOURCE) == last
 
 
+@needs_sandbox
+def test_eval_split_episodes_are_side_turns_and_never_reach_training(toolcall_server: ServerThread, run_dir: Path) -> None:
+    summary = run_cli("rollout", "--env", "toolcall", "--server", toolcall_server.base_url, "--split", "eval",
+                      "--episodes", "4", "--group-size", "2", "--max-steps", "3", "--temperature", "0",
+                      "--max-tokens", "48", "--json")  # fmt: skip
+    assert summary["episodes"] == 4 and summary["failed"] == 0 and summary["split"] == "eval"
+    store = Store.for_run_dir(run_dir)
+    assert recorded_groups(run_dir) == [], "an evaluation registers no episode"
+    assert list(store.iter_main_turns()) == [], "nothing to judge or train on"
+    sessions = store.list_sessions()
+    assert len(sessions) == 4
+    steps = [context.turn for session in sessions for context in store.session_turns(session.id)]
+    assert len(steps) >= 4 and {turn.kind for turn in steps} == {"side"}  # recorded all the same
+
+
 class BrokenEnv(ToolCallEnv):
     """Crashes on the first step of the episode with seed 1; hangs on the first step of the one with seed 2."""
 

@@ -60,6 +60,18 @@ def test_the_generator_writes_at_least_30_harbor_task_folders(tasks_dir: Path, t
 
 
 @needs_sandbox
+def test_task_prefixes_make_a_micro_split(tasks_dir: Path, tmp_path: Path) -> None:
+    micro = EnvConfig(terminal_task_prefixes="files-mkdir_write,permissions")
+    env = TerminalEnv(micro, tasks_dir=tasks_dir)
+    evaluation, train = asyncio.run(env.tasks("eval")), asyncio.run(env.tasks("train"))
+    assert evaluation == ["files-mkdir_write-0", "permissions-make_executable-0", "permissions-private_file-0",
+                          "permissions-read_only_dir-0", "permissions-script_modes-0"]  # fmt: skip
+    assert len(train) == 2 * len(evaluation) and all(task.startswith(("files-mkdir_write", "permissions")) for task in train)
+    written = generate_tasks(tmp_path / "some", seed=0, with_git=HAS_GIT, prefixes=("files-mkdir_write",))
+    assert [path.name for path in written] == ["files-mkdir_write-0", "files-mkdir_write-1", "files-mkdir_write-2"]
+    assert digest(written[0]) == digest(tasks_dir / "files-mkdir_write-0")  # the same task as in the whole set
+
+
 def test_a_persistent_shell_and_tests_that_appear_only_at_verification(tasks_dir: Path) -> None:
     async def play() -> None:
         env = TerminalEnv(EnvConfig(max_steps=6), tasks_dir=tasks_dir)

@@ -37,6 +37,23 @@ def test_splits_are_disjoint_reproducible_and_cover_every_kind_and_level() -> No
     assert problem(train[7]) == problem(train[7])
 
 
+def test_a_micro_split_draws_only_its_kinds_and_levels_and_skip_continues_the_same_order() -> None:
+    micro = EnvConfig(toolcall_kinds="arithmetic, units", toolcall_levels="1,2", toolcall_eval_problems=40)
+    evaluation = asyncio.run(ToolCallEnv(micro).tasks("eval"))
+    assert len(evaluation) == 40
+    assert {p.rsplit("-", 2)[0] for p in evaluation} == {"arithmetic", "units"}
+    assert {p.rsplit("-", 2)[1] for p in evaluation} == {"1", "2"}
+    assert all(problem(p).split == "eval" for p in evaluation)
+    more = problem_ids("eval", 50, ["arithmetic", "units"], [1, 2])
+    assert more[:40] == evaluation and problem_ids("eval", 10, ["arithmetic", "units"], [1, 2], skip=40) == more[40:]
+    with pytest.raises(ValueError, match="kinds are arithmetic"):
+        problem_ids("eval", 5, ["algebra"])
+    with pytest.raises(ValueError, match="levels 1, 2, 3"):
+        problem_ids("eval", 5, levels=[4])
+    with pytest.raises(ValueError, match="comma-separated"):
+        EnvConfig(toolcall_kinds="arithmetic;units")
+
+
 def test_answers_are_compared_exactly_after_normalisation() -> None:
     assert parse_number("1/2") == parse_number("0.5") == parse_number("2/4") == Fraction(1, 2)
     assert parse_number("2,500 m") == parse_number("$2500") == parse_number("2500.") == 2500

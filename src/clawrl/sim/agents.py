@@ -65,7 +65,7 @@ from clawrl.types import Message, ToolSpec
 
 log = logging.getLogger(__name__)
 
-AGENTS_VERSION = "agents-v1"  # bump when habits or training change in a way the key does not show
+AGENTS_VERSION = "agents-v2"  # bump when habits or training change in a way the key does not show
 FAMILIES = ("toolcall", "terminal")
 HABITS: dict[str, dict[str, float]] = {
     "toolcall": {"solve": 0.3, "guess": 0.3, "echo": 0.2, "typo": 0.2},
@@ -174,9 +174,14 @@ def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path
     """`count` (task directory or None for the built-in set, task id) pairs that the benchmark never uses."""
     micro = micro_env_config(family, cache_dir)
     if family == "toolcall":
-        ids = problem_ids("train", count, micro.toolcall_kind_list(), micro.toolcall_level_list(),
-                          skip=micro.toolcall_train_problems)  # fmt: skip
-        return [(None, task) for task in ids]
+        kinds, levels = micro.toolcall_kind_list(), micro.toolcall_level_list()
+        # small problems repeat under other ids: leave out every question the micro train split asks too
+        used = {problem(task).question for task in problem_ids("train", micro.toolcall_train_problems, kinds, levels)}
+        ids = problem_ids("train", 3 * count, kinds, levels, skip=micro.toolcall_train_problems)
+        fresh = [task for task in ids if problem(task).question not in used]
+        if len(fresh) < count:
+            raise ValueError(f"only {len(fresh)} tool-call problems outside the micro split for {count} demonstrations")
+        return [(None, task) for task in fresh[:count]]
     used = generated_tasks_dir(micro.cache_dir, micro.terminal_seed)
     benchmark_instructions = {task.instruction for task in load_tasks(used).values()}
     tasks: list[tuple[Path | None, str]] = []

@@ -1,0 +1,86 @@
+"""Tiny agents (sim/agents.py): the habits play real episodes with the outcomes they are meant to
+have, demonstrations never come from the benchmark's tasks, and training imitates only the
+assistant's tokens of a rendered episode."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.config import RolloutConfig
+from clawrl.envs.policies import Solvable
+from clawrl.envs.problems import problem
+from clawrl.envs.protocol import Environment
+from clawrl.envs.records import EpisodeRecord, PlannedEpisode
+from clawrl.envs.registry import make_environment
+from clawrl.envs.rollout import run_rollouts
+from clawrl.envs.sandbox import sandbox_available
+from clawrl.envs.terminal import load_tasks
+from clawrl.envs.terminal_tasks import generated_tasks_dir
+from clawrl.sim.agents import HABITS, AgentConfig, Habit, demonstration_tasks, encode_episode, micro_env_config, play_demonstrations, train_agent
+
+needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
+EXPECTED = {"solve": 1.0, "guess": 0.0, "echo": 0.0, "typo": 0.0, "quit": 0.0, "look": 0.0}
+
+
+def play_habit(family: str, habit: str, tasks: list[str], cache_dir: Path) -> list[EpisodeRecord]:
+    micro = micro_env_config(family, cache_dir)
+
+    async def policy_for(env: Environment, planned: PlannedEpisode) -> Habit:
+        assert isinstance(env, Solvable)
+        return Habit(family, habit, await env.reference_solution(planned.task))
+
+    planned = [PlannedEpisode(task, index, index, 1) for index, task in enumerate(tasks)]
+    config = RolloutConfig(policy="oracle", concurrency=2)
+    return asyncio.run(run_rollouts(lambda: make_environment(micro), policy_for, planned, config))
+
+
+@needs_sandbox
+@pytest.mark.parametrize("family", ["toolcall", "terminal"])
+def test_each_habit_plays_real_episodes_with_the_outcome_it_stands_for(family: str, tmp_path: Path) -> None:
+    micro = micro_env_config(family, tmp_path)
+    tasks = asyncio.run(make_environment(micro).tasks("eval"))[:4]
+    for habit in HABITS[family]:
+        records = play_habit(family, habit, tasks, tmp_path)
+        assert not any(record.failed for record in records), [record.error for record in records]
+        assert [record.reward for record in records] == [EXPECTED[habit]] * len(tasks), habit
+        tool_messages = [message for record in records for message in record.messages if message["role"] == "tool"]
+        if habit == "typo":  # the misspelt program or command fails visibly: what a step judge can see
+            assert tool_messages and all("not" in message["content"] or "Error" in message["content"] for message in tool_messages
+                                         if message["content"] != "finished; the task is being checked")  # fmt: skip
+
+
+def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Path) -> None:
+    micro = micro_env_config("toolcall")
+    used = {problem(task).question for split in ("train", "eval") for task in asyncio.run(make_environment(micro).tasks(split))}
+    demos = [task for _, task in demonstration_tasks("toolcall", 300, tmp_path, tmp_path)]
+    assert len(demos) == 300 and not {problem(task).question for task in demos} & used
+    assert {task.rsplit("-", 2)[0] for task in demos} == {"arithmetic", "units"}
+
+    terminal = demonstration_tasks("terminal", 60, tmp_path / "work", tmp_path)
+    benchmark = {task.instruction for task in load_tasks(generated_tasks_dir(tmp_path, 0)).values()}
+    instructions = [(directory / task / "instruction.md").read_text() for directory, task in terminal if directory]
+    assert len(instructions) == 60 and not set(instructions) & benchmark
+    assert len(set(instructions)) > 40  # new names and contents, not the same few tasks
+
+
+@needs_sandbox
+def test_training_imitates_only_the_assistant_tokens_of_played_episodes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    demonstrations = play_demonstrations("toolcall", 8, seed=0, work_dir=tmp_path, cache_dir=tmp_path)
+    assert len(demonstrations.episodes) == 8 and sum(demonstrations.habits.values()) == 8
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    record = demonstrations.episodes[0]
+    ids, labels = encode_episode(tokenizer, record.messages, demonstrations.tools, max_tokens=4096)
+    trained = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label != -100])
+    replies = [message for message in record.messages if message["role"] == "assistant"]
+    assert trained.count("<|im_end|>") == len(replies)  # every reply, each to its end, and nothing else
+    assert "You solve math problems" not in trained and "<tools>" not in trained
+    if replies[0].get("tool_calls"):
+        assert '"name": "python"' in trained
+
+    losses = train_agent(tiny_model_dir, demonstrations, tmp_path / "agent", seed=0, config=AgentConfig(steps=3, batch_size=4))
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    AutoModelForCausalLM.from_pretrained(tmp_path / "agent")  # a model directory like any other
