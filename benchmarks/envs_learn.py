@@ -54,8 +54,8 @@ TRAIN_FLAGS = {"full": True, "lr": 5e-4, "kl_beta": 0.3, "batch_size": 16, "epis
 MAX_TOKENS = 96
 
 
-def serve_command(model_dir: Path, run_dir: Path, port: int, judge_coef: float, seed: int) -> list[str]:
-    flags = [f"--{name.replace('_', '-')}" + ("" if value is True else f"={value}") for name, value in TRAIN_FLAGS.items()]
+def serve_command(model_dir: Path, run_dir: Path, port: int, judge_coef: float, seed: int, train_flags: dict[str, Any]) -> list[str]:
+    flags = [f"--{name.replace('_', '-')}" + ("" if value is True else f"={value}") for name, value in train_flags.items()]
     return [sys.executable, "-m", "clawrl.cli", "serve", "--model", str(model_dir), "--cpu-threads", "1",
             "--port", str(port), "--run-dir", str(run_dir), "--judge", "rule", "--method", "rl",
             f"--step-judge-coef={judge_coef}", f"--train-seed={seed}", *flags]  # fmt: skip
@@ -95,7 +95,7 @@ def run_arm(arm: str, seed: int, family: str, args: argparse.Namespace, out: Pat
     train_tasks = asyncio.run(make_environment(env).tasks("train"))
     port = free_port()
     curve: list[dict[str, Any]] = []
-    with ServerProcess(serve_command(model_dir, run_dir, port, ARMS[arm], seed), run_dir, port) as server:
+    with ServerProcess(serve_command(model_dir, run_dir, port, ARMS[arm], seed, args.train_flags), run_dir, port) as server:
         agent = Agent(server.base_url, "unused", MAX_TOKENS)
         store = Store.for_run_dir(run_dir)
         training, episodes = TrainingStore(store), EpisodeStore(store)
@@ -113,7 +113,7 @@ def run_arm(arm: str, seed: int, family: str, args: argparse.Namespace, out: Pat
             records = asyncio.run(play(server.base_url, env, "train", plan_episodes(train_tasks, plan_config)))
             curve[-1]["train_reward"] = mean(outcomes(records))
             wait_for_samples(episodes, timeout_s=300)
-            settle(agent, training, TRAIN_FLAGS["batch_size"], timeout_s=600)
+            settle(agent, training, args.train_flags["batch_size"], timeout_s=600)
         agent.close()
     return {"arm": arm, "seed": seed, "family": family, "curve": curve}
 
@@ -165,11 +165,14 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per train task (GRPO group)")
     parser.add_argument("--eval-samples", type=int, default=2, help="episodes per eval task in each evaluation")
     parser.add_argument("--out", type=Path, default=None, help="directory for results.json and the runs (default: a temp dir)")
+    parser.add_argument("--lr", type=float, default=TRAIN_FLAGS["lr"], help="trainer learning rate (tune on other seeds)")
+    parser.add_argument("--kl-beta", type=float, default=TRAIN_FLAGS["kl_beta"], help="KL anchor to the starting weights")
     parser.add_argument("--quick", action="store_true", help="one seed, one round, small groups: a smoke run")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.rounds, args.groups, args.group_size, args.eval_samples = "0", 1, 4, 4, 1
+    args.train_flags = TRAIN_FLAGS | {"lr": args.lr, "kl_beta": args.kl_beta}
     out = args.out or Path(tempfile.mkdtemp(prefix="clawrl-envs-learn-"))
     out.mkdir(parents=True, exist_ok=True)
     arms = [arm.strip() for arm in args.arms.split(",")]
@@ -179,7 +182,7 @@ def main() -> None:
     runs = [run_arm(arm, seed, args.family, args, out) for seed in parse_seeds(args.seeds) for arm in arms]
     summary = summarize(runs)
     command = " ".join(["benchmarks/envs_learn.py", *sys.argv[1:]])
-    (out / "results.json").write_text(json.dumps({"command": command, "train_flags": TRAIN_FLAGS, "summary": summary,
+    (out / "results.json").write_text(json.dumps({"command": command, "train_flags": args.train_flags, "summary": summary,
                                                   "runs": runs}, indent=1))  # fmt: skip
     print(json.dumps(summary) if args.json else table(summary))
 

@@ -104,6 +104,23 @@ def test_a_group_waits_for_all_its_episodes_and_its_turns_are_no_chat(store: Sto
     assert group.episodes[0].steps[0].judge_score == 1 and group.episodes[0].steps[1].judge_score is None
 
 
+def test_an_abandoned_episode_ends_failed_and_its_group_goes_on(store: Store) -> None:
+    episodes = EpisodeStore(store)
+    play(store, "e1", "g", 1.0, steps=2)
+    episodes.start(Episode("e2", "toolcall", "task-1", "g", 2, 1))  # its client dies after one step
+    record(store, "e2-t0", "e2", [user("q")], "a", id_source="header")
+    stepped = store.session("e2").updated_at
+    assert episodes.fail_abandoned(idle_s=60, now=stepped + 59) == 0 and episodes.groups_to_sample(10) == []
+    assert episodes.fail_abandoned(idle_s=60, now=stepped + 61) == 1
+    abandoned = episodes.episode("e2")
+    assert abandoned is not None and abandoned.status == "failed" and "abandoned" in (abandoned.error or "")
+    (group,) = episodes.groups_to_sample(10)
+    assert sorted(episode.episode.status for episode in group.episodes) == ["failed", "finished"]
+    episodes.start(Episode("e3", "toolcall", "task-2", "h", 1, 2))  # registered, never stepped: idle since then
+    assert episodes.fail_abandoned(idle_s=60, now=episodes.episode("e3").created_at + 61) == 1
+    assert episodes.fail_abandoned(idle_s=60, now=stepped + 10_000) == 0  # an ended episode stays as it ended
+
+
 def test_samples_wait_for_the_judge_and_drop_failed_episodes_and_flat_steps(store: Store) -> None:
     training = TrainingStore(store)
     builder = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", gamma=0.5, judge_coef=1.0)

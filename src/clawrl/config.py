@@ -125,6 +125,12 @@ class ServeConfig(_Settings):
         gt=0,
         description="A session with no request for this long is closed; its last turn gets no next state.",
     )
+    episode_idle_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A registered episode with no request and no result for this long is ended as failed (its "
+        "rollout client is gone), so that the rest of its group can train.",
+    )
     side_turn_system_regex: str | None = Field(
         None,
         description="Requests whose system prompt matches this regex are side turns (served, never trained on), "

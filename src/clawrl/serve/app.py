@@ -118,7 +118,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         await engine.start()
         await policy.sync()  # a restarted server answers with the published version from its first request
         metrics.policy_version.set(engine.policy_version)
-        background = [asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s))]
+        background = [asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s,
+                                                               config.episode_idle_timeout_s))]  # fmt: skip
         background.append(asyncio.create_task(policy.run_forever()))
         if judge is not None:
             background.append(asyncio.create_task(judge.run_forever()))
@@ -273,15 +274,20 @@ async def _timed(events: AsyncGenerator[str, None], metrics: ServeMetrics, start
         metrics.latency.labels("true").observe(time.perf_counter() - started)
 
 
-async def _close_idle_sessions(store: Store, idle_s: float) -> None:
-    """Close sessions nobody has used for `idle_s`: their last turn will get no next state."""
-    period = max(0.5, min(60.0, idle_s / 4))
+async def _close_idle_sessions(store: Store, idle_s: float, episode_idle_s: float) -> None:
+    """Close sessions nobody has used for `idle_s` (their last turn will get no next state), and end
+    episodes idle for `episode_idle_s` as failed (their group can then train)."""
+    period = max(0.5, min(60.0, min(idle_s, episode_idle_s) / 4))
+    episodes = EpisodeStore(store)
     while True:
         await asyncio.sleep(period)
         try:
+            abandoned = await asyncio.to_thread(episodes.fail_abandoned, episode_idle_s)
             closed = await asyncio.to_thread(store.close_idle_sessions, idle_s)
         except Exception:  # a busy database must not kill housekeeping; try again next period
             log.exception("closing idle sessions failed")
             continue
         if closed:
             log.info("closed %d idle session(s)", closed)
+        if abandoned:
+            log.warning("ended %d abandoned episode(s) as failed (no request or result for %gs)", abandoned, episode_idle_s)

@@ -119,6 +119,26 @@ class EpisodeStore:
                 session.done, session.done_reason, session.updated_at = True, "client", now
             return records.episode(row)
 
+    def fail_abandoned(self, idle_s: float, now: float | None = None) -> int:
+        """End as failed every running episode with no request or result for `idle_s` seconds.
+
+        A rollout client that dies mid-episode never posts the result; without this its group
+        would wait for it forever and the group's finished episodes would never train. Idle
+        means: its session's last request (or, before any, its registration) is older than
+        `idle_s`. Returns how many episodes were ended.
+        """
+        now = time.time() if now is None else now
+        cutoff = now - idle_s
+        last_activity = func.coalesce(select(SessionRow.updated_at).where(SessionRow.id == EpisodeRow.session_id)
+                                      .scalar_subquery(), EpisodeRow.created_at)  # fmt: skip
+        error = f"abandoned: no request and no result for {idle_s:g}s"
+        with self.store.write() as db:
+            rows = list(db.scalars(select(EpisodeRow).where(EpisodeRow.status == "running", last_activity < cutoff)
+                                   .with_for_update()))  # fmt: skip
+            for row in rows:
+                row.status, row.error, row.ended_at = "failed", error, now
+            return len(rows)
+
     def episode(self, session_id: str) -> Episode | None:
         with self.store.read() as db:
             row = db.get(EpisodeRow, session_id)
