@@ -401,7 +401,7 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(EnvConfig, args)
     description = _environment_or_exit(config.env).description
-    app = create_env_app(lambda: make_environment(config), description, args.max_episodes)
+    app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s)
     logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -515,6 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     envs_serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     envs_serve.add_argument("--port", type=int, default=8000, help="TCP port")
     envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes open at once (one environment each)")
+    envs_serve.add_argument("--idle-timeout-s", type=float, default=600.0,
+                            help="close an episode (and its sandbox) nobody has touched for this long")
     envs_serve.set_defaults(handler=cmd_envs_serve)
 
     rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy or a clawrl "

@@ -14,7 +14,9 @@ body has none, returned in `metadata`), and `/step`, `/state` and `/close` name 
 name, mean the most recently opened one, so a plain OpenEnv client that sends no id drives one
 episode at a time. Bad requests get OpenAI-style error objects with a 4xx (an unknown episode 404,
 a step after the end 409, too many open episodes 429); an environment that crashes answers 500
-with the reason and its episode is closed.
+with the reason and its episode is closed. An episode nobody has touched for `idle_timeout_s` is
+closed (its sandbox with it): a client that dies without /close does not hold a slot for ever
+(use is a /reset or a /step; reading /state is not).
 
 Driven (`HTTPEnvironment`): any server of this shape is an `Environment`. A clawrl server's
 observations are chat messages already. For another OpenEnv server, whose actions and
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -68,6 +71,7 @@ class _Episode:
     env: Environment
     done: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step at a time per episode
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class _Episodes:
@@ -77,13 +81,17 @@ class _Episodes:
         self.limit = limit
         self.open: dict[str, _Episode] = {}
 
-    def get(self, episode_id: str | None) -> tuple[str, _Episode]:
+    def get(self, episode_id: str | None, touch: bool = True) -> tuple[str, _Episode]:
+        """The episode `episode_id` names (the latest without one); `touch` counts the request as use."""
         if episode_id is None and self.open:
             episode_id = next(reversed(self.open))
         if episode_id is None or episode_id not in self.open:
             named = f" {episode_id!r}" if episode_id else ""
             raise APIError(404, f"no open episode{named}: POST /reset first", "episode_not_found", "episode_id")
-        return episode_id, self.open[episode_id]
+        episode = self.open[episode_id]
+        if touch:
+            episode.last_used = time.monotonic()
+        return episode_id, episode
 
     async def make_room(self) -> None:
         for episode_id in [key for key, episode in self.open.items() if episode.done]:
@@ -98,17 +106,39 @@ class _Episodes:
         if episode is not None:
             await episode.env.close()
 
+    async def reap(self, idle_s: float) -> int:
+        """Close the episodes untouched for `idle_s` (none in the middle of a step); returns how many."""
+        cutoff = time.monotonic() - idle_s
+        idle = [key for key, episode in self.open.items() if episode.last_used < cutoff and not episode.lock.locked()]
+        for episode_id in idle:
+            await self.close(episode_id)
+        return len(idle)
 
-def create_env_app(make_env: Callable[[], Environment], description: str = "", max_episodes: int = 64) -> FastAPI:
+    async def reap_forever(self, idle_s: float) -> None:
+        while True:
+            await asyncio.sleep(max(0.1, idle_s / 4))
+            try:
+                if reaped := await self.reap(idle_s):
+                    log.info("closed %d episode(s) idle for %gs", reaped, idle_s)
+            except Exception:  # an environment that fails to close must not stop the reaping
+                log.exception("closing idle episodes failed")
+
+
+def create_env_app(make_env: Callable[[], Environment], description: str = "", max_episodes: int = 64,
+                   idle_timeout_s: float = 600.0) -> FastAPI:
     """An app serving fresh environments from `make_env`, one per episode."""
     episodes = _Episodes(max_episodes)
     lister = make_env()  # answers /tasks; never runs an episode
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        for episode_id in list(episodes.open):
-            await episodes.close(episode_id)
+        reaper = asyncio.create_task(episodes.reap_forever(idle_timeout_s))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            for episode_id in list(episodes.open):
+                await episodes.close(episode_id)
 
     app = FastAPI(title=f"clawrl environment: {lister.name}", lifespan=lifespan)
     install_error_handlers(app)
@@ -161,7 +191,7 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
 
     @app.get("/state")
     async def state(episode_id: str | None = Query(None, description="The episode; the latest when absent.")) -> EpisodeState:
-        key, episode = episodes.get(episode_id)
+        key, episode = episodes.get(episode_id, touch=False)  # looking is not using: a watcher keeps nothing open
         return (await episode.env.state()).model_copy(update={"episode_id": key})
 
     @app.post("/close")
