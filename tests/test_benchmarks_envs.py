@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +31,29 @@ def test_the_environment_benchmark_measures_the_sandbox_and_both_families(tmp_pa
         ("toolcall", 1), ("toolcall", 2), ("terminal", 1), ("terminal", 2)}
     assert all(row["failed"] == 0 and row["mean_reward"] == 1.0 for row in written["rollouts"])
     assert "| toolcall | 2 |" in result.stdout
+
+
+def load_envs_learn() -> Any:
+    spec = importlib.util.spec_from_file_location("envs_learn", ROOT / "benchmarks" / "envs_learn.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_learning_benchmark_summarises_curves_gains_and_the_paired_arms() -> None:
+    envs_learn = load_envs_learn()
+
+    def run(arm: str, seed: int, first: list[float], last: list[float]) -> dict[str, Any]:
+        return {"arm": arm, "seed": seed, "curve": [{"round": 0, "outcomes": first}, {"round": 1, "outcomes": last}]}
+
+    runs = [run("integrated", 1, [0, 0, 1, 0], [1, 1, 1, 0]), run("outcome", 1, [0, 0, 1, 0], [0, 1, 1, 0]),
+            run("integrated", 2, [0, 1, 0, 0], [1, 1, 0, 1]), run("outcome", 2, [0, 1, 0, 0], [0, 1, 0, 1])]  # fmt: skip
+    summary = envs_learn.summarize(runs)
+    curve = summary["arms"]["integrated"]["curve"]
+    assert [point["eval_reward"] for point in curve] == [0.25, 0.75]
+    assert all(low <= point["eval_reward"] <= high for point in curve for low, high in [point["ci"]])
+    gain = summary["arms"]["integrated"]["gain"]
+    assert gain["mean"] == 0.5 and gain["seeds"] == 2 and gain["ci"][0] > 0
+    assert summary["paired"]["integrated-outcome"]["mean"] == 0.25
+    assert "integrated-outcome: +0.250" in envs_learn.table(summary)
