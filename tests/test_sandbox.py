@@ -285,6 +285,24 @@ def test_shell_keeps_state_and_survives_a_timeout() -> None:
     arun(go())
 
 
+def test_a_shell_closed_right_after_it_opens_is_gone() -> None:
+    """An agent that finishes at its first step closes its shell at once: the shell must not
+    outlive that (it once escaped the kill chain now and then, and closing it hung for ever)."""
+
+    async def open_and_close(box: Sandbox) -> None:
+        for _ in range(30):
+            shell = await box.shell()
+            await asyncio.wait_for(shell.close(), 10)
+
+    async def go() -> None:
+        async with Sandbox() as box, Sandbox() as other:  # two at a time, as rollouts run: a busier machine
+            await asyncio.gather(open_and_close(box), open_and_close(other))
+            assert host_pids_with("--noprofile") == []
+            assert (await box.run("echo still here")).stdout == "still here\n"
+
+    arun(go())
+
+
 def test_concurrent_sandboxes_are_isolated() -> None:
     async def one(index: int) -> tuple[str, str, str]:
         async with Sandbox() as box:

@@ -512,7 +512,17 @@ async def _kill(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> in
         io.exception()  # an end of stream before the marker is expected here, not an error
     else:
         io.cancel()
-    return await proc.wait()
+    return await _reap(proc)
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> int:
+    """The status of a killed process. asyncio's ``wait()`` also waits for the process's pipes to
+    close, and a process that escaped the parent-death chain would hold them open for ever: after
+    the grace period stop waiting (the sandbox's close kills whatever is left with its pid
+    namespace) and report the kill."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        return await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
 def _abandon(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> None:
@@ -541,6 +551,12 @@ class ShellSession:
 
     async def start(self) -> None:
         self._proc = await self._sandbox._spawn(["/bin/bash", "--noprofile", "--norc"], WORKDIR)
+        # Answering a first command proves that every unshare of the chain has set its parent-death
+        # signal (each does so before it execs the next): a kill before then, as a session closed
+        # right after it opened, would leave the shell running, holding its pipes.
+        ready = await self._run(":", START_TIMEOUT_S)
+        if ready.exit_code != 0:
+            raise SandboxError(f"the shell did not start: {(ready.stderr or ready.stdout).strip() or ready.exit_code}")
 
     async def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
         timeout = self._sandbox.limits.command_timeout_s if timeout_s is None else timeout_s
@@ -581,7 +597,7 @@ class ShellSession:
         if proc is not None and proc.returncode is None:
             proc.kill()
         if proc is not None:
-            await proc.wait()
+            await _reap(proc)
 
 
 def _shell_script(command: str, token: str, marker: str) -> str:
