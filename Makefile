@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install clean
+.PHONY: demo test install vllm clean
 
 # The project and what it runs on; the demo needs nothing more.
 $(STAMP): pyproject.toml
@@ -23,14 +23,18 @@ $(DEV_STAMP): $(STAMP)
 
 install: $(DEV_STAMP)
 
+# vLLM's CPU build in an environment of its own (.venv-vllm), for --engine vllm and its tests.
+vllm:
+	bash scripts/install-vllm.sh
+
 demo: $(STAMP)
 	$(BIN)/clawrl demo
 
 # The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw (quick once
 # there; without the npm registry it says why and the test skips).
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) vllm
 	bash scripts/install-openclaw.sh
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-vllm runs .pytest_cache

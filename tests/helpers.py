@@ -9,7 +9,8 @@ never from one another.
 * talking to a running server as a client does (`converse`, `teach`, `healthz`) and waiting for
   what it does in the background (`wait_for_judgment`, `wait_until`), and the `clawrl` command
   (`run_cli`);
-* `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests.
+* `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests;
+* policy versions to load into an engine (`save_lora_adapter`, `save_perturbed_weights`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
@@ -351,3 +353,32 @@ class PostgresServer:
         """Stop the server at once (`pg_ctl -m immediate`)."""
         subprocess.run(_as_server_user([str(self.binaries / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"]),
                        capture_output=True, cwd=self.root)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- policy versions to load
+
+
+def save_lora_adapter(model_dir: Path, out: Path, seed: int) -> Path:
+    """A LoRA adapter for the tiny model whose B matrices are non-zero, so it changes outputs."""
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]),
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    model.save_pretrained(out)
+    return out
+
+
+def save_perturbed_weights(model_dir: Path, out: Path) -> Path:
+    """A full-weight version: the tiny model with noise added to every weight."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    model.save_pretrained(out)
+    return out

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from clawrl.config import EngineConfig
@@ -26,6 +25,7 @@ from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
 from clawrl.engines.hf import EngineClosedError, HFEngine
 from clawrl.sim.models import resolve_model
 from clawrl.sim.tiny import tiny_model_path
+from tests.helpers import save_lora_adapter, save_perturbed_weights
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 MESSAGES = [
@@ -239,32 +239,6 @@ def test_score_matches_generation_logprobs(model_dir: Path) -> None:
     assert scored.top_token_ids == [[token for token, _ in step.top_logprobs] for step in steps]
     expected = torch.tensor([[value for _, value in step.top_logprobs] for step in steps])
     torch.testing.assert_close(torch.tensor(scored.top_logprobs), expected, rtol=0, atol=1e-4)
-
-
-def save_lora_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A LoRA adapter for the tiny model whose B matrices are non-zero, so it changes outputs."""
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]),
-    )
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    model.save_pretrained(out)
-    return out
-
-
-def save_perturbed_weights(model_dir: Path, out: Path) -> Path:
-    """A full-weight version: the tiny model with noise added to every weight."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    model.save_pretrained(out)
-    return out
 
 
 def test_load_version_swaps_new_requests_and_keeps_in_flight_ones(model_dir: Path, tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ def test_corpus_is_deterministic_and_has_both_styles() -> None:
 
 def test_tiny_model_path_builds_once_then_reuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = tiny_model_path(tmp_path, seed=2)
-    assert first == tmp_path / "tiny-v1-seed2"
+    assert first == tmp_path / "tiny-v2-seed2"
     assert AutoConfig.from_pretrained(first).model_type == "qwen2"
     stamp = (first / "model.safetensors").stat().st_mtime_ns
 
@@ -222,7 +222,7 @@ def test_tiny_model_path_builds_once_then_reuses(tmp_path: Path, monkeypatch: py
 
 
 def test_tiny_model_path_tolerates_losing_the_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    target = tmp_path / "tiny-v1-seed0"
+    target = tmp_path / "tiny-v2-seed0"
 
     def build_while_a_rival_finishes_first(out_dir: Path, seed: int = 0) -> Path:
         build_tiny_model(target, seed)  # the rival's finished directory appears first

@@ -67,7 +67,40 @@ class EngineConfig(_Settings):
         description="Model to serve: a local Hugging Face directory, a hub id, or `tiny` for the "
         "locally built tiny model (cached under --cache-dir).",
     )
-    engine: Literal["hf"] = Field("hf", description="Engine kind.")
+    engine: Literal["hf", "vllm", "openai"] = Field(
+        "hf",
+        description="Engine kind: `hf` (transformers in this process), `vllm` (a vLLM server that clawrl starts "
+        "from --vllm-python and drives with token ids), or `openai` (an OpenAI-compatible server at --engine-url "
+        "that takes token-id prompts and returns token ids and log-probs, e.g. a vLLM you run).",
+    )
+    engine_url: str | None = Field(
+        None, description="With --engine openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."
+    )
+    engine_api_key: str | None = Field(None, description="With --engine openai: a bearer key for --engine-url.")
+    engine_timeout_s: float = Field(
+        600.0, gt=0, description="With --engine vllm|openai: the longest one call to the server may take."
+    )
+    vllm_python: Path | None = Field(
+        None,
+        description="With --engine vllm: the Python of the environment vLLM is installed in; unset: .venv-vllm "
+        "in the current directory or beside clawrl's source (what `make test` creates).",
+    )
+    max_lora_rank: int = Field(
+        64, ge=1, description="With --engine vllm: the largest LoRA rank the server accepts (vLLM reserves room for it)."
+    )
+    max_loras: int = Field(
+        4, ge=2, description="With --engine vllm: LoRA versions loaded at once (the current one and those still in use)."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="With --engine vllm on a CPU: memory for its KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    vllm_args: str = Field(
+        "", description="With --engine vllm: more arguments for vLLM's server, as on its command line (e.g. "
+        "`--gpu-memory-utilization 0.5`)."
+    )
+    vllm_start_timeout_s: float = Field(
+        600.0, gt=0, description="With --engine vllm: how long the server may take to load before clawrl gives up."
+    )
     device: str = Field("auto", description="`auto` (CUDA when present), `cpu` or `cuda[:N]`.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA."

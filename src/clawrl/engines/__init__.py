@@ -21,4 +21,12 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
         from clawrl.engines.hf import HFEngine
 
         return HFEngine(config, model_path=model_path)
+    if config.engine == "vllm":
+        from clawrl.engines.vllm import VLLMEngine
+
+        return VLLMEngine(config, model_path=model_path)
+    if config.engine == "openai":
+        from clawrl.engines.remote import RemoteEngine
+
+        return RemoteEngine(config, model_path=model_path)
     raise ValueError(f"unknown engine {config.engine!r}")

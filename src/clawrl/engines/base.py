@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,22 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per position (0 = none)
+
+
+def validate_sampling(sampling: SamplingParams) -> None:
+    """Reject parameters the sampler cannot honour, before anything is queued."""
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
+    if not 0 < sampling.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+    if sampling.top_logprobs < 0:
+        raise ValueError(f"top_logprobs must be >= 0, got {sampling.top_logprobs}")
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed (or never started) while a request or task needed it."""
 
 
 @dataclass
@@ -59,6 +75,7 @@ class GenerationStream:
         self._queue: asyncio.Queue[TokenStep | BaseException | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self.cancelled = False
+        self._on_cancel: Callable[[], None] | None = None
 
     # --- producer side (may be called from an engine thread) -------------------------------
     def push(self, step: TokenStep) -> None:
@@ -70,9 +87,16 @@ class GenerationStream:
     def finish(self) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
 
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Have `cancel()` call `callback` too: for an engine that must act at once (hang up on a
+        remote server) rather than notice the flag at its next step."""
+        self._on_cancel = callback
+
     # --- consumer side ------------------------------------------------------------------------
     def cancel(self) -> None:
         self.cancelled = True
+        if self._on_cancel is not None:
+            self._on_cancel()
 
     def __aiter__(self) -> AsyncIterator[TokenStep]:
         return self._iterate()
@@ -90,7 +114,8 @@ class GenerationStream:
 
 
 class Engine(ABC):
-    """A model runtime. Implementations: `hf` (in-process transformers), later `vllm` and `openai`."""
+    """A model runtime. Implementations: `hf` (in-process transformers), `openai` (a remote
+    OpenAI-compatible server that speaks token ids) and `vllm` (that, with vLLM run by clawrl)."""
 
     model_name: str
     tokenizer: PreTrainedTokenizerBase

@@ -65,7 +65,15 @@ from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from clawrl.config import EngineConfig
-from clawrl.engines.base import Engine, GenerationStream, SamplingParams, ScoredResponse, TokenStep
+from clawrl.engines.base import (
+    Engine,
+    EngineClosedError,
+    GenerationStream,
+    SamplingParams,
+    ScoredResponse,
+    TokenStep,
+    validate_sampling,
+)
 from clawrl.engines.scoring import score_response
 
 logger = logging.getLogger(__name__)
@@ -75,10 +83,6 @@ T = TypeVar("T")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
 _ADAPTER_UNKNOWN = "<unknown>"
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed (or never started) while a request or task needed it."""
 
 
 # --- small pure helpers -----------------------------------------------------------------------
@@ -96,18 +100,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return _DTYPES[name]
-
-
-def validate_sampling(sampling: SamplingParams) -> None:
-    """Reject parameters the sampler cannot honour, before anything is queued."""
-    if sampling.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
-    if sampling.top_logprobs < 0:
-        raise ValueError(f"top_logprobs must be >= 0, got {sampling.top_logprobs}")
 
 
 def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:

@@ -22,7 +22,7 @@ The tokenizer is trained on a corpus with a fixed seed (``CORPUS_SEED``), so eve
 shares one tokenizer and only the weights depend on ``seed``. Building is deterministic: the
 same seed gives a byte-identical ``model.safetensors``.
 
-``tiny_model_path`` caches built models under ``tiny-v1-seed{seed}``; bump ``TINY_VERSION``
+``tiny_model_path`` caches built models under ``tiny-v2-seed{seed}``; bump ``TINY_VERSION``
 whenever anything here changes what is built, so stale caches are not reused.
 """
 
@@ -39,7 +39,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 
 from clawrl.sim.corpus import build_corpus
 
-TINY_VERSION = "tiny-v1"
+TINY_VERSION = "tiny-v2"  # v2: heads of 32 dimensions (vLLM)
 CORPUS_SEED = 0
 VOCAB_SIZE = 2048  # total, including the special and tool tokens
 CONTEXT_LENGTH = 32768
@@ -118,11 +118,12 @@ CHAT_TEMPLATE = """\
 
 # Qwen2 shape scaled down: small enough to build and run in seconds on a CPU, real enough that
 # attention, grouped-query KV heads, RoPE and tied embeddings all take the normal code paths.
+# Heads of 32 dimensions, the smallest that vLLM's CPU attention takes, so both engines serve it.
 MODEL_SHAPE = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "intermediate_size": 192,
 }
 
@@ -198,7 +199,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
 
 
 def tiny_model_path(cache_dir: Path, seed: int = 0) -> Path:
-    """Return ``cache_dir / "tiny-v1-seed{seed}"``, building the model there first if missing.
+    """Return ``cache_dir / "tiny-v2-seed{seed}"``, building the model there first if missing.
 
     The model is built in a temporary sibling directory and renamed into place, so a reader
     never sees a half-written directory. When several processes build at once, the first rename
