@@ -10,7 +10,8 @@ never from one another.
   what it does in the background (`wait_for_judgment`, `wait_until`), and the `clawrl` command
   (`run_cli`);
 * `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests;
-* policy versions to load into an engine (`save_lora_adapter`, `save_perturbed_weights`).
+* policy versions to load into an engine (`save_lora_adapter`, `save_perturbed_weights`);
+* `require_vllm`: skip (or, under CI, fail) where vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
 from clawrl.engines.chat import render_prompt
+from clawrl.engines.remote import RemoteEngineError
+from clawrl.engines.vllm import find_vllm_python
 from clawrl.judge.worker import build_worker
 from clawrl.messages import answer_fingerprint, conversation_hashes
 from clawrl.serve.runner import ServerThread, free_port
@@ -382,3 +385,19 @@ def save_perturbed_weights(model_dir: Path, out: Path) -> Path:
             parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
     model.save_pretrained(out)
     return out
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+def require_vllm() -> None:
+    """Skip the calling test where vLLM is not installed (`make test` installs it into .venv-vllm);
+    under CI (`CLAWRL_REQUIRE_VLLM=1`) fail instead."""
+    try:
+        find_vllm_python()
+    except RemoteEngineError as error:
+        marker = Path(".venv-vllm/unavailable")
+        reason = marker.read_text().strip() if marker.is_file() else str(error)
+        if os.environ.get("CLAWRL_REQUIRE_VLLM") == "1":
+            pytest.fail(f"vLLM is not installed ({reason}); CLAWRL_REQUIRE_VLLM=1 says it must run here")
+        pytest.skip(f"vLLM is not installed: {reason}")

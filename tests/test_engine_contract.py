@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import threading
 import time
@@ -32,9 +31,9 @@ from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
 from clawrl.engines.remote import RemoteEngine, RemoteEngineError
-from clawrl.engines.vllm import VLLMEngine, find_vllm_python
+from clawrl.engines.vllm import VLLMEngine
 from clawrl.sim.tiny import tiny_model_path
-from tests.helpers import save_lora_adapter, save_perturbed_weights
+from tests.helpers import require_vllm, save_lora_adapter, save_perturbed_weights
 
 T = TypeVar("T")
 KINDS = ("hf", "vllm", "openai")
@@ -42,15 +41,6 @@ CONTEXT = 2048
 ATOL = 2e-3  # float32 on both sides; vLLM's CPU kernels sum in another order than torch's
 SHARED_PREFIX = "Here is the whole history of the project so far, read it with care before you answer. " * 6
 QUESTIONS = ["What is the capital of France?", "Tell me a joke", "List three fruits.", "ok", "Summarise it."]
-
-
-def vllm_unavailable() -> str | None:
-    try:
-        find_vllm_python()
-    except RemoteEngineError as error:
-        marker = Path(".venv-vllm/unavailable")
-        return marker.read_text().strip() if marker.is_file() else str(error)
-    return None
 
 
 class LoopThread:
@@ -115,11 +105,7 @@ def loop() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir: Path, loop: LoopThread) -> Iterator[VLLMEngine]:
-    reason = vllm_unavailable()
-    if reason is not None:
-        if os.environ.get("CLAWRL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"vLLM is not installed ({reason}); CLAWRL_REQUIRE_VLLM=1 says it must run here")
-        pytest.skip(f"vLLM is not installed: {reason}")
+    require_vllm()
     config = EngineConfig(model="tiny", engine="vllm", device="cpu", max_context_tokens=CONTEXT, max_batch_size=32,
                           vllm_start_timeout_s=240)  # fmt: skip
     engine = VLLMEngine(config, model_path=model_dir)

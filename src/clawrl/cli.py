@@ -93,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve_config = config_from_args(ServeConfig, args)
     # every setting is checked before the model is loaded, which can take minutes
     judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
+    _check_engine(engine_config, train_config)
     store = Store(store_config.resolved_database_url())
     engine = build_engine(engine_config, _resolved_model(engine_config))
     judge = _judge_worker(store, judge_config, engine, engine_config, train_config.teacher)
@@ -108,6 +109,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if trainer is not None:
             trainer.stop()
     return 0
+
+
+def _check_engine(engine: EngineConfig, train: TrainConfig) -> None:
+    """Refuse, before anything loads, an engine that could not serve the trainer's versions or that
+    cannot run at all (no vLLM, no server at --engine-url)."""
+    from clawrl.engines.remote import RemoteEngineError, check_reachable
+    from clawrl.engines.vllm import find_vllm_python
+
+    if train.method is not None and engine.engine == "openai" and train.full:
+        raise SystemExit(
+            "error: --engine openai cannot swap in full-weight versions (a remote server has no call for it); "
+            "train LoRA adapters (drop --full) or use --engine vllm"
+        )
+    if train.method is not None and engine.engine == "vllm" and not train.full and train.lora_rank > engine.max_lora_rank:
+        raise SystemExit(f"error: --lora-rank {train.lora_rank} is above --max-lora-rank {engine.max_lora_rank}; raise the latter")
+    try:
+        if engine.engine == "vllm":
+            find_vllm_python(engine.vllm_python)
+        if engine.engine == "openai":
+            check_reachable(engine)
+    except RemoteEngineError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def _resolved_model(config: EngineConfig) -> str:

@@ -379,6 +379,20 @@ class RemoteEngine(Engine):
         return ids
 
 
+def check_reachable(config: EngineConfig) -> None:
+    """That `--engine-url` is given and lists a model, in a second or two (before anything loads)."""
+    if not config.engine_url:
+        raise RemoteEngineError("--engine openai needs --engine-url, the server's base URL (e.g. http://127.0.0.1:8000/v1)")
+    headers = {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
+    url = config.engine_url.rstrip("/") + "/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=10)
+    except httpx.HTTPError as error:
+        raise RemoteEngineError(f"cannot reach the engine server at {config.engine_url}: {error}") from None
+    if not _json_or_raise(response).get("data"):
+        raise RemoteEngineError(f"{url} lists no model")
+
+
 def _json_or_raise(response: httpx.Response) -> dict[str, Any]:
     if response.status_code == 200:
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shlex
 import signal
@@ -37,24 +38,25 @@ from clawrl.config import EngineConfig
 from clawrl.engines.remote import RemoteEngine, RemoteEngineError, RemoteVersion
 
 _VENV_NAME = ".venv-vllm"
+_PR_SET_PDEATHSIG = 1
 SERVED_NAME = "clawrl-policy"  # the base model's name on the server; LoRA versions add a suffix
 _SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout, for an editable install
 
 
 def find_vllm_python(configured: Path | None = None) -> Path:
     """The Python that has vLLM: the configured one, else `.venv-vllm` here or beside the source."""
-    candidates = [configured] if configured else []
-    if os.environ.get("CLAWRL_VLLM_PYTHON"):
-        candidates.append(Path(os.environ["CLAWRL_VLLM_PYTHON"]))
+    if configured is not None:
+        if Path(configured).is_file() and os.access(configured, os.X_OK):
+            return Path(configured)
+        raise RemoteEngineError(f"--vllm-python {configured} is not an executable file")
+    candidates = [Path(os.environ["CLAWRL_VLLM_PYTHON"])] if os.environ.get("CLAWRL_VLLM_PYTHON") else []
     candidates += [Path.cwd() / _VENV_NAME / "bin" / "python", _SOURCE_ROOT / _VENV_NAME / "bin" / "python"]
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    if configured:
-        raise RemoteEngineError(f"--vllm-python {configured} is not an executable file")
     raise RemoteEngineError(
         f"--engine vllm needs vLLM in an environment of its own: none at ./{_VENV_NAME} or {_SOURCE_ROOT / _VENV_NAME}. "
-        "Create it with `make vllm` (or `bash scripts/install-vllm.sh`), or pass --vllm-python PATH"
+        "Create it with `make vllm` (scripts/install-vllm.sh), or pass --vllm-python PATH"
     )
 
 
@@ -114,6 +116,7 @@ class VLLMServer:
             self.process = subprocess.Popen(
                 self.command(python), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
                 start_new_session=True,  # its workers share the group, so a stop reaches them all
+                preexec_fn=_terminate_with_parent,
             )  # fmt: skip
         deadline = time.monotonic() + self.config.vllm_start_timeout_s
         async with httpx.AsyncClient(timeout=5) as client:
@@ -144,6 +147,12 @@ class VLLMServer:
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _terminate_with_parent() -> None:
+    """In the server's process before exec: SIGTERM when clawrl dies, even by SIGKILL (vLLM then
+    stops its own workers)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _has_cuda() -> bool:

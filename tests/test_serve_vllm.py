@@ -1,0 +1,139 @@
+"""`clawrl serve --engine vllm` end to end (issue 14): vLLM's CPU build serves the tiny model, the
+openai SDK talks to clawrl, the rule judge and the trainer (a separate process) turn feedback into
+LoRA versions, and vLLM serves each of them exactly as trained while 16 clients keep asking; after
+SIGTERM no vLLM process is left.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from clawrl.engines.scoring import score_response
+from clawrl.serve.runner import free_port
+from clawrl.store import Store
+from tests.helpers import healthz, require_vllm, teach, wait_until
+
+FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
+
+
+def vllm_processes(port: int) -> list[int]:
+    """vLLM server processes that clawrl started for the server on `port` (their cmdlines name vllm)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+class Load:
+    """16 client threads sending chats in a loop; every failure is kept."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url, self.stop, self.failures, self.versions = base_url, threading.Event(), [], []
+        self.threads = [threading.Thread(target=self.loop, args=(index,), daemon=True) for index in range(16)]
+
+    def loop(self, index: int) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=120) as http:
+            while not self.stop.is_set():
+                body = {"model": "m", "messages": [{"role": "user", "content": f"client {index} says hi"}], "max_tokens": 4}
+                try:
+                    response = http.post("/chat/completions", json=body)
+                except httpx.HTTPError as error:
+                    self.failures.append(repr(error))
+                    continue
+                if response.status_code != 200:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+                else:
+                    self.versions.append(int(response.headers["x-clawrl-policy-version"]))
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+
+
+def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Path, run_dir: Path) -> None:
+    require_vllm()
+    port = free_port()
+    command = [
+        sys.executable, "-m", "clawrl.cli", "serve", "--engine", "vllm", "--model", str(tiny_model_dir), "--device", "cpu",
+        "--max-context-tokens", "2048", "--run-dir", str(run_dir), "--port", str(port), "--served-model-name", "m",
+        "--judge", "rule", "--judge-poll-s", "0.05", "--policy-poll-s", "0.1",
+        "--method", "combine", "--batch-size", "3", "--lr", "0.01", "--train-poll-s", "0.1",
+    ]  # fmt: skip
+    serve = subprocess.Popen(command)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthz(base) or serve.poll() is not None, 400, "clawrl serve --engine vllm")
+        assert serve.poll() is None, "clawrl serve exited"
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        answer = client.chat.completions.create(model="m", messages=FIXED_PROMPT, max_tokens=8, logprobs=True, seed=1)
+        assert answer.choices[0].finish_reason in ("stop", "length") and len(answer.choices[0].logprobs.content) >= 1
+        streamed = client.chat.completions.create(model="m", messages=FIXED_PROMPT, max_tokens=8, seed=1, stream=True)
+        pieces = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
+        assert "".join(pieces) == answer.choices[0].message.content  # the same seed, streamed
+        text = answer.choices[0].message.content
+        if len(text) > 3:  # a stop string cuts the answer where it first appears
+            stop = text[2:4]
+            stopped = client.chat.completions.create(model="m", messages=FIXED_PROMPT, max_tokens=8, seed=1, stop=[stop])
+            assert stopped.choices[0].message.content == text[: text.index(stop)]
+            assert stopped.choices[0].finish_reason == "stop"
+
+        with Load(base + "/v1") as load:
+            teach(base + "/v1", sessions=2)
+            wait_until(lambda: healthz(base)["policy_version"] == 2, 300, "v2 served")
+            wait_until(lambda: load.versions.count(2) >= 4, 60, "answers on v2")
+        assert load.failures == [] and {0, 2} <= set(load.versions)
+
+        with httpx.Client(base_url=base + "/v1", timeout=60) as http:
+            body = {"model": "m", "messages": FIXED_PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True, "turn_type": "side"}
+            response = http.post("/chat/completions", json=body)
+        assert response.status_code == 200 and response.headers["x-clawrl-policy-version"] == "2"
+        turn = Store.for_run_dir(run_dir).turn(response.headers["x-clawrl-turn"])
+        served = [entry["logprob"] for entry in response.json()["choices"][0]["logprobs"]["content"]]
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run_dir / "policy" / "v2"))
+        expected = score_response(model.eval(), turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+        torch.testing.assert_close(torch.tensor(served), torch.tensor(expected), rtol=0, atol=2e-3)
+        torch.testing.assert_close(torch.tensor(turn.response_logprobs), torch.tensor(expected), rtol=0, atol=2e-3)
+        assert vllm_processes(port)
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(90)
+    wait_until(lambda: not vllm_processes(port), 60, "vLLM's server stopped with clawrl")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--engine", "openai", "--engine-url", "http://127.0.0.1:9/v1", "--method", "rl", "--full"], "cannot swap in full-weight"),
+        (["--engine", "vllm", "--method", "rl", "--lora-rank", "128"], "above --max-lora-rank 64"),
+        (["--engine", "vllm", "--vllm-python", "/no/such/python"], "not an executable file"),
+        (["--engine", "openai", "--engine-url", "http://127.0.0.1:9/v1"], "cannot reach the engine server"),
+    ],
+)
+def test_engine_mistakes_end_in_one_clear_line(tiny_model_dir: Path, tmp_path: Path, flags: list[str], message: str) -> None:
+    command = [sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--run-dir", str(tmp_path),
+               "--port", str(free_port()), *flags]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
