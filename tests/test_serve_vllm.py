@@ -6,6 +6,7 @@ SIGTERM no vLLM process is left.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -19,10 +20,14 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from clawrl.config import EngineConfig
 from clawrl.engines.scoring import score_response
+from clawrl.engines.vllm import SERVED_NAME, VLLMServer
+from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
-from tests.helpers import healthz, require_vllm, teach, wait_until
+from clawrl.types import NextState, TurnContext
+from tests.helpers import healthz, require_vllm, teach, turn, user, wait_until
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 
@@ -120,6 +125,22 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
         serve.send_signal(signal.SIGTERM)
         serve.wait(90)
     wait_until(lambda: not vllm_processes(port), 60, "vLLM's server stopped with clawrl")
+
+
+def test_the_openai_judge_runs_against_a_real_vllm_server(tiny_model_dir: Path) -> None:
+    """`--judge openai` pointed at vLLM: its requests are accepted and its answers parsed. The tiny
+    model writes noise, not a boxed score, so every vote is invalid and the score neutral."""
+    require_vllm()
+    server = VLLMServer(EngineConfig(model="tiny", engine="vllm", device="cpu", max_context_tokens=4096), tiny_model_dir)
+    answered = turn("t1", "s1", [user("Write a short note to my team about Friday.")], "**Friday**\n1. Meeting at 10")
+    case = TurnContext(answered, NextState("t1", [user("too AI-like, rewrite it without the bold")], "t2"), feedback=[])
+    asyncio.run(server.start())
+    try:
+        judge = OpenAIJudge(server.base_url, SERVED_NAME, votes=3, max_tokens=48, call_timeout_s=120, attempts=1)
+        verdict = asyncio.run(judge.judge(case))
+    finally:
+        server.stop()
+    assert verdict.source == "prm" and verdict.votes == [None, None, None] and verdict.score == 0
 
 
 @pytest.mark.parametrize(
