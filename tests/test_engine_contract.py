@@ -106,8 +106,10 @@ def loop() -> Iterator[LoopThread]:
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir: Path, loop: LoopThread) -> Iterator[VLLMEngine]:
     require_vllm()
+    # max_loras 8: the module loads 6 adapters in all, and vLLM's CPU build corrupts requests in
+    # flight when it evicts an adapter from a full set of slots (docs/engines.md, known issue)
     config = EngineConfig(model="tiny", engine="vllm", device="cpu", max_context_tokens=CONTEXT, max_batch_size=32,
-                          vllm_start_timeout_s=240)  # fmt: skip
+                          max_loras=8, vllm_start_timeout_s=240)  # fmt: skip
     engine = VLLMEngine(config, model_path=model_dir)
     loop.run(engine.start(), timeout=600)
     yield engine
@@ -321,9 +323,15 @@ def test_sixteen_clients_through_lora_swaps_each_answer_on_one_version(
     loop.run(run())
     assert failures == []
     assert {version for version, _, _ in answers} == {0, 1, 2, 3}
-    for version, ids, steps in answers:
+    mismatched = []
+    for number, (version, ids, steps) in enumerate(answers):
         expected = reference.of_tokens(loaded[version], ids, token_ids(steps))
-        torch.testing.assert_close(torch.tensor([s.logprob for s in steps]), expected, rtol=0, atol=ATOL)
+        others = {other: reference.of_tokens(name, ids, token_ids(steps)) for other, name in loaded.items() if other != version}
+        served = torch.tensor([s.logprob for s in steps])
+        for position in torch.nonzero((served - expected).abs() > ATOL).flatten().tolist():
+            closest = min(others, key=lambda other: abs(float(others[other][position] - served[position])))
+            mismatched.append((number, version, position, round(float(served[position] - expected[position]), 4), f"closest to v{closest}"))
+    assert mismatched == [], f"{len(mismatched)} of {sum(len(s) for _, _, s in answers)} tokens in {len(answers)} answers: {mismatched[:12]}"
 
 
 def test_bad_input_is_refused_clearly(engine: Engine, loop: LoopThread, tmp_path: Path, model_dir: Path) -> None:
