@@ -6,7 +6,7 @@ never from one another.
 * `start_server`: a real server on a free port;
 * recording turns, verdicts and samples straight into a store (`record`, `Conversation`,
   `store_with_samples`, `version`);
-* talking to a running server as a client does (`converse`, `teach`, `healthz`) and waiting for
+* talking to a running server as a client does (`converse`, `teach`, `healthz`, `LoadClients`) and waiting for
   what it does in the background (`wait_for_judgment`, `wait_until`), and the `clawrl` command
   (`run_cli`);
 * `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests;
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -266,6 +267,41 @@ def teach(base_url: str, sessions: int) -> list[str]:
             feedback = http.post("/feedback", json={"session_id": session, "score": 1})
             assert feedback.status_code == 200, feedback.text
     return turn_ids
+
+
+class LoadClients:
+    """16 threads sending chats in a loop to a server's /v1 `base_url`; every failure (exception or
+    non-200) is kept, and the policy version of every answer."""
+
+    def __init__(self, base_url: str, clients: int = 16, timeout_s: float = 60) -> None:
+        self.base_url, self.timeout_s, self.stop = base_url, timeout_s, threading.Event()
+        self.failures: list[str] = []
+        self.versions: list[int] = []
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(clients)]
+
+    def _loop(self, index: int) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=self.timeout_s) as http:
+            while not self.stop.is_set():
+                body = {"model": "m", "messages": [{"role": "user", "content": f"client {index} says hello"}], "max_tokens": 4}
+                try:
+                    response = http.post("/chat/completions", json=body)
+                except httpx.HTTPError as error:
+                    self.failures.append(repr(error))
+                    continue
+                if response.status_code != 200:
+                    self.failures.append(f"{response.status_code} {response.text[:200]}")
+                else:
+                    self.versions.append(int(response.headers["x-clawrl-policy-version"]))
+
+    def __enter__(self) -> LoadClients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=self.timeout_s)
 
 
 def healthz(base: str) -> dict[str, Any] | None:

@@ -117,7 +117,7 @@ def vllm_engine(model_dir: Path, loop: LoopThread) -> Iterator[VLLMEngine]:
 
 
 @pytest.fixture(scope="module")
-def engines(model_dir: Path, loop: LoopThread, request: pytest.FixtureRequest) -> Iterator[dict[str, Engine]]:
+def engines(loop: LoopThread) -> Iterator[dict[str, Engine]]:
     """The engines started so far, by kind (each started on first use)."""
     started: dict[str, Engine] = {}
     yield started
@@ -234,18 +234,17 @@ def test_the_end_of_turn_token_stops_and_is_included(
 
 
 def test_tokens_stream_as_they_are_generated(engine: Engine, loop: LoopThread) -> None:
-    """The first tokens arrive long before the last: a stream, not one answer at the end."""
+    """Tokens arrive in separate bursts over the generation, not all at its end. A count of pauses,
+    so one slow stretch does not matter; a low bar, because vLLM's front end sends several tokens
+    per chunk when it falls behind its engine (13 chunks for 600 tokens seen on two busy cores)."""
     ids = prompt_ids(engine, "Summarise it.")
 
-    async def arrivals() -> tuple[float, list[float]]:
-        started, times = time.monotonic(), []
-        async for _ in engine.generate(ids, SamplingParams(max_tokens=600, seed=1)):
-            times.append(time.monotonic())
-        return started, times
+    async def arrivals() -> list[float]:
+        return [time.monotonic() async for _ in engine.generate(ids, SamplingParams(max_tokens=600, seed=1))]
 
-    started, times = loop.run(arrivals())
-    assert len(times) == 600
-    assert times[9] - started < 0.5 * (times[-1] - started)
+    times = loop.run(arrivals())
+    pauses = sum(later - earlier > 0.001 for earlier, later in zip(times, times[1:]))
+    assert len(times) == 600 and pauses >= 5, pauses
 
 
 def test_cancel_hangs_up_and_frees_the_engine(engine: Engine, loop: LoopThread) -> None:

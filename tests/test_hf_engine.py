@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from clawrl.config import EngineConfig
 from clawrl.engines import build_engine

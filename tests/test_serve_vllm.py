@@ -10,7 +10,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -27,7 +26,7 @@ from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
-from tests.helpers import healthz, require_vllm, teach, turn, user, wait_until
+from tests.helpers import LoadClients, healthz, require_vllm, teach, turn, user, wait_until
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 
@@ -43,38 +42,6 @@ def vllm_processes(port: int) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-class Load:
-    """16 client threads sending chats in a loop; every failure is kept."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url, self.stop, self.failures, self.versions = base_url, threading.Event(), [], []
-        self.threads = [threading.Thread(target=self.loop, args=(index,), daemon=True) for index in range(16)]
-
-    def loop(self, index: int) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=120) as http:
-            while not self.stop.is_set():
-                body = {"model": "m", "messages": [{"role": "user", "content": f"client {index} says hi"}], "max_tokens": 4}
-                try:
-                    response = http.post("/chat/completions", json=body)
-                except httpx.HTTPError as error:
-                    self.failures.append(repr(error))
-                    continue
-                if response.status_code != 200:
-                    self.failures.append(f"{response.status_code} {response.text[:200]}")
-                else:
-                    self.versions.append(int(response.headers["x-clawrl-policy-version"]))
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=120)
 
 
 def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Path, run_dir: Path) -> None:
@@ -104,7 +71,7 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
             assert stopped.choices[0].message.content == text[: text.index(stop)]
             assert stopped.choices[0].finish_reason == "stop"
 
-        with Load(base + "/v1") as load:
+        with LoadClients(base + "/v1", timeout_s=120) as load:
             teach(base + "/v1", sessions=2)
             wait_until(lambda: healthz(base)["policy_version"] == 2, 300, "v2 served")
             wait_until(lambda: load.versions.count(2) >= 4, 60, "answers on v2")

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,10 +37,9 @@ from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 from clawrl.train.process import TrainerProcess
 from clawrl.train.trainer import Trainer
-from tests.helpers import HINT, Conversation, healthz, run_cli, start_server, teach, wait_until
+from tests.helpers import HINT, Conversation, LoadClients, healthz, run_cli, start_server, teach, wait_until
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
-LOAD_CLIENTS = 16
 
 
 def trainer_configs(model_dir: Path, run_dir: Path, **train: Any) -> tuple[EngineConfig, StoreConfig, TrainConfig]:
@@ -57,40 +55,6 @@ def fixed_answer(http: httpx.Client) -> tuple[int, list[float], str]:
     turn_id = response.headers["x-clawrl-turn"]
     logprobs = [entry["logprob"] for entry in response.json()["choices"][0]["logprobs"]["content"]]
     return int(response.headers["x-clawrl-policy-version"]), logprobs, turn_id
-
-
-class LoadClients:
-    """16 threads sending requests in a loop; every failure (exception or non-200) is kept."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url, self.stop = base_url, threading.Event()
-        self.failures: list[str] = []
-        self.versions: list[int] = []
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(LOAD_CLIENTS)]
-
-    def _loop(self, index: int) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=60) as http:
-            while not self.stop.is_set():
-                body = {"model": "m", "messages": [{"role": "user", "content": f"client {index} says hello"}], "max_tokens": 4}
-                try:
-                    response = http.post("/chat/completions", json=body)
-                except httpx.HTTPError as error:
-                    self.failures.append(repr(error))
-                    continue
-                if response.status_code != 200:
-                    self.failures.append(f"{response.status_code} {response.text[:200]}")
-                else:
-                    self.versions.append(int(response.headers["x-clawrl-policy-version"]))
-
-    def __enter__(self) -> LoadClients:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def adapter_logprobs(model_dir: Path, version_path: Path, prompt_ids: list[int], response_ids: list[int]) -> list[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,14 @@ def validate_sampling(sampling: SamplingParams) -> None:
         raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
     if sampling.top_logprobs < 0:
         raise ValueError(f"top_logprobs must be >= 0, got {sampling.top_logprobs}")
+
+
+def validated_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> list[int]:
+    """A private copy of `ids` (the caller may reuse its list), refused if any is outside the vocabulary."""
+    copied = [int(i) for i in ids]
+    if any(not 0 <= i < vocab_size for i in copied):
+        raise ValueError(f"the {what} has token ids outside the vocabulary [0, {vocab_size})")
+    return copied
 
 
 class EngineClosedError(RuntimeError):

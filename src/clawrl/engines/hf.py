@@ -73,6 +73,7 @@ from clawrl.engines.base import (
     ScoredResponse,
     TokenStep,
     validate_sampling,
+    validated_token_ids,
 )
 from clawrl.engines.scoring import score_response
 
@@ -395,7 +396,7 @@ class HFEngine(Engine):
         """
         self._check_running()
         validate_sampling(sampling)
-        prompt = self._validated_ids(prompt_token_ids, "prompt")
+        prompt = validated_token_ids(prompt_token_ids, self._vocab_size, "prompt")
         if not 0 < len(prompt) < self.max_context_tokens:
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
         room = self.max_context_tokens - len(prompt)
@@ -418,8 +419,8 @@ class HFEngine(Engine):
         base), the current one, or one that requests in flight still use.
         """
         self._check_running()
-        prompt = self._validated_ids(prompt_token_ids, "prompt")
-        response = self._validated_ids(response_token_ids, "response")
+        prompt = validated_token_ids(prompt_token_ids, self._vocab_size, "prompt")
+        response = validated_token_ids(response_token_ids, self._vocab_size, "response")
         if not prompt:
             raise ValueError("the prompt must not be empty")
         if len(prompt) + len(response) > self.max_context_tokens:
@@ -446,12 +447,6 @@ class HFEngine(Engine):
         else:
             model = await asyncio.to_thread(self._load_model, path)
             await self._call(lambda: self._install(version, _Policy(model)))
-
-    def _validated_ids(self, ids: Sequence[int], what: str) -> list[int]:
-        ids = [int(i) for i in ids]  # a private copy: the caller may reuse its list
-        if any(not 0 <= i < self._vocab_size for i in ids):
-            raise ValueError(f"the {what} has token ids outside the vocabulary [0, {self._vocab_size})")
-        return ids
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker thread between decode steps and await its result."""

@@ -51,6 +51,7 @@ from clawrl.engines.base import (
     ScoredResponse,
     TokenStep,
     validate_sampling,
+    validated_token_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -115,9 +116,8 @@ def scored_from_prompt_logprobs(entries: list[dict[str, Any] | None], prompt_len
 class RemoteEngine(Engine):
     """Drives an OpenAI-compatible server in token ids; see the module docstring."""
 
-    def __init__(self, config: EngineConfig, model_path: str | Path | None = None, base_url: str | None = None) -> None:
-        """`model_path` is where the tokenizer (and config) are read from; `base_url` overrides
-        `config.engine_url` (the `vllm` engine passes the server it started)."""
+    def __init__(self, config: EngineConfig, model_path: str | Path | None = None) -> None:
+        """`model_path` is where the tokenizer (and config) are read from (default: `config.model`)."""
         self.config = config
         self._source = str(model_path if model_path is not None else config.model)
         self.model_name = config.model
@@ -125,7 +125,7 @@ class RemoteEngine(Engine):
         text_config = AutoConfig.from_pretrained(self._source).get_text_config()
         self._vocab_size: int = text_config.vocab_size
         self.max_context_tokens = int(config.max_context_tokens or getattr(text_config, "max_position_embeddings", 0) or 0)
-        self._base_url = (base_url or config.engine_url or "").rstrip("/")
+        self._base_url = (config.engine_url or "").rstrip("/")  # the `vllm` engine sets its own server
         self.policy_version = 0
         self._versions: dict[int, RemoteVersion] = {}
         self._end_ids: frozenset[int] = frozenset()
@@ -140,7 +140,7 @@ class RemoteEngine(Engine):
         """Find the served model and its context size; version 0 is the base model."""
         if not self._base_url:
             raise RemoteEngineError("--engine openai needs --engine-url, the server's base URL (e.g. http://127.0.0.1:8000/v1)")
-        listing = await self._get("/models")
+        listing = await self._request("GET", self._base_url, "/models")
         roots = [card for card in listing.get("data", []) if not card.get("parent")]
         if not roots:
             raise RemoteEngineError(f"{self._base_url}/models lists no model")
@@ -187,7 +187,7 @@ class RemoteEngine(Engine):
         """Start a streamed completion at once; see the module docstring."""
         self._check_running()
         validate_sampling(sampling)
-        prompt = self._validated_ids(prompt_token_ids, "prompt")
+        prompt = validated_token_ids(prompt_token_ids, self._vocab_size, "prompt")
         if not 0 < len(prompt) < self.max_context_tokens:
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
         version = self.policy_version
@@ -203,8 +203,8 @@ class RemoteEngine(Engine):
     ) -> ScoredResponse:
         """Teacher-forced raw log-probs of the response under `version` (None = the current one)."""
         self._check_running()
-        prompt = self._validated_ids(prompt_token_ids, "prompt")
-        response = self._validated_ids(response_token_ids, "response")
+        prompt = validated_token_ids(prompt_token_ids, self._vocab_size, "prompt")
+        response = validated_token_ids(response_token_ids, self._vocab_size, "response")
         if not prompt:
             raise ValueError("the prompt must not be empty")
         if len(prompt) + len(response) >= self.max_context_tokens:
@@ -221,7 +221,7 @@ class RemoteEngine(Engine):
         try:
             body = {"model": held.model, "prompt": prompt + response, "max_tokens": 1, "temperature": 0.0,
                     "prompt_logprobs": top_k, "return_token_ids": True}  # fmt: skip
-            answer = await self._post(held.base_url, "/completions", body)
+            answer = await self._request("POST", held.base_url, "/completions", body)
         finally:
             held.in_flight -= 1
             self._retire_unused()
@@ -236,7 +236,7 @@ class RemoteEngine(Engine):
         elif (path / "adapter_config.json").is_file():
             base = self._versions[0]  # an adapter is a delta on the base model: it goes where the base is
             model = f"{base.model}-v{version}-{uuid.uuid4().hex[:8]}"  # never reused
-            await self._post(base.base_url, "/load_lora_adapter", {"lora_name": model, "lora_path": str(path.resolve())})
+            await self._request("POST", base.base_url, "/load_lora_adapter", {"lora_name": model, "lora_path": str(path.resolve())})
             self._versions[version] = RemoteVersion(model, base.base_url, lora=True)
             self.policy_version = version
         else:
@@ -253,7 +253,7 @@ class RemoteEngine(Engine):
     async def _retire_version(self, held: RemoteVersion) -> None:
         """Free a version nothing uses any more (a LoRA adapter is unloaded)."""
         if held.lora:
-            await self._post(held.base_url, "/unload_lora_adapter", {"lora_name": held.model})
+            await self._request("POST", held.base_url, "/unload_lora_adapter", {"lora_name": held.model})
 
     # --- versions ---------------------------------------------------------------------------
 
@@ -282,7 +282,7 @@ class RemoteEngine(Engine):
     async def _retire_quietly(self, number: int, held: RemoteVersion) -> None:
         try:
             await self._retire_version(held)
-        except (RemoteEngineError, httpx.HTTPError) as error:  # a leftover adapter costs memory, not correctness
+        except RemoteEngineError as error:  # a leftover adapter costs memory, not correctness
             logger.warning("could not release policy version %d (%s): %s", number, held.model, error)
 
     # --- the wire ---------------------------------------------------------------------------
@@ -334,22 +334,14 @@ class RemoteEngine(Engine):
         """One connection pool per event loop (tests may run the engine from several loops)."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            headers = {"Authorization": f"Bearer {self.config.engine_api_key}"} if self.config.engine_api_key else {}
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(headers=headers, timeout=self.config.engine_timeout_s, limits=limits)
+            self._client = httpx.AsyncClient(headers=_auth_headers(self.config), timeout=self.config.engine_timeout_s, limits=limits)
             self._client_loop = loop
         return self._client
 
-    async def _get(self, path: str) -> dict[str, Any]:
+    async def _request(self, method: str, base_url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:
-            response = await self._http().get(f"{self._base_url}{path}")
-        except httpx.HTTPError as error:
-            raise RemoteEngineError(f"cannot reach the engine server at {self._base_url}: {error}") from error
-        return _json_or_raise(response)
-
-    async def _post(self, base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = await self._http().post(f"{base_url}{path}", json=body)
+            response = await self._http().request(method, f"{base_url}{path}", json=body)
         except httpx.HTTPError as error:
             raise RemoteEngineError(f"cannot reach the engine server at {base_url}: {error}") from error
         return _json_or_raise(response)
@@ -372,25 +364,22 @@ class RemoteEngine(Engine):
                 for choice in event.get("choices", []):
                     yield choice
 
-    def _validated_ids(self, ids: list[int], what: str) -> list[int]:
-        ids = [int(i) for i in ids]
-        if any(not 0 <= i < self._vocab_size for i in ids):
-            raise ValueError(f"the {what} has token ids outside the vocabulary [0, {self._vocab_size})")
-        return ids
-
 
 def check_reachable(config: EngineConfig) -> None:
     """That `--engine-url` is given and lists a model, in a second or two (before anything loads)."""
     if not config.engine_url:
         raise RemoteEngineError("--engine openai needs --engine-url, the server's base URL (e.g. http://127.0.0.1:8000/v1)")
-    headers = {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
     url = config.engine_url.rstrip("/") + "/models"
     try:
-        response = httpx.get(url, headers=headers, timeout=10)
+        response = httpx.get(url, headers=_auth_headers(config), timeout=10)
     except httpx.HTTPError as error:
         raise RemoteEngineError(f"cannot reach the engine server at {config.engine_url}: {error}") from None
     if not _json_or_raise(response).get("data"):
         raise RemoteEngineError(f"{url} lists no model")
+
+
+def _auth_headers(config: EngineConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
 
 
 def _json_or_raise(response: httpx.Response) -> dict[str, Any]:

@@ -206,8 +206,3 @@ class VLLMEngine(RemoteEngine):
             del self._servers[held.base_url]
             await asyncio.to_thread(server.stop)
 
-
-def vllm_version(python: Path) -> str:
-    """`vllm.__version__` in that environment (for reports)."""
-    done = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=120)
-    return done.stdout.strip() or f"unknown ({done.stderr.strip()[-200:]})"
