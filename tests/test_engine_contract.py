@@ -106,10 +106,9 @@ def loop() -> Iterator[LoopThread]:
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir: Path, loop: LoopThread) -> Iterator[VLLMEngine]:
     require_vllm()
-    # max_loras 8: the module loads 6 adapters in all, and vLLM's CPU build corrupts requests in
-    # flight when it evicts an adapter from a full set of slots (docs/engines.md, known issue)
+    # clawrl's default of 4 LoRA slots; the module loads more adapters than that
     config = EngineConfig(model="tiny", engine="vllm", device="cpu", max_context_tokens=CONTEXT, max_batch_size=32,
-                          max_loras=8, vllm_start_timeout_s=240)  # fmt: skip
+                          vllm_start_timeout_s=240)  # fmt: skip
     engine = VLLMEngine(config, model_path=model_dir)
     loop.run(engine.start(), timeout=600)
     yield engine
@@ -283,6 +282,103 @@ def running_requests(engine: RemoteEngine) -> float:
         time.sleep(0.2)
 
 
+Answer = tuple[int, list[int], list[TokenStep]]  # (policy version, prompt ids, the steps served)
+
+
+def off_version_tokens(answers: list[Answer], loaded: dict[int, str | None], reference: Reference) -> list[tuple[Any, ...]]:
+    """Every served token whose log-prob is not its own version's (`loaded`: version -> adapter),
+    with the version whose log-prob it is closest to."""
+    mismatched = []
+    for number, (version, ids, steps) in enumerate(answers):
+        expected = reference.of_tokens(loaded[version], ids, token_ids(steps))
+        names = {name for other, name in loaded.items() if name != loaded[version]}
+        others = {name: reference.of_tokens(name, ids, token_ids(steps)) for name in names}
+        served = torch.tensor([s.logprob for s in steps])
+        for position in torch.nonzero((served - expected).abs() > ATOL).flatten().tolist():
+            closest = min(others, key=lambda name: abs(float(others[name][position] - served[position])))
+            mismatched.append((number, version, position, round(float(served[position] - expected[position]), 4), f"closest to {closest or 'base'}"))
+    return mismatched
+
+
+def test_vllm_lora_slots_never_lend_weights_to_other_requests(
+    vllm_engine: VLLMEngine, loop: LoopThread, adapters: dict[str, Path], reference: Reference
+) -> None:
+    """vLLM's LoRA slots, filled and recycled while requests are in flight (docs/engines.md, "LoRA
+    slots"). Phase 1: base-model requests are decoding while a LoRA version per usable slot is
+    loaded and given requests of its own, so every slot is in use beside them, and the judge's
+    teacher scores under the base meanwhile. Phase 2: twice as many versions as slots, one after
+    another. Every answer's and score's log-probs are its own version's, and vLLM ends up holding
+    no retired adapter. (Before clawrl pinned a zero adapter in vLLM's last slot, base-model tokens
+    batched with LoRA ones came out with the delta of the adapter in that slot; before it removed
+    retired adapters from the engine, the slots filled with them.)"""
+    slots = vllm_engine.config.max_loras
+    loaded: dict[int, str | None] = {0: None} | {number: "ab"[number % 2] for number in range(1, 2 * slots + 2)}
+    prompts = [prompt_ids(vllm_engine, SHARED_PREFIX + question) for question in QUESTIONS]
+    response = vllm_engine.tokenizer.encode("Why did the cat sit on the mat? To keep warm.")
+    answers: list[Answer] = []
+    seen: dict[str, Any] = {"resident": []}
+
+    def start(ids: list[int], max_tokens: int, seed: int, stop: asyncio.Event | None = None) -> tuple[list[TokenStep], asyncio.Future[None]]:
+        """A request, its steps recorded as they come; it hangs up once `stop` is set (the steps so far count)."""
+        stream = vllm_engine.generate(ids, SamplingParams(max_tokens=max_tokens, seed=seed))
+        steps: list[TokenStep] = []
+        answers.append((stream.policy_version, ids, steps))
+
+        async def consume() -> None:
+            async for step in stream:
+                steps.append(step)
+                if stop is not None and stop.is_set():
+                    stream.cancel()
+                    break
+
+        return steps, asyncio.ensure_future(consume())
+
+    async def unpinned() -> set[int]:
+        return await vllm_engine.resident_lora_ids() - vllm_engine.pinned_lora_ids
+
+    async def run() -> None:
+        await vllm_engine.load_version(0, Path("."))
+        stop = asyncio.Event()
+        # long requests, ended by `stop`, so that they are still decoding once every slot is in use
+        base = [start(prompts[index], 1500, index, stop) for index in range(4)]
+        tasks = [task for _, task in base]
+        for version in range(1, slots + 1):
+            await vllm_engine.load_version(version, adapters[loaded[version]])  # type: ignore[index]
+            tasks += [start(prompts[index], 1500, 100 * version + index, stop)[1] for index in range(2)]
+        seen["full"] = await unpinned()
+        base_running = [(steps, len(steps), task) for steps, task in base if not task.done()]
+        seen["scored"] = await vllm_engine.score(prompts[0], response, version=0)
+        # 64 more tokens of every base-model request still running (one may have ended on its own)
+        while any(len(steps) < count + 64 and not task.done() for steps, count, task in base_running):
+            await asyncio.sleep(0.05)
+        seen["base_tokens_after"] = [len(steps) - count for steps, count, _ in base_running]
+        seen["full_after"] = await unpinned()
+        stop.set()
+        await asyncio.gather(*tasks)
+        for version in range(slots + 1, 2 * slots + 2):
+            await vllm_engine.load_version(version, adapters[loaded[version]])  # type: ignore[index]
+            await asyncio.gather(*(start(prompts[index], 24, 100 * version + index)[1] for index in range(2)))
+            seen["resident"].append(await unpinned())
+        await vllm_engine.load_version(0, Path("."))
+        for _ in range(100):  # the last adapter is removed in the background
+            if not await unpinned():
+                break
+            await asyncio.sleep(0.1)
+        seen["end"] = await unpinned()
+
+    loop.run(run(), timeout=900)
+    # the condition under test did happen: every usable slot held a version in use while the
+    # base-model requests were still decoding
+    assert len(seen["full"]) == slots and seen["full_after"] == seen["full"], seen
+    assert sum(seen["base_tokens_after"]) >= 64, seen
+    assert {version for version, _, _ in answers} == set(loaded)
+    mismatched = off_version_tokens(answers, loaded, reference)
+    assert mismatched == [], f"{len(mismatched)} of {sum(len(s) for _, _, s in answers)} tokens in {len(answers)} answers: {mismatched[:12]}"
+    torch.testing.assert_close(torch.tensor(seen["scored"].logprobs), reference.of_tokens(None, prompts[0], response), rtol=0, atol=ATOL)
+    # retired adapters leave the engine: the current one, and the previous while it is removed
+    assert all(len(ids) <= 2 for ids in seen["resident"]) and seen["end"] == set(), seen
+
+
 def test_sixteen_clients_through_lora_swaps_each_answer_on_one_version(
     engine: Engine, loop: LoopThread, adapters: dict[str, Path], reference: Reference
 ) -> None:
@@ -322,14 +418,7 @@ def test_sixteen_clients_through_lora_swaps_each_answer_on_one_version(
     loop.run(run())
     assert failures == []
     assert {version for version, _, _ in answers} == {0, 1, 2, 3}
-    mismatched = []
-    for number, (version, ids, steps) in enumerate(answers):
-        expected = reference.of_tokens(loaded[version], ids, token_ids(steps))
-        others = {other: reference.of_tokens(name, ids, token_ids(steps)) for other, name in loaded.items() if other != version}
-        served = torch.tensor([s.logprob for s in steps])
-        for position in torch.nonzero((served - expected).abs() > ATOL).flatten().tolist():
-            closest = min(others, key=lambda other: abs(float(others[other][position] - served[position])))
-            mismatched.append((number, version, position, round(float(served[position] - expected[position]), 4), f"closest to v{closest}"))
+    mismatched = off_version_tokens(answers, loaded, reference)
     assert mismatched == [], f"{len(mismatched)} of {sum(len(s) for _, _, s in answers)} tokens in {len(answers)} answers: {mismatched[:12]}"
 
 

@@ -71,6 +71,7 @@ class RemoteVersion:
     base_url: str  # the server that has it (a full-weight version of `vllm` has its own server)
     lora: bool = False
     in_flight: int = 0  # requests and scores that still use it
+    lora_id: int | None = None  # the server's own integer id of the adapter, where the engine knows it
 
 
 def parse_token(spelled: str) -> int:
@@ -236,13 +237,17 @@ class RemoteEngine(Engine):
         elif (path / "adapter_config.json").is_file():
             base = self._versions[0]  # an adapter is a delta on the base model: it goes where the base is
             model = f"{base.model}-v{version}-{uuid.uuid4().hex[:8]}"  # never reused
-            await self._request("POST", base.base_url, "/load_lora_adapter", {"lora_name": model, "lora_path": str(path.resolve())})
-            self._versions[version] = RemoteVersion(model, base.base_url, lora=True)
+            self._versions[version] = await self._load_adapter(base, model, path)
             self.policy_version = version
         else:
             self._versions[version] = await self._load_full_weights(version, path)
             self.policy_version = version
         self._retire_unused()
+
+    async def _load_adapter(self, base: RemoteVersion, model: str, path: Path) -> RemoteVersion:
+        """Load the adapter at `path` under the new name `model` on the base model's server."""
+        await self._request("POST", base.base_url, "/load_lora_adapter", {"lora_name": model, "lora_path": str(path.resolve())})
+        return RemoteVersion(model, base.base_url, lora=True)
 
     async def _load_full_weights(self, version: int, path: Path) -> RemoteVersion:
         raise RemoteEngineError(
@@ -251,7 +256,8 @@ class RemoteEngine(Engine):
         )
 
     async def _retire_version(self, held: RemoteVersion) -> None:
-        """Free a version nothing uses any more (a LoRA adapter is unloaded)."""
+        """Free a version nothing uses any more: a LoRA adapter is unloaded by name. On vLLM that
+        only forgets the name; the adapter keeps its slot (see `VLLMEngine`, which frees it too)."""
         if held.lora:
             await self._request("POST", held.base_url, "/unload_lora_adapter", {"lora_name": held.model})
 

@@ -12,6 +12,23 @@ server (`clawrl.engines.remote`). What this adds:
 * full-weight versions: a second server loads the new weights while the first goes on serving;
   new requests then go to the new one, and the old one stops once its last request is done. No
   request waits for a load; memory holds two copies of the model while it happens.
+* LoRA slots that stay correct. Two things in vLLM 0.32 would let a request's tokens come from
+  weights other than its version's (docs/engines.md, "LoRA slots"):
+  - `/v1/unload_lora_adapter` only forgets an adapter's name; the engine keeps it in one of its
+    LoRA slots, so slots fill with retired adapters. clawrl runs the server in dev mode
+    (`VLLM_SERVER_DEV_MODE=1`, which opens `/collective_rpc` on its loopback port) and also
+    removes a retired adapter from the engine (`remove_lora`, the very call of vLLM's own
+    `LLM.remove_lora`) by its integer id. vLLM numbers runtime-loaded adapters 1, 2, 3, ... in
+    load order and never reuses a number (`OpenAIServingModels.lora_id_counter`), and clawrl is the
+    only one loading adapters on its server, so the adapter just loaded is the highest id the
+    engine lists (`list_loras`). Each load and each retirement removes every adapter no live
+    version holds (a request aborted just before a removal makes vLLM load its adapter back).
+  - On a CPU, vLLM's LoRA kernels (`lora/ops/torch_ops`) mark a base-model token with slot -1 and
+    index the stacked slot weights with it, which in torch is the LAST slot: a base-model request
+    decoded in one batch with LoRA requests got the delta of whatever adapter was ever written to
+    the last slot (removing it does not clear the weights). The GPU kernels skip -1. So on a CPU
+    clawrl asks vLLM for one slot more than `--max-loras` and fills that last slot, for the
+    server's life, with an all-zero adapter it pins there: its delta is exactly 0.
 
 On a CPU the server runs in float32 with `--enforce-eager` (no compilation) and a KV cache of
 `--vllm-kv-cache-gib`; on a GPU it keeps vLLM's own defaults. `--vllm-args` passes anything else.
@@ -22,7 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
+import logging
 import os
+import shutil
 import shlex
 import signal
 import socket
@@ -33,9 +53,13 @@ from pathlib import Path
 
 import httpx
 import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from clawrl.config import EngineConfig
 from clawrl.engines.remote import RemoteEngine, RemoteEngineError, RemoteVersion
+
+logger = logging.getLogger(__name__)
 
 _VENV_NAME = ".venv-vllm"
 _PR_SET_PDEATHSIG = 1
@@ -78,14 +102,24 @@ class VLLMServer:
         self.log_path = Path(tempfile.mkstemp(prefix="clawrl-vllm-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the server runs vLLM's CPU build (`--device cpu`, or `auto` without CUDA)."""
+        return self.config.device == "cpu" or (self.config.device == "auto" and not _has_cuda())
+
+    @property
+    def lora_slots(self) -> int:
+        """vLLM's `--max-loras`: clawrl's, plus the last slot pinned to zeros on a CPU (module docstring)."""
+        return self.config.max_loras + 1 if self.on_cpu else self.config.max_loras
+
     def command(self, python: Path) -> list[str]:
-        on_cpu = self.config.device == "cpu" or (self.config.device == "auto" and not _has_cuda())
+        on_cpu = self.on_cpu
         dtype = "float32" if on_cpu and self.config.dtype == "auto" else self.config.dtype
         command = [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model_dir, "--tokenizer", self.tokenizer_dir, "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--seed", str(self.config.seed),
-            "--enable-lora", "--max-lora-rank", str(self.config.max_lora_rank), "--max-loras", str(self.config.max_loras),
+            "--enable-lora", "--max-lora-rank", str(self.config.max_lora_rank), "--max-loras", str(self.lora_slots),
             "--max-num-seqs", str(self.config.max_batch_size), "--logprobs-mode", "raw_logprobs",
         ]  # fmt: skip
         if self.config.max_context_tokens:
@@ -98,6 +132,9 @@ class VLLMServer:
         env = dict(os.environ)
         env.update({
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter
+            # /collective_rpc, to free the LoRA slot of a retired adapter (see the module docstring);
+            # the server listens on loopback only
+            "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_CPU_KVCACHE_SPACE": f"{self.config.vllm_kv_cache_gib:g}",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_DO_NOT_TRACK": "1",
@@ -165,6 +202,11 @@ class VLLMEngine(RemoteEngine):
     def __init__(self, config: EngineConfig, model_path: str | Path | None = None) -> None:
         super().__init__(config, model_path)
         self._servers: dict[str, VLLMServer] = {}  # base URL -> the server there
+        # A load (which learns its adapter's id) and a sweep of the engine's adapters never
+        # interleave, so a sweep never mistakes an adapter being loaded for a retired one.
+        self._lora_lock = asyncio.Lock()
+        self._pinned_lora_ids: set[int] = set()  # the zero adapter in the last slot, on a CPU
+        self._scratch = Path(tempfile.mkdtemp(prefix="clawrl-vllm-engine-"))
 
     async def start(self) -> None:
         if self._servers:
@@ -175,6 +217,8 @@ class VLLMEngine(RemoteEngine):
         self._base_url = server.base_url
         try:
             await super().start()
+            if server.on_cpu:
+                await self._zero_the_last_lora_slot(server)
         except BaseException:
             server.stop()
             raise
@@ -184,6 +228,24 @@ class VLLMEngine(RemoteEngine):
         for server in self._servers.values():
             await asyncio.to_thread(server.stop)
         self._servers.clear()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    async def _zero_the_last_lora_slot(self, server: VLLMServer) -> None:
+        """Pin an all-zero adapter in vLLM's last LoRA slot (why: the module docstring). vLLM puts
+        an adapter in the first free slot, so one zero adapter per slot fills them in order; the
+        last stays, pinned (never evicted), and the others are removed again."""
+        zero = write_zero_adapter(self._source, self._scratch / "zero-adapter")
+        names = [f"{SERVED_NAME}-zero-slot-{index}" for index in range(server.lora_slots)]
+        for name in names:
+            await self._request("POST", server.base_url, "/load_lora_adapter", {"lora_name": name, "lora_path": str(zero)})
+        ids = sorted(await self.resident_lora_ids(server.base_url))
+        if len(ids) != len(names):
+            raise RemoteEngineError(f"vLLM holds LoRA adapters {ids} after loading {len(names)} into its empty slots")
+        await self._rpc(server.base_url, "pin_lora", [ids[-1]])
+        for name, lora_id in zip(names[:-1], ids[:-1], strict=True):
+            await self._request("POST", server.base_url, "/unload_lora_adapter", {"lora_name": name})
+            await self._rpc(server.base_url, "remove_lora", [lora_id])
+        self._pinned_lora_ids = {ids[-1]}
 
     @property
     def servers(self) -> list[VLLMServer]:
@@ -196,9 +258,31 @@ class VLLMEngine(RemoteEngine):
         self._servers[server.base_url] = server
         return RemoteVersion(SERVED_NAME, server.base_url)
 
+    @property
+    def pinned_lora_ids(self) -> set[int]:
+        """Adapters clawrl keeps in vLLM's engine for the server's life: the zero adapter on a CPU."""
+        return set(self._pinned_lora_ids)
+
+    async def resident_lora_ids(self, base_url: str | None = None) -> set[int]:
+        """The integer ids of the LoRA adapters vLLM's engine holds now (loaded, in a slot or its
+        CPU cache), as its workers list them; `pinned_lora_ids` among them."""
+        results = await self._rpc(base_url or self.base_url, "list_loras")
+        if not results:
+            raise RemoteEngineError("vLLM's /collective_rpc list_loras answered no result")
+        return parse_id_set(results[0])
+
+    async def _load_adapter(self, base: RemoteVersion, model: str, path: Path) -> RemoteVersion:
+        async with self._lora_lock:
+            await self._remove_unheld_adapters(base.base_url)  # a free slot for it, should a removal have failed
+            held = await super()._load_adapter(base, model, path)
+            # the newest adapter has the highest id (see the module docstring)
+            held.lora_id = max(await self.resident_lora_ids(base.base_url), default=None)
+        return held
+
     async def _retire_version(self, held: RemoteVersion) -> None:
         if held.lora:
-            await super()._retire_version(held)
+            await super()._retire_version(held)  # the name: no new request can ask for it
+            await self._free_lora_slots(held.base_url)
             return
         in_use = {kept.base_url for kept in self._versions.values()}
         server = self._servers.get(held.base_url)
@@ -206,3 +290,61 @@ class VLLMEngine(RemoteEngine):
             del self._servers[held.base_url]
             await asyncio.to_thread(server.stop)
 
+    async def _free_lora_slots(self, base_url: str) -> None:
+        async with self._lora_lock:
+            await self._remove_unheld_adapters(base_url)
+
+    async def _remove_unheld_adapters(self, base_url: str) -> None:
+        """Remove from vLLM's engine every adapter that no live version holds (under the lock)."""
+        live = [held.lora_id for held in self._versions.values() if held.lora and held.base_url == base_url]
+        if None in live:  # a live adapter whose id is unknown could be mistaken for a retired one
+            logger.warning("not freeing vLLM's LoRA slots: the id of a live adapter is unknown")
+            return
+        for lora_id in sorted(await self.resident_lora_ids(base_url) - set(live) - self._pinned_lora_ids):
+            results = await self._rpc(base_url, "remove_lora", [lora_id])
+            if not all(str(result) == "True" for result in results):
+                logger.warning("vLLM did not remove LoRA adapter %d: %s", lora_id, results)
+
+    async def _rpc(self, base_url: str, method: str, args: list[int] | None = None) -> list[object]:
+        """Call `method` on every vLLM worker (dev mode's /collective_rpc); their results, one each."""
+        body = {"method": method, "args": args or []}
+        answer = await self._request("POST", base_url.removesuffix("/v1"), "/collective_rpc", body)
+        return list(answer.get("results") or [])
+
+
+def parse_id_set(listed: object) -> set[int]:
+    """The ids a worker's `list_loras` returned through /collective_rpc (a list once serialised)."""
+    if isinstance(listed, list):
+        return {int(item) for item in listed}
+    spelled = str(listed).strip()  # a result that is neither list nor dict arrives as str(result)
+    if spelled == "set()":
+        return set()
+    if not (spelled.startswith("{") and spelled.endswith("}")):
+        raise RemoteEngineError(f"vLLM listed its LoRA adapters as {spelled!r}, not a set of ids")
+    return {int(item) for item in spelled[1:-1].split(",") if item.strip()}
+
+
+# Linear layers one of which every decoder vLLM runs LoRA on has (the zero adapter needs just one).
+_ZERO_ADAPTER_TARGETS = ("o_proj", "down_proj", "q_proj", "v_proj", "dense", "out_proj", "c_proj")
+
+
+def write_zero_adapter(model_source: str | Path, out: Path) -> Path:
+    """A rank-1 PEFT LoRA adapter of zeros on one linear layer of the model: loading it into a
+    slot writes zeros there for every layer (vLLM resets the layers an adapter leaves out). The
+    model is built on the meta device for its layer names and shapes: no weights are read."""
+    config = AutoConfig.from_pretrained(str(model_source))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in _ZERO_ADAPTER_TARGETS:
+            break
+    else:
+        raise RemoteEngineError(f"{model_source} has no linear layer named {' or '.join(_ZERO_ADAPTER_TARGETS)} to attach a LoRA adapter to")
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = f"base_model.model.{name}"
+    tensors = {f"{prefix}.lora_A.weight": torch.zeros(1, module.in_features), f"{prefix}.lora_B.weight": torch.zeros(module.out_features, 1)}
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    adapter_config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": [name.rsplit(".", 1)[-1]], "bias": "none",
+                      "base_model_name_or_path": str(model_source)}  # fmt: skip
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return out
