@@ -8,6 +8,7 @@ round trip is then exercised end to end, with nothing faked.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from clawrl.config import EngineConfig
+from clawrl.engines import Engine
+from clawrl.engines.vllm import VLLMEngine
 from clawrl.serve.runner import ServerThread
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
-from tests.helpers import PostgresServer, fit, start_server, weather_conversations
+from tests.helpers import BorrowedEngine, PostgresServer, fit, require_vllm, start_server, weather_conversations
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +33,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tool_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fit(tiny_model_dir, tmp_path_factory.mktemp("tool-model"), weather_conversations(), steps=60)
+
+
+@pytest.fixture(scope="session")
+def vllm_tool_engine(tool_model_dir: Path) -> Iterator[Engine]:
+    """vLLM's server (from .venv-vllm) on the tool model, started once for all the tests that
+    serve through it (about 40 s); skips where vLLM is not installed (see `require_vllm`)."""
+    require_vllm()
+    config = EngineConfig(model=str(tool_model_dir), engine="vllm", device="cpu", cpu_threads=1)
+    engine = VLLMEngine(config, model_path=tool_model_dir)
+    asyncio.run(engine.start())
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.fixture(params=["hf", "vllm"])
+def serving_engine(request: pytest.FixtureRequest) -> Engine | None:
+    """Runs a test once per engine: None (`start_server` then builds a fresh hf engine), or the
+    shared vLLM engine lent to the test's server."""
+    if request.param == "hf":
+        return None
+    return BorrowedEngine(request.getfixturevalue("vllm_tool_engine"))
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ them are in conftest.py). Test modules import shared things from here or take co
 never from one another.
 
 * the weather tool round trip that `tool_model_dir` is fitted to, and `fit` that fits it;
-* `start_server`: a real server on a free port;
+* `start_server`: a real server on a free port (`BorrowedEngine`: one engine for several servers);
 * recording turns, verdicts and samples straight into a store (`record`, `Conversation`,
   `store_with_samples`, `version`);
 * talking to a running server as a client does (`converse`, `teach`, `healthz`, `LoadClients`) and waiting for
@@ -36,7 +36,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
-from clawrl.engines import build_engine
+from clawrl.engines import Engine, GenerationStream, SamplingParams, ScoredResponse, build_engine
 from clawrl.engines.chat import render_prompt
 from clawrl.engines.remote import RemoteEngineError
 from clawrl.engines.vllm import find_vllm_python
@@ -120,13 +120,47 @@ def fit(
 # --------------------------------------------------------------------------- a real server
 
 
-def start_server(model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, **serve_options: Any) -> ServerThread:
-    """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`."""
+def start_server(
+    model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, engine: Engine | None = None, **serve_options: Any
+) -> ServerThread:
+    """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`.
+    The engine is a fresh hf engine on `model_dir`, or `engine` (a `BorrowedEngine` the server
+    neither starts nor stops, e.g. a vLLM server shared by a module's tests)."""
     engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
-    engine = build_engine(engine_config)
+    engine = engine if engine is not None else build_engine(engine_config)
     store = Store.for_run_dir(run_dir)
     worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
     return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker)
+
+
+class BorrowedEngine(Engine):
+    """A running engine lent to one server after another: the server's start and close leave it
+    running (its owner, a fixture, starts and closes it). Everything else is the engine's own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.model_name = engine.model_name
+        self.tokenizer = engine.tokenizer
+        self.max_context_tokens = engine.max_context_tokens
+
+    @property  # type: ignore[override]
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    async def start(self) -> None:
+        """Already running."""
+
+    async def close(self) -> None:
+        """Left running for the next server."""
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
+        return self.engine.generate(prompt_token_ids, sampling)
+
+    async def score(self, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int = 0, version: int | None = None) -> ScoredResponse:
+        return await self.engine.score(prompt_token_ids, response_token_ids, top_k, version)
+
+    async def load_version(self, version: int, path: Path) -> None:
+        await self.engine.load_version(version, path)
 
 
 # --------------------------------------------------------------------------- records in a store

@@ -1,18 +1,29 @@
-"""The official `openai` SDK against the real server: what an unmodified client sees."""
+"""The official `openai` SDK against the real server: what an unmodified client sees, on the hf engine
+and on vLLM (`--engine vllm`, issue 14)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from clawrl.engines import Engine
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
-from tests.helpers import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, weather_conversations
+from tests.helpers import WEATHER_ANSWER, WEATHER_QUESTION, WEATHER_RESULT, WEATHER_TOOL, start_server, weather_conversations
+
+
+@pytest.fixture
+def server(tool_model_dir: Path, run_dir: Path, serving_engine: Engine | None) -> Iterator[ServerThread]:
+    """Overrides conftest's server: each test runs on the hf engine and on vLLM (`serving_engine`)."""
+    with start_server(tool_model_dir, run_dir, engine=serving_engine) as running:
+        yield running
 
 
 @pytest.fixture

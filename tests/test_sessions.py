@@ -1,4 +1,5 @@
-"""Session identity, next states and turn kinds, as unmodified agents exercise them (DESIGN §3)."""
+"""Session identity, next states and turn kinds, as unmodified agents exercise them (DESIGN §3), on the
+hf engine and on vLLM (`--engine vllm`, issue 14)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from clawrl.engines import Engine
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.store.inspect import session_detail
@@ -67,9 +69,10 @@ def _streamed_content(body: str) -> str:
 
 
 @pytest.fixture
-def server(tool_model_dir: Path, run_dir: Path) -> Iterator[ServerThread]:
-    """Overrides conftest's server: requests here name the model 'tiny'."""
-    with start_server(tool_model_dir, run_dir, served_model_name="tiny") as running:
+def server(tool_model_dir: Path, run_dir: Path, serving_engine: Engine | None) -> Iterator[ServerThread]:
+    """Overrides conftest's server: requests here name the model 'tiny'; each test runs on the hf
+    engine and on vLLM (`serving_engine`)."""
+    with start_server(tool_model_dir, run_dir, served_model_name="tiny", engine=serving_engine) as running:
         yield running
 
 
@@ -146,8 +149,8 @@ def test_side_turns_are_served_but_never_trainable(http: httpx.Client, store: St
     assert body_side.headers["x-clawrl-turn-kind"] == "side"
 
 
-def test_side_turn_rule_on_system_prompt(tool_model_dir: Path, run_dir: Path) -> None:
-    with start_server(tool_model_dir, run_dir, served_model_name="tiny", side_turn_system_regex=r"(?i)generate a title") as running:
+def test_side_turn_rule_on_system_prompt(tool_model_dir: Path, run_dir: Path, serving_engine: Engine | None) -> None:
+    with start_server(tool_model_dir, run_dir, served_model_name="tiny", engine=serving_engine, side_turn_system_regex=r"(?i)generate a title") as running:
         with httpx.Client(base_url=running.base_url, timeout=60) as http:
             messages = [{"role": "system", "content": "Generate a title for the conversation."}, {"role": "user", "content": "hi"}]
             response = http.post("/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 4})
@@ -167,8 +170,8 @@ def test_session_done_starts_a_new_session(http: httpx.Client, store: Store) -> 
     assert next_states(store, agent.session_ids[0])[1] is None
 
 
-def test_idle_sessions_are_closed(tool_model_dir: Path, run_dir: Path) -> None:
-    with start_server(tool_model_dir, run_dir, served_model_name="tiny", session_idle_timeout_s=0.5) as running:
+def test_idle_sessions_are_closed(tool_model_dir: Path, run_dir: Path, serving_engine: Engine | None) -> None:
+    with start_server(tool_model_dir, run_dir, served_model_name="tiny", engine=serving_engine, session_idle_timeout_s=0.5) as running:
         with httpx.Client(base_url=running.base_url, timeout=60) as http:
             response = http.post("/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
             session_id = response.headers["x-clawrl-session"]

@@ -109,8 +109,9 @@ class EngineConfig(_Settings):
     cpu_threads: int | None = Field(
         None,
         ge=1,
-        description="torch intra-op threads when running on the CPU (process-wide); unset keeps torch's "
-        "default. Tiny models run fastest with 1: their matrices are too small to split.",
+        description="torch intra-op threads when running on the CPU (process-wide; with --engine vllm, the OpenMP "
+        "threads of vLLM's CPU worker); unset keeps torch's default. Tiny models run fastest with 1: their "
+        "matrices are too small to split.",
     )
     max_context_tokens: int | None = Field(
         None, ge=16, description="Prompt plus response limit; defaults to the model's max_position_embeddings."

@@ -30,8 +30,9 @@ server (`clawrl.engines.remote`). What this adds:
     clawrl asks vLLM for one slot more than `--max-loras` and fills that last slot, for the
     server's life, with an all-zero adapter it pins there: its delta is exactly 0.
 
-On a CPU the server runs in float32 with `--enforce-eager` (no compilation) and a KV cache of
-`--vllm-kv-cache-gib`; on a GPU it keeps vLLM's own defaults. `--vllm-args` passes anything else.
+On a CPU the server runs in float32 with `--enforce-eager` (no compilation), a KV cache of
+`--vllm-kv-cache-gib` and, with `--cpu-threads`, that many OpenMP threads; on a GPU it keeps vLLM's
+own defaults. `--vllm-args` passes anything else.
 """
 
 from __future__ import annotations
@@ -143,6 +144,11 @@ class VLLMServer:
             "VLLM_CPU_OMP_THREADS_BIND": env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
             "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1" if Path(self.model_dir).is_dir() else "0"),
         })  # fmt: skip
+        if self.on_cpu and self.config.cpu_threads:
+            # vLLM's CPU worker computes with OpenMP threads (torch's default: one per core). Its
+            # threads wait for each other by spinning, which on a machine shared with other busy
+            # processes made the tiny model 10x slower here (benchmarks/engines.py).
+            env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
         env.pop("PYTHONPATH", None)  # clawrl's environment must not leak into vLLM's
         return env
 
