@@ -11,6 +11,7 @@ import httpx
 
 from clawrl.config import JudgeConfig
 from clawrl.dashboard.views import session_page
+from clawrl.engines import Engine
 from clawrl.judge.types import BackendVerdict
 from clawrl.judge.worker import JudgeWorker, RuleJudge
 from clawrl.store import Store
@@ -19,8 +20,9 @@ from clawrl.types import TurnContext
 from tests.helpers import CORRECTION, converse, record, start_server, user, wait_for_judgment
 
 
-def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_dir: Path, run_dir: Path) -> None:
-    with start_server(tool_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05)) as server:
+def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_dir: Path, run_dir: Path, serving_engine: Engine | None) -> None:
+    """On the hf engine and on vLLM (`serving_engine`)."""
+    with start_server(tool_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05), engine=serving_engine) as server:
         session_id, turn_ids = converse(server.base_url, ["Write a short note to my team about Friday.", CORRECTION, "thanks, perfect"])
         store = Store.for_run_dir(run_dir)
         first, second = wait_for_judgment(store, turn_ids[0]), wait_for_judgment(store, turn_ids[1])
