@@ -5,9 +5,12 @@ assistant's tokens of a rendered episode."""
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import RolloutConfig
@@ -19,8 +22,10 @@ from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import load_tasks
-from clawrl.envs.terminal_tasks import generated_tasks_dir
-from clawrl.sim.agents import HABITS, AgentConfig, Habit, demonstration_tasks, encode_episode, micro_env_config, play_demonstrations, train_agent
+from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
+from clawrl.sim.agents import (HABITS, AgentConfig, Habit, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
+                               micro_env_config, play_demonstrations, train_agent)  # fmt: skip
+from clawrl.sim.pretrain import pad_batch
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 EXPECTED = {"solve": 1.0, "guess": 0.0, "echo": 0.0, "typo": 0.0, "quit": 0.0, "look": 0.0}
@@ -65,6 +70,19 @@ def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Pat
     instructions = [(directory / task / "instruction.md").read_text() for directory, task in terminal if directory]
     assert len(instructions) == 60 and not set(instructions) & benchmark
     assert len(set(instructions)) > 40  # new names and contents, not the same few tasks
+    # made-up names only: the agent must copy names from the instruction, it cannot recall the benchmark's
+    assert not any(re.search(rf"\b{word}\b", text, re.IGNORECASE) for word in WORDS for text in instructions)
+
+
+def test_a_copy_drill_trains_only_on_repeating_the_names_it_shows(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng, words = random.Random(0), demonstration_words()
+    assert len(words) == len(set(words)) >= 300 and not set(words) & set(WORDS)
+    for _ in range(20):
+        ids, labels = copy_drill(tokenizer, words, rng)
+        shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
+        copied = tokenizer.decode([label for label in labels if label != -100])
+        assert copied.split() == shown.replace("`", "").split() and copied.endswith("\n")
 
 
 @needs_sandbox
@@ -84,3 +102,20 @@ def test_training_imitates_only_the_assistant_tokens_of_played_episodes(tiny_mod
     losses = train_agent(tiny_model_dir, demonstrations, tmp_path / "agent", seed=0, config=AgentConfig(steps=3, batch_size=4))
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     AutoModelForCausalLM.from_pretrained(tmp_path / "agent")  # a model directory like any other
+
+
+@needs_sandbox
+def test_a_terminal_agent_learns_to_copy_before_it_imitates_episodes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    demonstrations = play_demonstrations("terminal", 4, seed=0, work_dir=tmp_path / "work", cache_dir=tmp_path)
+    config = AgentConfig(steps=2, batch_size=2, copy_steps=30, copy_batch_size=16, copy_drills=4, lr=3e-3)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    probe = [copy_drill(tokenizer, demonstration_words(), random.Random(99)) for _ in range(16)]
+
+    def copy_loss(model_dir: Path) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        with torch.no_grad():
+            return model(**pad_batch(probe, tokenizer.pad_token_id)).loss.item()
+
+    losses = train_agent(tiny_model_dir, demonstrations, tmp_path / "agent", seed=0, config=config)
+    assert len(losses) == 2  # the episode steps; the drills came first
+    assert copy_loss(tmp_path / "agent") < copy_loss(tiny_model_dir) - 1.0

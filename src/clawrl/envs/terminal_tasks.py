@@ -31,14 +31,14 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 GENERATOR_VERSION = 1  # bump when the tasks change, so caches of the old set are not reused
 VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
-_WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
+WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
           "lumen", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sierra", "tundra", "umber", "violet")
 _DOCKERFILE = """\
 # For Docker-based runners (Harbor); clawrl's sandbox uses workspace/ directly and ignores this file.
@@ -80,8 +80,14 @@ def generated_tasks_dir(cache_dir: Path, seed: int) -> Path:
     return target
 
 
-def generate_tasks(out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str, ...] = ()) -> list[Path]:
-    """Write every task folder under `out_dir` (only those whose id starts with one of `prefixes`, when given)."""
+def generate_tasks(
+    out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str, ...] = (), words: Sequence[str] = WORDS
+) -> list[Path]:
+    """Write every task folder under `out_dir` (only those whose id starts with one of `prefixes`, when given).
+
+    `words` are the names the tasks' files, directories and contents are made of: the built-in set
+    uses `WORDS`; another pool gives the same skills on other names (the tiny agent's demonstrations).
+    """
     written = []
     for category, name, template in _TEMPLATES:
         if (category == "git" and not with_git) or not f"{category}-{name}-".startswith(prefixes or ""):
@@ -89,7 +95,7 @@ def generate_tasks(out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str
         for variant in range(VARIANTS):
             rng = random.Random(f"terminal:{seed}:{name}:{variant}")
             task_dir = out_dir / f"{category}-{name}-{variant}"
-            _write_task(task_dir, template(rng), category, "eval" if variant == 0 else "train", seed)
+            _write_task(task_dir, template(rng, words), category, "eval" if variant == 0 else "train", seed)
             written.append(task_dir)
     return written
 
@@ -152,8 +158,8 @@ def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
 
 
-def _lines(rng: random.Random, count: int) -> list[str]:
-    return [f"{rng.choice(_WORDS)}-{rng.randint(10, 99)}" for _ in range(count)]
+def _lines(rng: random.Random, words: Sequence[str], count: int) -> list[str]:
+    return [f"{rng.choice(words)}-{rng.randint(10, 99)}" for _ in range(count)]
 
 
 def _tar_gz(members: dict[str, str]) -> bytes:
@@ -176,8 +182,8 @@ def _file_equals(path: str, text: str) -> str:
 # --- files ------------------------------------------------------------------------------------------
 
 
-def _mkdir_write(rng: random.Random) -> TaskSpec:
-    directory, name, word = rng.choice(_WORDS), f"{rng.choice(_WORDS)}.txt", rng.choice(_WORDS).upper()
+def _mkdir_write(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    directory, name, word = rng.choice(words), f"{rng.choice(words)}.txt", rng.choice(words).upper()
     return TaskSpec(
         f"Create a directory `{directory}` in the workspace holding a file `{name}` whose only line is `{word}`.",
         [f"[ -d {directory} ]", _file_equals(f"{directory}/{name}", word)],
@@ -185,9 +191,9 @@ def _mkdir_write(rng: random.Random) -> TaskSpec:
     )
 
 
-def _move_logs(rng: random.Random) -> TaskSpec:
-    logs = [f"{word}.log" for word in rng.sample(_WORDS, rng.randint(2, 4))]
-    others = [f"{word}.txt" for word in rng.sample(_WORDS, 2)]
+def _move_logs(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    logs = [f"{word}.log" for word in rng.sample(words, rng.randint(2, 4))]
+    others = [f"{word}.txt" for word in rng.sample(words, 2)]
     target = rng.choice(("logs", "archive", "old_logs"))
     files = {name: f"{name} line\n" for name in logs + others}
     checks = [f"[ -f {target}/{name} ] && [ ! -e {name} ]" for name in logs] + [f"[ -f {name} ]" for name in others]
@@ -197,9 +203,9 @@ def _move_logs(rng: random.Random) -> TaskSpec:
     )
 
 
-def _backup_copy(rng: random.Random) -> TaskSpec:
-    name = f"{rng.choice(_WORDS)}.conf"
-    content = "\n".join(f"{key}={rng.randint(1, 999)}" for key in rng.sample(_WORDS, 4)) + "\n"
+def _backup_copy(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    name = f"{rng.choice(words)}.conf"
+    content = "\n".join(f"{key}={rng.randint(1, 999)}" for key in rng.sample(words, 4)) + "\n"
     return TaskSpec(
         f"Copy `{name}` to `backup/{name}.bak`, keeping the original in place.",
         [f"cmp -s {name} backup/{name}.bak", _file_equals(name, content)],
@@ -207,7 +213,7 @@ def _backup_copy(rng: random.Random) -> TaskSpec:
     )
 
 
-def _count_files(rng: random.Random) -> TaskSpec:
+def _count_files(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     count, nested = rng.randint(3, 9), rng.randint(1, 3)
     files = {f"data/file{i}.dat": f"{i}\n" for i in range(count)}
     files.update({f"data/sub/nested{i}.dat": "x\n" for i in range(nested)})
@@ -221,8 +227,8 @@ def _count_files(rng: random.Random) -> TaskSpec:
 # --- text -------------------------------------------------------------------------------------------
 
 
-def _sort_unique(rng: random.Random) -> TaskSpec:
-    names = [rng.choice(_WORDS) for _ in range(rng.randint(8, 14))]
+def _sort_unique(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    names = [rng.choice(words) for _ in range(rng.randint(8, 14))]
     expected = "\n".join(sorted(set(names)))
     return TaskSpec(
         "Write the distinct lines of `names.txt`, sorted alphabetically, one per line, to `sorted.txt`.",
@@ -230,9 +236,9 @@ def _sort_unique(rng: random.Random) -> TaskSpec:
     )
 
 
-def _count_errors(rng: random.Random) -> TaskSpec:
+def _count_errors(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     levels = [rng.choice(("INFO", "INFO", "WARN", "ERROR")) for _ in range(rng.randint(12, 30))]
-    lines = [f"2024-01-01 10:{i:02d}:00 {level} {rng.choice(_WORDS)} event" for i, level in enumerate(levels)]
+    lines = [f"2024-01-01 10:{i:02d}:00 {level} {rng.choice(words)} event" for i, level in enumerate(levels)]
     word = rng.choice(("ERROR", "WARN"))
     return TaskSpec(
         f"Count the lines of `app.log` that contain `{word}` and write the number, alone, to `{word.lower()}s.txt`.",
@@ -241,9 +247,9 @@ def _count_errors(rng: random.Random) -> TaskSpec:
     )
 
 
-def _replace_in_configs(rng: random.Random) -> TaskSpec:
-    old, new = rng.sample(_WORDS, 2)
-    names = rng.sample(_WORDS, 3)
+def _replace_in_configs(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    old, new = rng.sample(words, 2)
+    names = rng.sample(words, 3)
     files = {f"config/{name}.conf": f"host={old}.local\nname={name}\nbackup={old}\n" for name in names}
     files["config/README"] = f"mentions {old} but is not a .conf file\n"
     checks = [f"! grep -q {old} config/{name}.conf && [ $(grep -c {new} config/{name}.conf) -eq 2 ]" for name in names]
@@ -254,9 +260,9 @@ def _replace_in_configs(rng: random.Random) -> TaskSpec:
     )
 
 
-def _csv_column(rng: random.Random) -> TaskSpec:
+def _csv_column(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     columns = ["id", "name", "city", "score"]
-    rows = [[str(i), rng.choice(_WORDS), rng.choice(_WORDS).title(), str(rng.randint(1, 100))] for i in range(rng.randint(4, 8))]
+    rows = [[str(i), rng.choice(words), rng.choice(words).title(), str(rng.randint(1, 100))] for i in range(rng.randint(4, 8))]
     column = rng.choice(columns[1:])
     index = columns.index(column)
     table = "\n".join(",".join(row) for row in [columns, *rows]) + "\n"
@@ -268,7 +274,7 @@ def _csv_column(rng: random.Random) -> TaskSpec:
     )
 
 
-def _sum_numbers(rng: random.Random) -> TaskSpec:
+def _sum_numbers(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     numbers = [rng.randint(-50, 500) for _ in range(rng.randint(5, 15))]
     return TaskSpec(
         "`numbers.txt` holds one integer per line. Write their sum, alone, to `total.txt`.",
@@ -281,9 +287,9 @@ def _sum_numbers(rng: random.Random) -> TaskSpec:
 # --- permissions ------------------------------------------------------------------------------------
 
 
-def _make_executable(rng: random.Random) -> TaskSpec:
-    name = f"{rng.choice(_WORDS)}.sh"
-    word = rng.choice(_WORDS)
+def _make_executable(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    name = f"{rng.choice(words)}.sh"
+    word = rng.choice(words)
     content = f"#!/bin/bash\necho {word}\n"
     return TaskSpec(
         f"Make the script `{name}` executable by its owner, without changing its content.",
@@ -292,8 +298,8 @@ def _make_executable(rng: random.Random) -> TaskSpec:
     )
 
 
-def _private_file(rng: random.Random) -> TaskSpec:
-    name = f"{rng.choice(_WORDS)}.key"
+def _private_file(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    name = f"{rng.choice(words)}.key"
     return TaskSpec(
         f"Set the permissions of `{name}` so that only its owner can read and write it, and nobody can execute it "
         "(mode 600).",
@@ -301,8 +307,8 @@ def _private_file(rng: random.Random) -> TaskSpec:
     )
 
 
-def _read_only_dir(rng: random.Random) -> TaskSpec:
-    names = [f"shared/{word}.txt" for word in rng.sample(_WORDS, rng.randint(2, 4))]
+def _read_only_dir(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    names = [f"shared/{word}.txt" for word in rng.sample(words, rng.randint(2, 4))]
     return TaskSpec(
         "Make every file in `shared/` read-only for everyone: mode 444.",
         [f"[ $(stat -c %a {name}) = 444 ]" for name in names], "chmod 444 shared/*",
@@ -310,9 +316,9 @@ def _read_only_dir(rng: random.Random) -> TaskSpec:
     )
 
 
-def _script_modes(rng: random.Random) -> TaskSpec:
-    scripts = [f"bin/{word}.sh" for word in rng.sample(_WORDS, 2)]
-    others = [f"bin/{word}.md" for word in rng.sample(_WORDS, 2)]
+def _script_modes(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    scripts = [f"bin/{word}.sh" for word in rng.sample(words, 2)]
+    others = [f"bin/{word}.md" for word in rng.sample(words, 2)]
     files = {name: "#!/bin/bash\ntrue\n" for name in scripts} | {name: "notes\n" for name in others}
     return TaskSpec(
         "In `bin/`, give every `.sh` file mode 755 and every other file mode 644.",
@@ -324,9 +330,9 @@ def _script_modes(rng: random.Random) -> TaskSpec:
 # --- archives ---------------------------------------------------------------------------------------
 
 
-def _create_tarball(rng: random.Random) -> TaskSpec:
-    directory, archive = rng.choice(("docs", "notes", "reports")), f"{rng.choice(_WORDS)}.tar.gz"
-    files = {f"{directory}/{word}.md": f"# {word}\n" for word in rng.sample(_WORDS, 3)}
+def _create_tarball(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    directory, archive = rng.choice(("docs", "notes", "reports")), f"{rng.choice(words)}.tar.gz"
+    files = {f"{directory}/{word}.md": f"# {word}\n" for word in rng.sample(words, 3)}
     checks = [f"tar -tzf {archive} | grep -qx {name}" for name in files]
     checks += [f"[ \"$(tar -xzOf {archive} {name})\" = '{text.strip()}' ]" for name, text in files.items()]
     return TaskSpec(
@@ -336,8 +342,8 @@ def _create_tarball(rng: random.Random) -> TaskSpec:
     )
 
 
-def _extract_tarball(rng: random.Random) -> TaskSpec:
-    members = {f"{word}.txt": f"{rng.choice(_WORDS)}\n" for word in rng.sample(_WORDS, 3)}
+def _extract_tarball(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    members = {f"{word}.txt": f"{rng.choice(words)}\n" for word in rng.sample(words, 3)}
     target = rng.choice(("out", "unpacked", "restore"))
     return TaskSpec(
         f"Extract the archive `bundle.tar.gz` into a new directory `{target}/`, so that its files are directly in "
@@ -347,9 +353,9 @@ def _extract_tarball(rng: random.Random) -> TaskSpec:
     )
 
 
-def _gzip_file(rng: random.Random) -> TaskSpec:
-    name = f"{rng.choice(_WORDS)}.csv"
-    content = "\n".join(_lines(rng, 20)) + "\n"
+def _gzip_file(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    name = f"{rng.choice(words)}.csv"
+    content = "\n".join(_lines(rng, words, 20)) + "\n"
     return TaskSpec(
         f"Compress `{name}` with gzip so that only `{name}.gz` remains (the uncompressed file is gone).",
         [f"[ ! -e {name} ]", f"[ \"$(gunzip -c {name}.gz | md5sum | cut -d' ' -f1)\" = {_md5(content)} ]"],
@@ -357,8 +363,8 @@ def _gzip_file(rng: random.Random) -> TaskSpec:
     )
 
 
-def _archive_manifest(rng: random.Random) -> TaskSpec:
-    members = {f"{rng.choice(('src', 'lib'))}/{word}.py": "pass\n" for word in rng.sample(_WORDS, rng.randint(3, 5))}
+def _archive_manifest(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    members = {f"{rng.choice(('src', 'lib'))}/{word}.py": "pass\n" for word in rng.sample(words, rng.randint(3, 5))}
     return TaskSpec(
         "Write the paths of the files in `release.tar.gz`, sorted alphabetically, one per line, to `manifest.txt`.",
         [_file_equals("manifest.txt", "\n".join(sorted(members)))], "tar -tzf release.tar.gz | sort > manifest.txt",
@@ -369,9 +375,9 @@ def _archive_manifest(rng: random.Random) -> TaskSpec:
 # --- git --------------------------------------------------------------------------------------------
 
 
-def _git_init(rng: random.Random) -> TaskSpec:
-    message = f"Add {rng.choice(_WORDS)} project"
-    names = [f"project/{word}.py" for word in rng.sample(_WORDS, 3)]
+def _git_init(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    message = f"Add {rng.choice(words)} project"
+    names = [f"project/{word}.py" for word in rng.sample(words, 3)]
     return TaskSpec(
         f"Make `project/` a git repository and commit all of its files in a single commit with the message "
         f"`{message}`. {_GIT_IDENTITY}",
@@ -382,8 +388,8 @@ def _git_init(rng: random.Random) -> TaskSpec:
     )
 
 
-def _git_branch(rng: random.Random) -> TaskSpec:
-    branch, name, word = f"feature/{rng.choice(_WORDS)}", f"{rng.choice(_WORDS)}.txt", rng.choice(_WORDS)
+def _git_branch(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    branch, name, word = f"feature/{rng.choice(words)}", f"{rng.choice(words)}.txt", rng.choice(words)
     return TaskSpec(
         f"In the git repository `repo/`, create a branch `{branch}` from `main` and commit on it a new file `{name}` "
         f"containing the line `{word}`. `main` must stay as it is. {_GIT_IDENTITY}",
@@ -395,8 +401,8 @@ def _git_branch(rng: random.Random) -> TaskSpec:
     )
 
 
-def _git_commit_changes(rng: random.Random) -> TaskSpec:
-    name, message = f"{rng.choice(_WORDS)}.txt", f"Update {rng.choice(_WORDS)}"
+def _git_commit_changes(rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    name, message = f"{rng.choice(words)}.txt", f"Update {rng.choice(words)}"
     return TaskSpec(
         f"`repo/` is a git repository with uncommitted changes. Commit all of them (including the new file) with "
         f"the message `{message}`. {_GIT_IDENTITY}",
@@ -408,7 +414,7 @@ def _git_commit_changes(rng: random.Random) -> TaskSpec:
     )
 
 
-def _git_tag(rng: random.Random) -> TaskSpec:
+def _git_tag(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     tag = f"v{rng.randint(1, 9)}.{rng.randint(0, 9)}.{rng.randint(0, 9)}"
     return TaskSpec(
         f"Tag the latest commit of the git repository `repo/` as `{tag}`.",
@@ -417,7 +423,7 @@ def _git_tag(rng: random.Random) -> TaskSpec:
     )
 
 
-_TEMPLATES: list[tuple[str, str, Callable[[random.Random], TaskSpec]]] = [
+_TEMPLATES: list[tuple[str, str, Callable[[random.Random, Sequence[str]], TaskSpec]]] = [
     ("files", "mkdir_write", _mkdir_write), ("files", "move_logs", _move_logs),
     ("files", "backup_copy", _backup_copy), ("files", "count_files", _count_files),
     ("text", "sort_unique", _sort_unique), ("text", "count_matches", _count_errors),
