@@ -1,7 +1,8 @@
 """Serving latency while the trainer trains and new versions are swapped in, and how fast they arrive.
 
-The server (the hf engine on the tiny model, rule judge) runs in this process; the trainer runs as a
-separate OS process, as `clawrl serve --method combine` starts it. `--clients` clients send
+The server (the tiny model, rule judge; engine `--engine`: `hf` in this process, or `vllm`, vLLM's
+server started from .venv-vllm) runs in this process; the trainer runs as a separate OS process, as
+`clawrl serve --method combine` starts it. `--clients` clients send
 requests back to back (distinct one-message prompts, `max_tokens` tokens, non-streaming) through
 two phases of `--seconds` each:
 
@@ -18,6 +19,7 @@ and publish-to-served latency per version (store registration time to the first 
 reports the version; polled every 10 ms), plus the server's own figure from `/metrics`.
 
     python benchmarks/swap_under_load.py --clients 16 --seconds 30
+    python benchmarks/swap_under_load.py --clients 16 --seconds 30 --engine vllm
 
 Prints a markdown table and writes the figures as JSON (`--out`).
 """
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -180,10 +183,12 @@ def server_side_swap_mean(metrics_text: str) -> float | None:
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     model_dir = build_tiny_model(scratch / "model", seed=0) if args.model == "tiny" else Path(args.model)
     run_dir = scratch / "run"
-    engine_config = EngineConfig(model=str(model_dir), device=args.device, cpu_threads=args.cpu_threads)
+    engine_config = EngineConfig(model=str(model_dir), engine=args.engine, device=args.device, cpu_threads=args.cpu_threads)
     store = Store.for_run_dir(run_dir)
     training = TrainingStore(store)
     engine = build_engine(engine_config)
+    if args.engine != "hf":  # the server starts an hf engine itself; a vLLM server is started here, before the clock
+        asyncio.run(engine.start())
     judge = build_worker(store, JudgeConfig(judge_poll_s=0.05), engine, engine_config)
     train_config = TrainConfig(method="combine", batch_size=args.batch_size, micro_batch_size=args.batch_size, train_poll_s=0.1)
     with ServerThread(engine, store, ServeConfig(port=free_port(), served_model_name=SERVED_NAME), judge) as server:
@@ -228,8 +233,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     args = results["args"]
     lines = [
-        f"{args['clients']} clients, {args['seconds']:.0f} s per phase, max_tokens={args['max_tokens']}, "
-        f"trainer batch size {args['batch_size']}:",
+        f"engine {args['engine']}, {args['clients']} clients, {args['seconds']:.0f} s per phase, max_tokens={args['max_tokens']}, "
+        f"trainer batch size {args['batch_size']}; load average at start {results['machine']['load_average_start']}, "
+        f"at end {results['machine']['load_average_end']}:",
         "",
         "| phase | requests | failed | p50 (ms) | p99 (ms) | mean (ms) | requests/s | versions published |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -257,6 +263,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per load request")
     parser.add_argument("--batch-size", type=int, default=4, help="trainer batch size (a version every this many samples)")
     parser.add_argument("--model", default="tiny", help="'tiny' (built locally into a temp dir) or a Hugging Face model directory")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the serving engine")
     parser.add_argument("--device", default="cpu", help="engine and trainer device: cpu, cuda or auto")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads of the server and of the trainer")
     parser.add_argument("--trainer-start-s", type=float, default=15.0, help="wait for the trainer process to load")
@@ -268,13 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.cpu_threads)
     started = time.perf_counter()
+    load_start = [round(value, 2) for value in os.getloadavg()]  # the machine may be shared
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as scratch:
         results = run(args, Path(scratch))
     results = {
         "benchmark": "swap_under_load",
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        "machine": machine(),
+        "machine": machine(load_average_start=load_start, load_average_end=[round(value, 2) for value in os.getloadavg()]),
         "elapsed_s": time.perf_counter() - started,
         **results,
     }

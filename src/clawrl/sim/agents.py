@@ -21,10 +21,16 @@ times how reliably it copies the numbers and names, and training has to find out
 The typo habit gives a step judge something to see (a tool error) that the outcome also punishes.
 
 Micro splits (`micro_env_config`) keep episodes short and the skills few: tool-call arithmetic and
-unit conversion at levels 1 and 2; six terminal templates. Demonstrations come from problems and
-tasks that the benchmark never trains or evaluates on: tool-call train problems after the ones the
-micro train split uses, and terminal tasks generated with other seeds, minus any whose instruction
-is one of the benchmark's. What this still makes easier than real use: the good behaviour is in
+unit conversion at levels 1 and 2; six terminal templates, each solved by a command that repeats
+names from the instruction. Demonstrations come from problems and tasks that the benchmark never
+trains or evaluates on: tool-call train problems after the ones the micro train split uses, and
+terminal tasks generated with other seeds and made-up names (`demonstration_words`), so no
+demonstration shows a benchmark task or even one of its names.
+
+Copying is the terminal agent's hard part: the chat model never had to repeat an arbitrary word
+from its context, and imitating episodes alone did not teach it (it wrote well-formed commands
+about the wrong names). So a terminal agent first trains on copy drills (`copy_drill`), then on the
+episodes with a few drills in every batch. What this still makes easier than real use: the good behaviour is in
 the model's repertoire from the start (training selects it rather than discovering it), the tasks
 are templated, and the tool-call answer is always the program's output.
 
