@@ -325,7 +325,7 @@ def test_event_loop_stays_responsive_while_generating(model_dir: Path) -> None:
 
 def test_worker_error_fails_only_the_affected_stream(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], BaseException | None, list[TokenStep]]:
-        async with running(model_dir) as engine:
+        async with running(model_dir, prefix_cache_gib=0) as engine:  # the poison is known by its whole prompt in one prefill
             poison = prompt(engine, "Tell me a joke")
 
             def explode(module: Any, args: Any, kwargs: dict[str, Any]) -> None:

@@ -106,6 +106,11 @@ class EngineConfig(_Settings):
         "auto", description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA."
     )
     max_batch_size: int = Field(32, ge=1, description="Most sequences decoded in one batch.")
+    prefix_cache_gib: float = Field(
+        1.0, ge=0, description="With --engine hf: memory for the KV of recent prompts, so that a prompt starting like "
+        "one of them (an agent's next turn) prefills only the rest; per policy version; 0 turns it off. (vLLM has "
+        "its own prefix caching.)"
+    )
     cpu_threads: int | None = Field(
         None,
         ge=1,

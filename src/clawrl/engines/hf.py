@@ -28,6 +28,13 @@ Padding only ever sits to the left of a row's real tokens, so relative distances
 tokens are those of a solo decode (sliding-window masks stay correct too; their caches are simply
 not truncated, since rows are kept in full-attention `DynamicLayer`s).
 
+Prefix caching
+--------------
+A prompt that starts like a recent prompt of the same policy version prefills only the rest
+(`clawrl.engines.prefix_cache`: by exact token ids, per loaded policy, never across versions,
+bounded by `prefix_cache_gib`). Agents re-send a long system prompt and the whole history on every
+turn, so a later turn prefills little more than its new message.
+
 Log-probs
 ---------
 Every reported log-prob (`TokenStep.logprob`, `TokenStep.top_logprobs`, `score`) is taken from the
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import secrets
 import threading
@@ -75,6 +83,7 @@ from clawrl.engines.base import (
     validate_sampling,
     validated_token_ids,
 )
+from clawrl.engines.prefix_cache import PrefixCache
 from clawrl.engines.scoring import score_response
 
 logger = logging.getLogger(__name__)
@@ -254,12 +263,17 @@ class _Batch:
         }
 
 
+_POLICY_KEYS = itertools.count(1)
+
+
 @dataclass
 class _Policy:
     """What serves one version: a model, plus the LoRA adapter to switch on (None = plain model)."""
 
     model: PreTrainedModel
     adapter: str | None = None
+    # never reused, not even for a version loaded again: what the prefix cache keys its entries by
+    key: int = field(default_factory=lambda: next(_POLICY_KEYS))
 
 
 @dataclass
@@ -325,6 +339,7 @@ class HFEngine(Engine):
         self._policies: dict[int, _Policy] = {}
         self._batches: dict[int, _Batch] = {}
         self._end_ids: frozenset[int] = frozenset()
+        self._prefix_cache = PrefixCache(int(config.prefix_cache_gib * 2**30))
 
         # Shared with the asyncio side, guarded by _cond: the inbox and the lifecycle flags.
         # policy_version is also only changed under _cond, so a request always gets a version
@@ -386,6 +401,13 @@ class HFEngine(Engine):
         diagnostics, e.g. a forward hook that sees each pass's batch. The worker thread owns the
         model: do not run it from other threads."""
         return self._base
+
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """The prefix cache so far: prompts that reused a cached prefix (`hits`), prompt tokens not
+        prefilled thanks to it (`reused_tokens`), and what it holds now (`entries`, `bytes`)."""
+        cache = self._prefix_cache
+        return {"hits": cache.hits, "reused_tokens": cache.reused_tokens, "entries": len(cache), "bytes": cache.nbytes}
 
     def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
         """Queue a generation and return its stream at once; see `TokenStep` for what it yields.
@@ -516,16 +538,20 @@ class HFEngine(Engine):
                 self._fail_batch(batch, exc)
 
     def _prefill(self, request: _Request) -> tuple[_Row, DynamicCache] | None:
-        """Run the prompt, emit the first token; return the row and its cache unless already done."""
+        """Run the prompt (what the prefix cache does not hold of it), emit the first token; return
+        the row and its cache unless already done."""
         row = _Row(request, new_generator(request.sampling, self.device))
-        cache = DynamicCache()  # no config: plain full-attention layers, which merge by padding
         model = self._model_for(request.version)
+        policy = self._policies[request.version].key
+        cached, reused = self._prefix_cache.lookup(policy, request.prompt_ids)
+        cache = cached or DynamicCache()  # no config: plain full-attention layers, which merge by padding
         logits = model(
-            input_ids=torch.tensor([request.prompt_ids], device=self.device),
+            input_ids=torch.tensor([request.prompt_ids[reused:]], device=self.device),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
+        self._prefix_cache.store(policy, request.prompt_ids, cache)
         done = self._advance([row], logits)[0]
         return None if done else (row, cache)
 
@@ -625,6 +651,7 @@ class HFEngine(Engine):
             keep = {0, self.policy_version, *self._batches, *(request.version for request in self._pending)}
         for version in [v for v in self._policies if v not in keep]:
             policy = self._policies.pop(version)
+            self._prefix_cache.forget(policy.key)
             if policy.adapter is not None:
                 try:
                     self._delete_adapter(policy.adapter)
