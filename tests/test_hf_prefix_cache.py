@@ -20,7 +20,7 @@ from clawrl.engines.hf import HFEngine
 from clawrl.sim.tiny import tiny_model_path
 from tests.helpers import save_lora_adapter
 
-SYSTEM = "You are a careful assistant inside a workspace. Read files before you edit them; run the tests after. " * 30
+SYSTEM = "You are a careful assistant inside a workspace. Read files before you edit them; run the tests after. " * 80
 GREEDY = SamplingParams(temperature=0, max_tokens=12, top_logprobs=3)
 
 
@@ -55,7 +55,8 @@ def session_prompts(engine: HFEngine) -> list[list[int]]:
     """Three turns of one agent session, each re-sending the whole history."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "list the files"}]
     prompts = [render_prompt(engine.tokenizer, messages, None)]
-    for reply, follow_up in [("README.md and main.py", "read main.py"), ("It prints hello.", "now run the tests")]:
+    test_log = "".join(f"tests/test_{index}.py::test_case_{index} PASSED [{index}%]\n" for index in range(50))
+    for reply, follow_up in [("README.md and main.py", "read main.py"), ("It prints hello.", "the test log:\n" + test_log)]:
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
         prompts.append(render_prompt(engine.tokenizer, messages, None))
     return prompts
@@ -90,6 +91,7 @@ def test_later_turns_reuse_the_cached_history_and_answer_as_without_it(model_dir
     # each later turn took from the cache all that it shares with the previous turn's prompt (all of
     # that prompt); the session keeps one entry
     shared = [common_prefix(prompts[0], prompts[1]), common_prefix(prompts[1], prompts[2])]
+    assert len(prompts[2]) - shared[1] > 1024  # the last turn's new part (a test log) is prefilled in several chunks
     assert shared[0] >= len(prompts[0]) - 1 and shared[1] >= len(prompts[1]) - 1
     assert stats[1]["reused_tokens"] == shared[0] and stats[2]["reused_tokens"] - stats[1]["reused_tokens"] == shared[1]
     assert stats[2]["hits"] == 2 and stats[2]["entries"] == 1

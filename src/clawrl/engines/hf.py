@@ -264,6 +264,7 @@ class _Batch:
 
 
 _POLICY_KEYS = itertools.count(1)
+_PREFILL_CHUNK = 1024  # tokens per forward when a prompt's prefill continues a cached prefix
 
 
 @dataclass
@@ -545,12 +546,17 @@ class HFEngine(Engine):
         policy = self._policies[request.version].key
         cached, reused = self._prefix_cache.lookup(policy, request.prompt_ids)
         cache = cached or DynamicCache()  # no config: plain full-attention layers, which merge by padding
-        logits = model(
-            input_ids=torch.tensor([request.prompt_ids[reused:]], device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        rest = request.prompt_ids[reused:]
+        # After a cached prefix, attention takes an explicit mask of (new tokens x all tokens):
+        # prefilled in chunks, it stays small (without a prefix, attention is causal without a mask).
+        chunk = _PREFILL_CHUNK if cached is not None else len(rest)
+        for start in range(0, len(rest), chunk):
+            logits = model(
+                input_ids=torch.tensor([rest[start : start + chunk]], device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1]
         self._prefix_cache.store(policy, request.prompt_ids, cache)
         done = self._advance([row], logits)[0]
         return None if done else (row, cache)
