@@ -5,6 +5,7 @@ assistant's tokens of a rendered episode."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from pathlib import Path
@@ -74,15 +75,18 @@ def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Pat
     assert not any(re.search(rf"\b{word}\b", text, re.IGNORECASE) for word in WORDS for text in instructions)
 
 
-def test_a_copy_drill_trains_only_on_repeating_the_names_it_shows(tiny_model_dir: Path) -> None:
+def test_a_copy_drill_trains_only_on_a_command_repeating_the_names_the_user_quoted(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng, words = random.Random(0), demonstration_words()
     assert len(words) == len(set(words)) >= 300 and not set(words) & set(WORDS)
     for _ in range(20):
         ids, labels = copy_drill(tokenizer, words, rng)
         shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
-        copied = tokenizer.decode([label for label in labels if label != -100])
-        assert copied.split() == shown.replace("`", "").split() and copied.endswith("\n")
+        trained = tokenizer.decode([label for label in labels if label != -100])
+        quoted = re.findall(r"`([^`]+)`", shown)
+        assert 1 <= len(quoted) <= 3 and '"name": "shell"' in trained and "`" not in trained
+        command = json.loads(trained.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["command"]
+        assert command.split()[-1] == quoted[-1] and [word for word in command.split() if word in quoted] == quoted
 
 
 @needs_sandbox

@@ -85,6 +85,7 @@ TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_ex
 # at the instruction; with hundreds of names, copying from the instruction is the only way (see `demonstration_words`).
 _SYLLABLES = tuple(consonant + vowel for consonant in "bdfgklmnprstvz" for vowel in "aeiou")
 DEMONSTRATION_WORDS = 400
+COPY_DRILLS_VERSION = 2  # bump when `copy_drill` changes
 _FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -267,34 +268,6 @@ async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: 
 
 # --------------------------------------------------------------------------- training
 
-_EXTENSIONS = (".txt", ".key", ".sh", ".conf", ".csv", ".conf.bak", ".log")
-
-
-def copy_drill(tokenizer: PreTrainedTokenizerFast, words: list[str], rng: random.Random) -> tuple[list[int], list[int]]:
-    """A line of names (some in backticks, as instructions quote them), then the same names bare: labels on the copy.
-
-    Terminal tasks are solved by repeating the instruction's names in a command. The chat model never
-    had to copy an arbitrary word from its context, and a few hundred episodes do not teach it: the
-    agent fine-tuned on episodes alone wrote well-formed commands about made-up names (0 of 216
-    sampled first commands exact, after 800 steps). Real models learn copying in pre-training; this
-    is the tiny model's share of it, short sequences that cost a fraction of an episode each.
-    """
-    names = []
-    for _ in range(rng.randint(2, 6)):
-        name, shape = rng.choice(words), rng.random()
-        if shape < 0.2:
-            name = name.upper()
-        elif shape < 0.6:
-            name += rng.choice(_EXTENSIONS)
-        elif shape < 0.75:
-            name = f"{rng.choice(words)}/{name}"
-        names.append(name)
-    quoted = " ".join(f"`{name}`" if rng.random() < 0.6 else name for name in names)
-    source = tokenizer(f"{quoted}\n", add_special_tokens=False)["input_ids"]
-    copy = tokenizer(" " + " ".join(names) + "\n", add_special_tokens=False)["input_ids"]
-    return source + copy, [-100] * len(source) + copy
-
-
 def encode_episode(tokenizer: PreTrainedTokenizerFast, messages: list[Message], tools: list[ToolSpec],
                    max_tokens: int) -> tuple[list[int], list[int]]:
     """Token ids of the rendered episode (with its tools), and labels keeping only the assistant tokens."""
@@ -302,6 +275,42 @@ def encode_episode(tokenizer: PreTrainedTokenizerFast, messages: list[Message], 
     ids = encoded["input_ids"][:max_tokens]
     labels = [token if keep else -100 for token, keep in zip(ids, encoded["assistant_masks"][:max_tokens], strict=True)]
     return ids, labels
+
+
+_EXTENSIONS = (".txt", ".key", ".sh", ".conf", ".csv", ".log", ".md")
+_FILLER = ("please", "the", "file", "directory", "in", "workspace", "so", "that", "only", "its", "owner", "can", "to",
+           "keep", "with", "and", "make", "copy", "set", "write", "a", "new", "of", "each", "every", "under", "into",
+           "named", "line", "for", "me", "then", "called", "from", "holding", "whose", "is")  # fmt: skip
+_VERBS = ("chmod 600", "chmod u+x", "gzip", "cp", "mkdir -p", "cat", "rm", "touch", "echo", "mv", "ls -l", "wc -l", ">")
+
+
+def copy_drill(tokenizer: PreTrainedTokenizerFast, words: list[str], rng: random.Random) -> tuple[list[int], list[int]]:
+    """A user message quoting names among filler words, answered by a shell call that repeats them: a short episode.
+
+    Terminal tasks are solved by repeating the instruction's names in a command. The chat model never
+    had to copy an arbitrary word from its context, and episodes alone did not teach it: fine-tuned on
+    them, the agent wrote well-formed commands about names it made up. These drills carry nothing
+    else to learn: the filler and the command words are random, so only the names (in the order the
+    message quotes them, each after a random command word) can be predicted, and only by finding them
+    in the user's message. They cost a seventh of an episode each (no system prompt, no tools).
+    Real models learn copying in pre-training; this is the tiny model's share of it.
+    """
+    names = []
+    for _ in range(rng.randint(1, 3)):
+        name, shape = rng.choice(words), rng.random()
+        if shape < 0.15:
+            name = name.upper()
+        elif shape < 0.75:
+            name += rng.choice(_EXTENSIONS)
+        names.append(name)
+    sentence = [rng.choice(_FILLER) for _ in range(rng.randint(3, 12))]
+    for name in names:  # in order, at random places
+        sentence.insert(rng.randint(0, len(sentence)), "\0")
+    quoted = iter(names)
+    text = " ".join(f"`{next(quoted)}`" if word == "\0" else word for word in sentence)
+    command = rng.choice((" ", "\n")).join(f"{rng.choice(_VERBS)} {name}" for name in names)
+    messages = [{"role": "user", "content": text[0].upper() + text[1:] + "."}, _call("shell", {"command": command})]
+    return encode_episode(tokenizer, messages, [], 256)
 
 
 def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, seed: int, config: AgentConfig) -> list[float]:
@@ -378,8 +387,8 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
                 "micro": micro, "seed": seed, "config": settings}  # fmt: skip
     if family == "toolcall":  # the problems themselves: a change to a generator is a new key
         identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
-    else:  # the names the demonstrations and drills use
-        identity["words"] = demonstration_words()[:8]
+    else:  # the names the demonstrations and drills use, and the drills' shape
+        identity["words"], identity["drills"] = demonstration_words()[:8], COPY_DRILLS_VERSION
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
