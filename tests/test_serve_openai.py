@@ -126,7 +126,10 @@ def test_stop_string_cuts_the_answer(client: openai.OpenAI, server: ServerThread
     assert httpx.get(server.base_url.removesuffix("/v1") + "/healthz").status_code == 200
 
 
-def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(server: ServerThread, store: Store) -> None:
+def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(server: ServerThread, store: Store, serving_engine: Engine | None) -> None:
+    if serving_engine is not None:
+        pytest.skip("the tool model ends its answers after about 20 tokens, which vLLM generates before the server sees the "
+                    "hang-up (seen once in three runs); vLLM's hang-ups: test_engine_contract.py::test_cancel_hangs_up_and_frees_the_engine")
     body = {"model": server.app.state.service.engine.model_name, "messages": [{"role": "user", "content": "go on forever"}],
             "max_tokens": 4000, "stream": True, "temperature": 1.0}
     with httpx.Client(timeout=60) as http, http.stream("POST", server.base_url + "/chat/completions", json=body) as response:

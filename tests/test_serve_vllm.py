@@ -31,17 +31,27 @@ from tests.helpers import LoadClients, healthz, require_vllm, teach, turn, user,
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 
 
-def vllm_processes(port: int) -> list[int]:
-    """vLLM server processes that clawrl started for the server on `port` (their cmdlines name vllm)."""
+def vllm_servers_of(parent: int) -> list[int]:
+    """The vLLM server processes that process `parent` started (its children whose command line
+    runs vLLM's OpenAI server; other vLLM servers, e.g. the test session's shared one, are not)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes():
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == parent and b"vllm.entrypoints.openai.api_server" in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 continue
     return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Path, run_dir: Path) -> None:
@@ -55,6 +65,7 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
     ]  # fmt: skip
     serve = subprocess.Popen(command)
     base = f"http://127.0.0.1:{port}"
+    servers: list[int] = []
     try:
         wait_until(lambda: healthz(base) or serve.poll() is not None, 400, "clawrl serve --engine vllm")
         assert serve.poll() is None, "clawrl serve exited"
@@ -87,11 +98,12 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
         expected = score_response(model.eval(), turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
         torch.testing.assert_close(torch.tensor(served), torch.tensor(expected), rtol=0, atol=2e-3)
         torch.testing.assert_close(torch.tensor(turn.response_logprobs), torch.tensor(expected), rtol=0, atol=2e-3)
-        assert vllm_processes(port)
+        servers += vllm_servers_of(serve.pid)
+        assert servers
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(90)
-    wait_until(lambda: not vllm_processes(port), 60, "vLLM's server stopped with clawrl")
+    wait_until(lambda: not any(running(pid) for pid in servers), 60, "vLLM's server stopped with clawrl")
 
 
 def test_the_openai_judge_runs_against_a_real_vllm_server(tiny_model_dir: Path) -> None:
