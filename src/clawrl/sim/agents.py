@@ -48,6 +48,7 @@ import os
 import random
 import re
 import shutil
+import string
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -80,12 +81,13 @@ HABITS: dict[str, dict[str, float]] = {
 }
 TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_executable", "permissions-private_file",
                   "archives-gzip_file", "text-replace")  # fmt: skip
-# Demonstrations name their files with made-up words (consonant-vowel syllables), never the benchmark's: a model
-# that only saw the 22 benchmark words could lower its loss by recalling which of them is likely, without looking
-# at the instruction; with hundreds of names, copying from the instruction is the only way (see `demonstration_words`).
+# Demonstrations name their files with made-up words, never the benchmark's: a model that only saw the 22 benchmark
+# words could lower its loss by recalling which of them is likely, without looking at the instruction. Half the names
+# are consonant-vowel syllables, half any letters: trained on syllables alone, the agent copied a name's first letters
+# and finished it as a syllable word (`fjord` became `feti`), since that too predicted its names well.
 _SYLLABLES = tuple(consonant + vowel for consonant in "bdfgklmnprstvz" for vowel in "aeiou")
-DEMONSTRATION_WORDS = 400
-COPY_DRILLS_VERSION = 2  # bump when `copy_drill` changes
+DEMONSTRATION_WORDS = 600
+COPY_DRILLS_VERSION = 3  # bump when `copy_drill` changes
 _FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -188,11 +190,14 @@ class Demonstrations:
 
 
 def demonstration_words(count: int = DEMONSTRATION_WORDS, seed: int = 0) -> list[str]:
-    """`count` made-up names of two or three syllables, none of them a benchmark word."""
+    """`count` made-up names, none of them a benchmark word: half of two or three syllables, half of 3-8 letters."""
     rng = random.Random(f"agents:words:{seed}")
     names: set[str] = set()
     while len(names) < count:
-        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
+        if len(names) % 2:
+            name = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
+        else:
+            name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
         if name not in WORDS:
             names.add(name)
     return sorted(names)
