@@ -21,7 +21,7 @@ import torch
 from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
-from clawrl.engines.hf import EngineClosedError, HFEngine
+from clawrl.engines.hf import EngineClosedError, HFEngine, pick_token
 from clawrl.sim.models import resolve_model
 from clawrl.sim.tiny import tiny_model_path
 from tests.helpers import save_lora_adapter, save_perturbed_weights
@@ -207,6 +207,24 @@ def test_batched_decoding_matches_solo_decoding(model_dir: Path, sampling: Sampl
         assert tokens(alone) == tokens(together)
         torch.testing.assert_close(logprobs(alone), logprobs(together), rtol=0, atol=1e-4)
         assert [step.top_logprobs[1][0] for step in alone] == [step.top_logprobs[1][0] for step in together]
+
+
+def test_a_seeded_top_p_draw_ignores_float_noise_and_stays_in_the_nucleus() -> None:
+    """Another batch shape perturbs log-probs by ~1e-7; near-equal tokens then swap ranks, which must not move the draw.
+
+    An untrained model's distribution is nearly flat: many tokens are within float noise of each other.
+    """
+    levels = torch.randint(0, 40, (4096,), generator=torch.Generator().manual_seed(0))
+    flat = levels.float() * 0.01  # groups of exactly equal log-probs
+    noisy = flat + torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 1e-6
+    sampling = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
+    draws = [(pick_token(flat, sampling, torch.Generator().manual_seed(seed)).item(),
+              pick_token(noisy, sampling, torch.Generator().manual_seed(seed)).item()) for seed in range(300)]  # fmt: skip
+    assert sum(a != b for a, b in draws) <= 9  # only a draw among the tokens at the nucleus boundary may differ
+    probs = torch.softmax(noisy, -1)
+    sorted_probs, order = probs.sort(descending=True)
+    nucleus = set(order[(sorted_probs.cumsum(-1) - sorted_probs) < 0.9].tolist())
+    assert {b for _, b in draws} <= nucleus and len(nucleus) < 4096
 
 
 def test_cancel_frees_the_slot(model_dir: Path) -> None:

@@ -136,8 +136,12 @@ def pick_token(logprobs: torch.Tensor, sampling: SamplingParams, generator: torc
         return torch.multinomial(probs, 1, generator=generator)[0]
     sorted_probs, order = probs.sort(descending=True)
     # Keep a token while the mass of the tokens before it is below top_p: the first always stays.
-    keep = (sorted_probs.cumsum(-1) - sorted_probs) < sampling.top_p
-    return order[torch.multinomial(sorted_probs * keep, 1, generator=generator)[0]]
+    keep_sorted = (sorted_probs.cumsum(-1) - sorted_probs) < sampling.top_p
+    # Draw in vocabulary order, not sorted order: two near-equal probabilities swap ranks under the
+    # float noise of another batch shape, and a draw over the sorted list would then land on the
+    # other token; in vocabulary order only a token at the nucleus boundary can change the draw.
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.multinomial(probs * keep, 1, generator=generator)[0]
 
 
 def sample_steps(
