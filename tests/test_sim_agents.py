@@ -8,6 +8,8 @@ import asyncio
 import json
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,15 @@ def test_a_terminal_agent_learns_to_copy_before_it_imitates_episodes(tiny_model_
     losses = train_agent(tiny_model_dir, demonstrations, tmp_path / "agent", seed=0, config=config)
     assert len(losses) == 2  # the episode steps; the drills came first
     assert copy_loss(tmp_path / "agent") < copy_loss(tiny_model_dir) - 1.0
+
+
+@needs_sandbox
+def test_the_first_command_benchmark_sorts_every_sampled_answer(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "first.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "agent_first_commands.py"
+    result = subprocess.run([sys.executable, str(script), "--model", str(tiny_model_dir), "--samples", "2", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = json.loads(out.read_text())
+    assert len(written["tasks"]) == 18 and sum(written["totals"].values()) == 36
+    assert written["totals"]["exact"] == 0 and written["exact_share"] == 0.0  # an untrained model writes no command
