@@ -233,17 +233,20 @@ def test_the_end_of_turn_token_stops_and_is_included(
 
 
 def test_tokens_stream_as_they_are_generated(engine: Engine, loop: LoopThread) -> None:
-    """Tokens arrive in separate bursts over the generation, not all at its end. A count of pauses,
-    so one slow stretch does not matter; a low bar, because vLLM's front end sends several tokens
-    per chunk when it falls behind its engine (13 chunks for 600 tokens seen on two busy cores)."""
+    """Tokens arrive in separate bursts over the generation, the first well before the last. A low
+    bar on the bursts, because vLLM's front end sends several tokens per chunk when it falls behind
+    its engine (13 chunks for 600 tokens seen on two busy cores, 3 on a machine also training a
+    model); an engine that answers at the end sends one burst, its first token with its last."""
     ids = prompt_ids(engine, "Summarise it.")
 
-    async def arrivals() -> list[float]:
-        return [time.monotonic() async for _ in engine.generate(ids, SamplingParams(max_tokens=600, seed=1))]
+    async def arrivals() -> tuple[float, list[float]]:
+        started = time.monotonic()
+        return started, [time.monotonic() async for _ in engine.generate(ids, SamplingParams(max_tokens=600, seed=1))]
 
-    times = loop.run(arrivals())
+    started, times = loop.run(arrivals())
     pauses = sum(later - earlier > 0.001 for earlier, later in zip(times, times[1:]))
-    assert len(times) == 600 and pauses >= 5, pauses
+    first_share = (times[0] - started) / (times[-1] - started)
+    assert len(times) == 600 and pauses >= 2 and first_share < 0.5, (pauses, first_share)
 
 
 def test_cancel_hangs_up_and_frees_the_engine(engine: Engine, loop: LoopThread) -> None:
