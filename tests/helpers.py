@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import Engine, GenerationStream, SamplingParams, ScoredResponse, build_engine
 from clawrl.engines.chat import render_prompt
+from clawrl.engines.hf import HFEngine
 from clawrl.engines.remote import RemoteEngineError
 from clawrl.engines.vllm import find_vllm_python
 from clawrl.judge.worker import build_worker
@@ -471,3 +473,14 @@ def require_vllm() -> None:
         if os.environ.get("CLAWRL_REQUIRE_VLLM") == "1":
             pytest.fail(f"vLLM is not installed ({reason}); CLAWRL_REQUIRE_VLLM=1 says it must run here")
         pytest.skip(f"vLLM is not installed: {reason}")
+
+
+@asynccontextmanager
+async def running_hf_engine(model_dir: Path, **config: Any) -> AsyncIterator[HFEngine]:
+    """An hf engine on the CPU over `model_dir`, started and closed around the block."""
+    engine = HFEngine(EngineConfig(device="cpu", **config), model_path=model_dir)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()

@@ -10,8 +10,7 @@ import asyncio
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
 from clawrl.engines.hf import EngineClosedError, HFEngine, pick_token
 from clawrl.sim.models import resolve_model
 from clawrl.sim.tiny import tiny_model_path
-from tests.helpers import save_lora_adapter, save_perturbed_weights
+from tests.helpers import running_hf_engine, save_lora_adapter, save_perturbed_weights
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 MESSAGES = [
@@ -51,16 +50,6 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_path(tmp_path_factory.mktemp("cache"), seed=0)
-
-
-@asynccontextmanager
-async def running(model_dir: Path, **config: Any) -> AsyncIterator[HFEngine]:
-    engine = HFEngine(EngineConfig(device="cpu", **config), model_path=model_dir)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 def prompt(engine: HFEngine, text: str) -> list[int]:
@@ -100,7 +89,7 @@ def test_the_tiny_model_is_resolved_and_served_under_its_name(tmp_path: Path) ->
 
 def test_streams_tokens_as_they_are_generated(model_dir: Path) -> None:
     async def main() -> tuple[GenerationStream, list[TokenStep], list[float]]:
-        async with running(model_dir) as engine:
+        async with running_hf_engine(model_dir) as engine:
             assert engine.policy_version == 0
             stream = engine.generate(prompt(engine, "hi"), SamplingParams(temperature=0, max_tokens=40))
             steps, arrivals = [], []
@@ -122,7 +111,7 @@ def test_end_of_turn_token_stops_and_is_included(model_dir: Path, tmp_path: Path
     """A token listed as eos in generation_config ends the response with finish_reason "stop"."""
 
     async def first_tokens(directory: Path) -> list[TokenStep]:
-        async with running(directory) as engine:
+        async with running_hf_engine(directory) as engine:
             return await collect(engine.generate(prompt(engine, "hi"), GREEDY))
 
     reference = asyncio.run(first_tokens(model_dir))
@@ -141,7 +130,7 @@ def test_end_of_turn_token_stops_and_is_included(model_dir: Path, tmp_path: Path
 
 def test_greedy_is_deterministic_and_top_logprobs_are_sorted(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], list[TokenStep]]:
-        async with running(model_dir) as engine:
+        async with running_hf_engine(model_dir) as engine:
             ids = prompt(engine, "What is the capital of France?")
             params = SamplingParams(temperature=0, max_tokens=12, top_logprobs=5)
             return await collect(engine.generate(ids, params)), await collect(engine.generate(ids, params))
@@ -160,7 +149,7 @@ def test_seed_fixes_sampling_even_when_batched(model_dir: Path) -> None:
     sampling = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=16, seed=1234)
 
     async def main() -> tuple[list[TokenStep], ...]:
-        async with running(model_dir) as engine:
+        async with running_hf_engine(model_dir) as engine:
             ids = prompt(engine, "Tell me a joke")
             alone = await collect(engine.generate(ids, sampling))
             others = [engine.generate(prompt(engine, text), SamplingParams(temperature=1.0)) for text in MESSAGES[:3]]
@@ -188,7 +177,7 @@ def test_batched_decoding_matches_solo_decoding(model_dir: Path, sampling: Sampl
         return SamplingParams(sampling.temperature, sampling.top_p, max_tokens=10 + 3 * i, seed=i, top_logprobs=2)
 
     async def main() -> tuple[list[list[TokenStep]], list[list[TokenStep]], list[int]]:
-        async with running(model_dir, max_batch_size=8) as engine:
+        async with running_hf_engine(model_dir, max_batch_size=8) as engine:
             prompts = [prompt(engine, text) for text in MESSAGES]
             assert len({len(ids) for ids in prompts}) > 4
             solo = [await collect(engine.generate(ids, params(i))) for i, ids in enumerate(prompts)]
@@ -229,7 +218,7 @@ def test_a_seeded_top_p_draw_ignores_float_noise_and_stays_in_the_nucleus() -> N
 
 def test_cancel_frees_the_slot(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], list[TokenStep]]:
-        async with running(model_dir, max_batch_size=1) as engine:
+        async with running_hf_engine(model_dir, max_batch_size=1) as engine:
             endless = engine.generate(prompt(engine, "hi"), SamplingParams(temperature=0, max_tokens=100_000))
             waiting = engine.generate(prompt(engine, "ok"), SamplingParams(temperature=0, max_tokens=5))
             iterator = aiter(endless)
@@ -246,7 +235,7 @@ def test_cancel_frees_the_slot(model_dir: Path) -> None:
 
 def test_score_matches_generation_logprobs(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], Any]:
-        async with running(model_dir) as engine:
+        async with running_hf_engine(model_dir) as engine:
             ids = prompt(engine, "Please write a short poem about the sea and the wind, in four lines.")
             steps = await collect(engine.generate(ids, SamplingParams(max_tokens=20, seed=7, top_logprobs=4)))
             return steps, await engine.score(ids, tokens(steps), top_k=4)
@@ -269,7 +258,7 @@ def test_load_version_swaps_new_requests_and_keeps_in_flight_ones(model_dir: Pat
         return stream, await collect(stream)
 
     async def main() -> dict[str, Any]:
-        async with running(model_dir) as engine:
+        async with running_hf_engine(model_dir) as engine:
             ids = prompt(engine, "What is the capital of France?")
             reference = await collect(engine.generate(ids, long))
             in_flight = engine.generate(ids, long)
@@ -325,7 +314,7 @@ def test_load_version_swaps_new_requests_and_keeps_in_flight_ones(model_dir: Pat
 
 def test_event_loop_stays_responsive_while_generating(model_dir: Path) -> None:
     async def main() -> tuple[list[float], float]:
-        async with running(model_dir, max_batch_size=8) as engine:
+        async with running_hf_engine(model_dir, max_batch_size=8) as engine:
             streams = [engine.generate(prompt(engine, text), SamplingParams(max_tokens=64)) for text in MESSAGES]
             ticks: list[float] = []
             done = asyncio.gather(*(collect(stream) for stream in streams))
@@ -343,7 +332,7 @@ def test_event_loop_stays_responsive_while_generating(model_dir: Path) -> None:
 
 def test_worker_error_fails_only_the_affected_stream(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], BaseException | None, list[TokenStep]]:
-        async with running(model_dir, prefix_cache_gib=0) as engine:  # the poison is known by its whole prompt in one prefill
+        async with running_hf_engine(model_dir, prefix_cache_gib=0) as engine:  # the poison is known by its whole prompt in one prefill
             poison = prompt(engine, "Tell me a joke")
 
             def explode(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
@@ -383,7 +372,7 @@ def test_close_fails_streams_in_flight(model_dir: Path) -> None:
 
 def test_rejects_invalid_requests(model_dir: Path) -> None:
     async def main() -> None:
-        async with running(model_dir, max_context_tokens=64) as engine:
+        async with running_hf_engine(model_dir, max_context_tokens=64) as engine:
             with pytest.raises(ValueError):
                 engine.generate([], GREEDY)
             with pytest.raises(ValueError):

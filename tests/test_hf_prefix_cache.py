@@ -5,20 +5,18 @@ stays within its memory budget."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from clawrl.config import EngineConfig
 from clawrl.engines.base import SamplingParams, TokenStep
 from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
 from clawrl.sim.tiny import tiny_model_path
-from tests.helpers import save_lora_adapter
+from tests.helpers import running_hf_engine, save_lora_adapter
 
 SYSTEM = "You are a careful assistant inside a workspace. Read files before you edit them; run the tests after. " * 80
 GREEDY = SamplingParams(temperature=0, max_tokens=12, top_logprobs=3)
@@ -35,16 +33,6 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_path(tmp_path_factory.mktemp("cache"), seed=0)
-
-
-@asynccontextmanager
-async def running(model_dir: Path, **config: Any) -> AsyncIterator[HFEngine]:
-    engine = HFEngine(EngineConfig(device="cpu", **config), model_path=model_dir)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 async def answer(engine: HFEngine, ids: list[int]) -> list[TokenStep]:
@@ -75,7 +63,7 @@ def assert_same_answer(cached: list[TokenStep], plain: list[TokenStep]) -> None:
 
 def test_later_turns_reuse_the_cached_history_and_answer_as_without_it(model_dir: Path) -> None:
     async def run() -> tuple[list[list[TokenStep]], list[list[TokenStep]], list[dict[str, int]], list[list[int]], dict[str, int]]:
-        async with running(model_dir) as cached, running(model_dir, prefix_cache_gib=0) as plain:
+        async with running_hf_engine(model_dir) as cached, running_hf_engine(model_dir, prefix_cache_gib=0) as plain:
             prompts = session_prompts(cached)
             with_cache, without, stats = [], [], []
             for ids in prompts:
@@ -102,7 +90,7 @@ def test_a_cached_prefix_never_crosses_policy_versions(model_dir: Path, tmp_path
     adapter = save_lora_adapter(model_dir, tmp_path / "v1", seed=1)
 
     async def run() -> dict[str, Any]:
-        async with running(model_dir) as cached, running(model_dir, prefix_cache_gib=0) as plain:
+        async with running_hf_engine(model_dir) as cached, running_hf_engine(model_dir, prefix_cache_gib=0) as plain:
             ids = session_prompts(cached)[0]
             seen: dict[str, Any] = {"v0": await answer(cached, ids)}
             await cached.load_version(1, adapter)
@@ -127,11 +115,11 @@ def test_a_cached_prefix_never_crosses_policy_versions(model_dir: Path, tmp_path
 
 def test_the_cache_stays_within_its_budget(model_dir: Path) -> None:
     async def run() -> tuple[int, list[dict[str, int]]]:
-        async with running(model_dir) as probe:
+        async with running_hf_engine(model_dir) as probe:
             await answer(probe, session_prompts(probe)[0])
             one_prompt = probe.prefix_cache_stats["bytes"]
         budget = int(2.5 * one_prompt)
-        async with running(model_dir, prefix_cache_gib=budget / 2**30) as engine:
+        async with running_hf_engine(model_dir, prefix_cache_gib=budget / 2**30) as engine:
             stats = []
             for index in range(6):  # prompts of about the same length that no other one extends
                 messages = [{"role": "user", "content": f"{index} " + SYSTEM}]
