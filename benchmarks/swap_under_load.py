@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 import torch
 
-from clawrl.config import EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
+from clawrl.config import BackgroundConfig, EngineConfig, JudgeConfig, ServeConfig, StoreConfig, TrainConfig
 from clawrl.engines import build_engine
 from clawrl.judge.worker import build_worker
 from clawrl.serve.runner import ServerThread, free_port
@@ -193,7 +193,8 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     train_config = TrainConfig(method="combine", batch_size=args.batch_size, micro_batch_size=args.batch_size, train_poll_s=0.1)
     with ServerThread(engine, store, ServeConfig(port=free_port(), served_model_name=SERVED_NAME), judge) as server:
         root = server.base_url.removesuffix("/v1")
-        with TrainerProcess(engine_config, StoreConfig(run_dir=run_dir), train_config):
+        background = BackgroundConfig(background_nice=args.background_nice, background_cpus=args.background_cpus)
+        with TrainerProcess(engine_config, StoreConfig(run_dir=run_dir), train_config, background):
             time.sleep(args.trainer_start_s)  # let the trainer load before measuring "idle"
             asyncio.run(load(server.base_url, args.clients, 2.0, args.max_tokens, Phase("warm-up")))
             phases = []
@@ -266,6 +267,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="the serving engine")
     parser.add_argument("--device", default="cpu", help="engine and trainer device: cpu, cuda or auto")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads of the server and of the trainer")
+    parser.add_argument("--background-nice", type=int, default=BackgroundConfig().background_nice,
+                        help="the trainer's nice increment (0: the same priority as serving, as before issue 16)")
+    parser.add_argument("--background-cpus", default=BackgroundConfig().background_cpus,
+                        help="the trainer's CPUs: auto (the upper half), all (as before issue 16) or a list")
     parser.add_argument("--trainer-start-s", type=float, default=15.0, help="wait for the trainer process to load")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/swap_under_load.json"), help="JSON results")
     return parser.parse_args(argv)

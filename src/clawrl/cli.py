@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from clawrl.config import (
+    BackgroundConfig,
     BenchConfig,
     DashboardConfig,
     EngineConfig,
@@ -93,11 +94,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve_config = config_from_args(ServeConfig, args)
     # every setting is checked before the model is loaded, which can take minutes
     judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
+    background_config = config_from_args(BackgroundConfig, args)
     _check_engine(engine_config, train_config)
     store = Store(store_config.resolved_database_url())
     engine = build_engine(engine_config, _resolved_model(engine_config))
     judge = _judge_worker(store, judge_config, engine, engine_config, train_config.teacher)
-    trainer = _trainer_process(train_config, engine_config, store_config)
+    trainer = _trainer_process(train_config, engine_config, store_config, background_config)
     app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
@@ -144,13 +146,14 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
     sys.exit(128 + signum)
 
 
-def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_config: StoreConfig) -> Any:
+def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_config: StoreConfig,
+                     background: BackgroundConfig) -> Any:
     """With --method, the trainer runs beside the server as its own OS process (never inside it)."""
     if config.method is None:
         return None
     from clawrl.train.process import TrainerProcess
 
-    return TrainerProcess(engine_config, store_config, config).start()
+    return TrainerProcess(engine_config, store_config, config, background).start()
 
 
 def _judge_worker(
@@ -167,10 +170,13 @@ def _judge_worker(
 def cmd_judge(args: argparse.Namespace) -> int:
     import asyncio
 
+    from clawrl.background import step_back
+
     config = config_from_args(JudgeConfig, args)
     if config.judge == "off":
         print("error: --judge off leaves nothing to run", file=sys.stderr)
         return 2
+    step_back(config_from_args(BackgroundConfig, args))
     worker = _judge_worker(_store(args), config)
     if args.once:
         print(f"judged {asyncio.run(_judge_until_done(worker))} turn(s)")
@@ -189,6 +195,7 @@ async def _judge_until_done(worker: Any) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from clawrl.background import step_back
     from clawrl.store import Store
     from clawrl.train.process import exit_with_parent
     from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
@@ -198,12 +205,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
     # its samples stay ready, and nothing half-written is ever registered.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    engine_config = config_from_args(EngineConfig, args)
+    posture = step_back(config_from_args(BackgroundConfig, args), engine_config.cpu_threads)
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     try:
         with trainer_lock(store_config.run_dir):
-            engine_config = config_from_args(EngineConfig, args)
-            engine_config = engine_config.model_copy(update={"model": _resolved_model(engine_config)})
+            update = {"model": _resolved_model(engine_config), "cpu_threads": posture.threads}
+            engine_config = engine_config.model_copy(update=update)
             trainer = Trainer(config, engine_config, Store(store_config.resolved_database_url()), store_config.run_dir)
             try:
                 trainer.start()
@@ -450,11 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible API and record every turn")
-    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig, TrainConfig)
+    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig, TrainConfig, BackgroundConfig)
     serve.set_defaults(handler=cmd_serve)
 
     judge = commands.add_parser("judge", help="judge recorded turns from their next state (standalone worker)")
-    add_config_flags(judge, StoreConfig, JudgeConfig)
+    add_config_flags(judge, StoreConfig, JudgeConfig, BackgroundConfig)
     judge.add_argument("--once", action="store_true", help="judge what is judgeable now, then exit")
     judge.set_defaults(handler=cmd_judge)
 
@@ -499,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.set_defaults(handler=cmd_dashboard)
 
     train = commands.add_parser("train", help="train on judged turns and publish policy versions (standalone trainer)")
-    add_config_flags(train, EngineConfig, StoreConfig, TrainConfig)
+    add_config_flags(train, EngineConfig, StoreConfig, TrainConfig, BackgroundConfig)
     train.add_argument("--steps", type=int, default=None, help="stop after this many published versions (default: run until stopped)")
     train.add_argument("--idle-exit-s", type=float, default=None, help="stop after this many seconds without a step")
     train.add_argument("--parent-pid", type=int, default=None, help="stop when this process ends (set by clawrl serve)")

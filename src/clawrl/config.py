@@ -211,6 +211,47 @@ class DashboardConfig(_Settings):
     )
 
 
+class BackgroundConfig(_Settings):
+    """How the trainer and the standalone judge give way to serving on a shared machine.
+
+    Serving answers people; training and judging can wait a few milliseconds. So the background
+    processes run at a lower CPU priority, on their own cores where the machine has them, with
+    few enough threads that they and serving do not oversubscribe the cores.
+    """
+
+    background_nice: int = Field(
+        10, ge=0, le=19, description="How much lower the trainer's and the standalone judge's CPU priority is than "
+        "serving's (a nice increment: 0 = the same, 19 = only idle time when serving is busy)."
+    )
+    background_cpus: str = Field(
+        "auto", description="CPUs the trainer and the standalone judge may run on: a list such as `3`, `2-3` or "
+        "`0,2`; `auto` = the upper half of the CPUs this process may use (all of them when it may use one); `all`."
+    )
+    background_threads: int | None = Field(
+        None, ge=1, description="torch threads of the trainer and the standalone judge; unset: --cpu-threads when "
+        "given, else one per CPU of --background-cpus when those are not all of the machine's, else half of them "
+        "(at least 1): never more busy threads than the cores they may use."
+    )
+
+    @field_validator("background_cpus")
+    @classmethod
+    def _known_cpus(cls, value: str) -> str:
+        if value not in ("auto", "all"):
+            parse_cpu_list(value)
+        return value
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """The CPUs a list such as `0,2-3` names (ValueError for anything else)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\s*-\s*(\d+))?\s*", part)
+        if match is None or int(match[2] or match[1]) < int(match[1]):
+            raise ValueError(f"not a CPU or a range of CPUs: {part!r} (expected e.g. 1 or 2-3 or 0,2)")
+        cpus.update(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return cpus
+
+
 class JudgeConfig(_Settings):
     """The judge loop (DESIGN §5): which backend scores turns, and how the worker paces itself."""
 

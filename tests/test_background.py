@@ -1,0 +1,67 @@
+"""Serving first: the trainer process runs at a lower priority, on its own CPUs, with few threads."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from clawrl.background import choose_cpus, choose_threads
+from clawrl.config import BackgroundConfig, EngineConfig, StoreConfig, TrainConfig
+from clawrl.train.process import TrainerProcess
+from tests.helpers import wait_until
+
+
+def test_auto_gives_the_background_the_upper_half_of_the_cpus() -> None:
+    assert choose_cpus("auto", {0, 1}) == {1}
+    assert choose_cpus("auto", {0, 1, 2, 3, 4}) == {2, 3, 4}
+    assert choose_cpus("auto", {3}) == {3}  # one CPU: nothing to keep apart, the priority still applies
+    assert choose_cpus("all", {0, 1, 2}) == {0, 1, 2}
+    assert choose_cpus("1,3-5", {0, 1, 2, 3}) == {1, 3}  # only CPUs this process may use
+
+
+def test_a_cpu_list_naming_no_usable_cpu_is_refused_with_the_usable_ones() -> None:
+    with pytest.raises(ValueError, match=r"--background-cpus 7-8 names no CPU this process may use \(it may use 0,1\)"):
+        choose_cpus("7-8", {0, 1})
+    with pytest.raises(ValueError, match="not a CPU or a range"):
+        BackgroundConfig(background_cpus="2-1")
+
+
+def test_threads_never_outnumber_the_cores_the_background_may_use() -> None:
+    config = BackgroundConfig()
+    assert choose_threads(config, None, {2, 3}, {0, 1, 2, 3}) == 2  # its own CPUs: one thread each
+    assert choose_threads(config, None, {0, 1, 2, 3}, {0, 1, 2, 3}) == 2  # shared with serving: half
+    assert choose_threads(config, None, {0}, {0}) == 1
+    assert choose_threads(config, 3, {2, 3}, {0, 1, 2, 3}) == 3  # --cpu-threads wins
+    assert choose_threads(BackgroundConfig(background_threads=5), 3, {2}, {0, 1, 2}) == 5
+
+
+def _thread_postures(pid: int) -> set[tuple[int, str]]:
+    """(nice, allowed CPUs) of every thread of a process, from /proc."""
+    postures = set()
+    for thread_id in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{thread_id}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{thread_id}/status").read_text()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat, counted after the command name
+        cpus = next(line.split(":")[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+        postures.add((nice, cpus))
+    return postures
+
+
+def test_the_trainer_process_runs_behind_serving(tiny_model_dir: Path, tmp_path: Path) -> None:
+    last_cpu = max(os.sched_getaffinity(0))
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    configs = (EngineConfig(model=str(tiny_model_dir), device="cpu"), StoreConfig(run_dir=tmp_path),
+               TrainConfig(method="combine", train_poll_s=0.1),
+               BackgroundConfig(background_nice=6, background_cpus=str(last_cpu)))  # fmt: skip
+    with TrainerProcess(*configs) as trainer:
+        pid = trainer.pid
+        wait_until(lambda: (tmp_path / "trainer.lock").exists(), 60, "the trainer holding its run directory")
+        time.sleep(2.0)  # its model loaded and torch's threads started
+        assert trainer.running()
+        assert _thread_postures(pid) == {(min(19, own_nice + 6), str(last_cpu))}
