@@ -1,6 +1,10 @@
 """The `clawrl` command. Every config field is also a flag: `--max-batch-size 8` sets
 `EngineConfig.max_batch_size`; flags win over `CLAWRL_*` environment variables, which win over
 defaults.
+
+Every command checks what it can before it loads a model or opens a port (`clawrl.preflight`): a
+mistake ends it in one `error: ...` line with what to do, exit status 1, and no traceback
+(`--debug`, or CLAWRL_DEBUG=1, shows it).
 """
 
 from __future__ import annotations
@@ -8,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
+import traceback
 import types
 import typing
 from pathlib import Path
@@ -30,6 +36,19 @@ from clawrl.config import (
     StoreConfig,
     TrainConfig,
     describe_settings_error,
+)
+from clawrl.preflight import (
+    StartupError,
+    check_device,
+    check_engine,
+    check_model,
+    check_port,
+    check_server,
+    check_store,
+    check_writable_dir,
+    check_writable_file,
+    describe_failure,
+    is_locally_built,
 )
 
 
@@ -71,7 +90,7 @@ def config_from_args(config: type[BaseSettings], args: argparse.Namespace) -> An
     try:
         return config(**given)
     except ValidationError as error:
-        raise SystemExit(f"error: {describe_settings_error(config, error)}") from None
+        raise StartupError(describe_settings_error(config, error)) from None
 
 
 def _print_json(value: Any) -> None:
@@ -83,21 +102,25 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from clawrl.engines import build_engine
-    from clawrl.serve.app import create_app
-    from clawrl.store import Store
-
     engine_config = config_from_args(EngineConfig, args)
     store_config = config_from_args(StoreConfig, args)
     serve_config = config_from_args(ServeConfig, args)
     # every setting is checked before the model is loaded, which can take minutes
     judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
     background_config = config_from_args(BackgroundConfig, args)
-    _check_engine(engine_config, train_config)
-    store = Store(store_config.resolved_database_url())
-    engine = build_engine(engine_config, _resolved_model(engine_config))
+    check_engine(engine_config, train_config)
+    check_port(serve_config.host, serve_config.port)
+    check_writable_dir(store_config.run_dir, "--run-dir")
+    model = _checked_model(engine_config)
+    _check_judge_model(judge_config)
+    store = _open_store(store_config)
+    # imported once everything is checked: they take seconds (torch, transformers)
+    import uvicorn
+
+    from clawrl.engines import build_engine
+    from clawrl.serve.app import create_app
+
+    engine = build_engine(engine_config, _resolved_model(model))
     judge = _judge_worker(store, judge_config, engine, engine_config, train_config.teacher)
     trainer = _trainer_process(train_config, engine_config, store_config, background_config)
     app = create_app(engine, store, serve_config, judge, trainer)
@@ -113,26 +136,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_engine(engine: EngineConfig, train: TrainConfig) -> None:
-    """Refuse, before anything loads, an engine that could not serve the trainer's versions or that
-    cannot run at all (no vLLM, no server at --engine-url)."""
-    from clawrl.engines.remote import RemoteEngineError, check_reachable
-    from clawrl.engines.vllm import find_vllm_python
-
-    if train.method is not None and engine.engine == "openai" and train.full:
-        raise SystemExit(
-            "error: --engine openai cannot swap in full-weight versions (a remote server has no call for it); "
-            "train LoRA adapters (drop --full) or use --engine vllm"
-        )
-    if train.method is not None and engine.engine == "vllm" and not train.full and train.lora_rank > engine.max_lora_rank:
-        raise SystemExit(f"error: --lora-rank {train.lora_rank} is above --max-lora-rank {engine.max_lora_rank}; raise the latter")
-    try:
-        if engine.engine == "vllm":
-            find_vllm_python(engine.vllm_python)
-        if engine.engine == "openai":
-            check_reachable(engine)
-    except RemoteEngineError as error:
-        raise SystemExit(f"error: {error}") from None
+def _checked_model(config: EngineConfig) -> EngineConfig:
+    """`config` with `--model` checked: a local model directory, a hub id (its snapshot directory
+    when it is complete in the local Hugging Face cache), or the name of a locally built model
+    (built by `_resolved_model`). Loads nothing."""
+    if is_locally_built(config.model):
+        check_writable_dir(config.cache_dir, "--cache-dir")
+        return config
+    return config.model_copy(update={"model": check_model(config.model, needs_weights=config.engine != "openai")})
 
 
 def _resolved_model(config: EngineConfig) -> str:
@@ -140,6 +151,22 @@ def _resolved_model(config: EngineConfig) -> str:
     from clawrl.sim.models import resolve_model
 
     return resolve_model(config)
+
+
+def _check_judge_model(config: JudgeConfig) -> None:
+    """A second model for `--judge engine --judge-model` must be loadable too (the judge loads it later)."""
+    if config.judge == "engine" and config.judge_model and not is_locally_built(config.judge_model):
+        check_model(config.judge_model, flag="--judge-model")
+
+
+def _open_store(config: StoreConfig, must_exist: bool = False) -> Any:
+    """The run's store, after checking that it can be opened (URL, driver, server, schema version)."""
+    from clawrl.store import Store
+
+    url = config.resolved_database_url()
+    check_store(url, must_exist=must_exist and config.database_url is None,
+                where_flag="--run-dir" if config.database_url is None else "--database-url")
+    return Store(url)
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:
@@ -164,20 +191,22 @@ def _judge_worker(
     try:
         return build_worker(store, config, serving_engine, engine_config, teacher)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        raise StartupError(str(error)) from None
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
     import asyncio
 
-    from clawrl.background import step_back
-
     config = config_from_args(JudgeConfig, args)
     if config.judge == "off":
         print("error: --judge off leaves nothing to run", file=sys.stderr)
         return 2
+    _check_judge_model(config)
+    store = _store(args)
+    from clawrl.background import step_back  # with torch: seconds
+
     step_back(config_from_args(BackgroundConfig, args))
-    worker = _judge_worker(_store(args), config)
+    worker = _judge_worker(store, config)
     if args.once:
         print(f"judged {asyncio.run(_judge_until_done(worker))} turn(s)")
         return 0
@@ -195,25 +224,29 @@ async def _judge_until_done(worker: Any) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    config = config_from_args(TrainConfig, args)
+    store_config = config_from_args(StoreConfig, args)
+    engine_config = config_from_args(EngineConfig, args)
+    if engine_config.engine == "hf":
+        check_device(engine_config.device)
+    check_writable_dir(store_config.run_dir, "--run-dir")
+    model = _checked_model(engine_config)
+    store = _open_store(store_config)
     from clawrl.background import step_back
-    from clawrl.store import Store
     from clawrl.train.process import exit_with_parent
     from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
 
-    config = config_from_args(TrainConfig, args)
-    store_config = config_from_args(StoreConfig, args)
     # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
     # its samples stay ready, and nothing half-written is ever registered.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    engine_config = config_from_args(EngineConfig, args)
     posture = step_back(config_from_args(BackgroundConfig, args), engine_config.cpu_threads)
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     try:
         with trainer_lock(store_config.run_dir):
-            update = {"model": _resolved_model(engine_config), "cpu_threads": posture.threads}
+            update = {"model": _resolved_model(model), "cpu_threads": posture.threads}
             engine_config = engine_config.model_copy(update=update)
-            trainer = Trainer(config, engine_config, Store(store_config.resolved_database_url()), store_config.run_dir)
+            trainer = Trainer(config, engine_config, store, store_config.run_dir)
             try:
                 trainer.start()
                 made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s)
@@ -272,6 +305,7 @@ def cmd_versions_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_build_tiny(args: argparse.Namespace) -> int:
+    check_writable_dir(Path(args.out), "--out")
     if args.pretrain:
         import shutil
 
@@ -290,13 +324,8 @@ def cmd_build_tiny(args: argparse.Namespace) -> int:
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from clawrl.store import Store
-
-    config = config_from_args(StoreConfig, args)
-    database = config.run_dir / "clawrl.db"
-    if config.database_url is None and not database.exists():
-        raise SystemExit(f"error: no store at {database} (is --run-dir right?)")
-    return Store(config.resolved_database_url())
+    """The existing store of the run that --run-dir (or --database-url) names, for the commands that read one."""
+    return _open_store(config_from_args(StoreConfig, args), must_exist=True)
 
 
 def cmd_sessions_list(args: argparse.Namespace) -> int:
@@ -337,6 +366,7 @@ def cmd_sessions_show(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from clawrl.store.inspect import export_jsonl
 
+    check_writable_file(Path(args.out), "--out")
     count = export_jsonl(_store(args), Path(args.out))
     print(f"wrote {count} main turns to {args.out}")
     return 0
@@ -349,6 +379,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     config = config_from_args(DashboardConfig, args)
     store_config = config_from_args(StoreConfig, args)
+    check_port(config.dashboard_host, config.dashboard_port, "--dashboard-port", "--dashboard-host")
     app = create_dashboard_app(_store(args), config.api_key, str(store_config.run_dir))
     logging.getLogger("clawrl").info("dashboard on http://%s:%d/dashboard", config.dashboard_host, config.dashboard_port)
     uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, log_level="warning")
@@ -369,6 +400,11 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from clawrl.sim.demo import run_demo
 
+    check_writable_dir(Path(args.run_dir), "--run-dir")
+    if is_locally_built(args.model):
+        check_writable_dir(EngineConfig().cache_dir, "CLAWRL_CACHE_DIR")
+    else:
+        check_model(args.model)
     return run_demo(Path(args.run_dir), sessions=args.sessions, model=args.model)
 
 
@@ -377,6 +413,9 @@ def cmd_bench_learn(args: argparse.Namespace) -> int:
     from clawrl.sim.report import report_table
 
     config = config_from_args(BenchConfig, args)
+    check_writable_dir(config.out, "--out")
+    if not is_locally_built(config.model):
+        check_model(config.model)
     results = run_bench(config, given_train_flags(args))
     print(f"\n{report_table(results)}\n\nwrote {config.out / 'results.json'}, {config.out / 'report.md'}, "
           f"{config.out / 'learning.png'}")
@@ -415,14 +454,18 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _environment_or_exit(name: str) -> Any:
-    """The environment class `name` names, or exit with the error that lists the names."""
+def _environment_or_exit(config: EnvConfig) -> Any:
+    """The environment class `--env` names (and its tasks directory, when given), or exit with the
+    error that lists the names."""
     from clawrl.envs.registry import environment_class
 
+    if config.terminal_tasks_dir is not None and not config.terminal_tasks_dir.is_dir():
+        raise StartupError(f"--terminal-tasks-dir {config.terminal_tasks_dir}: no such directory",
+                           "give a directory of terminal task folders, or leave it unset for the built-in tasks")
     try:
-        return environment_class(name)
+        return environment_class(config.env)
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        raise StartupError(str(error), "pick one with --env (`clawrl envs list`)") from None
 
 
 def cmd_envs_serve(args: argparse.Namespace) -> int:
@@ -432,7 +475,8 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
     from clawrl.envs.registry import make_environment
 
     config = config_from_args(EnvConfig, args)
-    description = _environment_or_exit(config.env).description
+    description = _environment_or_exit(config).description
+    check_port(args.host, args.port)
     app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s)
     logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -445,7 +489,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from clawrl.envs.rollout import rollout
 
     env_config, config = config_from_args(EnvConfig, args), config_from_args(RolloutConfig, args)
-    _environment_or_exit(env_config.env)
+    _environment_or_exit(env_config)
+    if config.record is not None:
+        check_writable_file(config.record, "--record")
+    if config.server is not None:
+        check_server(config.server, config.api_key)
     summary = asyncio.run(rollout(env_config, config))
     if args.json:
         _print_json(summary)
@@ -564,13 +612,49 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="tiny-pretrained",
                       help="served model: `tiny-pretrained` (built locally on first use) or a directory of one")
     demo.set_defaults(handler=cmd_demo)
+    _add_debug_flag(parser)
     return parser
 
 
+DEBUG_HELP = "on an error, show the traceback instead of one line (also CLAWRL_DEBUG=1)"
+
+
+def _add_debug_flag(parser: argparse.ArgumentParser, top: bool = True) -> None:
+    """`--debug` on `clawrl` and on every subcommand, so that it works wherever it is written."""
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _add_debug_flag(sub, top=False)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A mistake it can name (a bad setting, a taken port, a model that is not
+    there, a store it cannot open) ends it with one `error: ...` line and exit status 1; `--debug`
+    shows the traceback too. Anything else is a bug and keeps its traceback."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    debug = args.debug or os.environ.get("CLAWRL_DEBUG", "").lower() in ("1", "true", "yes")
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as error:
+        if not isinstance(error, StartupError):
+            raise
+        if debug:
+            traceback.print_exc()
+        print(error.message, file=sys.stderr)
+        return 1
+    except Exception as error:
+        message = None if debug else describe_failure(error)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

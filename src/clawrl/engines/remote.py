@@ -371,19 +371,6 @@ class RemoteEngine(Engine):
                     yield choice
 
 
-def check_reachable(config: EngineConfig) -> None:
-    """That `--engine-url` is given and lists a model, in a second or two (before anything loads)."""
-    if not config.engine_url:
-        raise RemoteEngineError("--engine openai needs --engine-url, the server's base URL (e.g. http://127.0.0.1:8000/v1)")
-    url = config.engine_url.rstrip("/") + "/models"
-    try:
-        response = httpx.get(url, headers=_auth_headers(config), timeout=10)
-    except httpx.HTTPError as error:
-        raise RemoteEngineError(f"cannot reach the engine server at {config.engine_url}: {error}") from None
-    if not _json_or_raise(response).get("data"):
-        raise RemoteEngineError(f"{url} lists no model")
-
-
 def _auth_headers(config: EngineConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {config.engine_api_key}"} if config.engine_api_key else {}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy import Connection, Engine, inspect, select, text
 
 from clawrl.store.schema import Base, Meta
 
@@ -46,11 +46,14 @@ def migrate(engine: Engine) -> int:
             # Serving and its trainer open a new store at the same moment; concurrent CREATE TABLEs
             # collide in PostgreSQL's catalog, so migrations take turns (released at commit).
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        Base.metadata.create_all(connection)
-        row = connection.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
+        # the version is read before anything is created: a newer clawrl's database is left as it is
+        row = None
+        if inspect(connection).has_table(Meta.__tablename__):
+            row = connection.execute(select(Meta.value).where(Meta.key == "schema_version")).scalar()
         found = int(row) if row is not None else SCHEMA_VERSION
         if found > SCHEMA_VERSION:
             raise SchemaTooNewError(f"database schema v{found} is newer than this clawrl (v{SCHEMA_VERSION})")
+        Base.metadata.create_all(connection)
         for version in range(found + 1, SCHEMA_VERSION + 1):
             MIGRATIONS[version](connection)
         if row is None or found != SCHEMA_VERSION:
