@@ -26,7 +26,7 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
-from clawrl.sim.agents import (HABITS, AgentConfig, Habit, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
+from clawrl.sim.agents import (_VERBS, HABITS, AgentConfig, Habit, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
                                micro_env_config, play_demonstrations, train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
 
@@ -77,18 +77,29 @@ def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Pat
     assert not any(re.search(rf"\b{word}\b", text, re.IGNORECASE) for word in WORDS for text in instructions)
 
 
-def test_a_copy_drill_trains_only_on_a_command_repeating_the_names_the_user_quoted(tiny_model_dir: Path) -> None:
+def test_a_copy_drill_trains_only_on_a_command_repeating_the_new_names_the_user_quoted(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng, words = random.Random(0), demonstration_words()
     assert len(words) == len(set(words)) >= 300 and not set(words) & set(WORDS)
-    for _ in range(20):
-        ids, labels = copy_drill(tokenizer, words, rng)
+    command_words = {word for verb in _VERBS for word in verb.split()}
+    seen_names, backticked = [], 0
+    for _ in range(40):
+        ids, labels = copy_drill(tokenizer, rng)
         shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
         trained = tokenizer.decode([label for label in labels if label != -100])
-        quoted = re.findall(r"`([^`]+)`", shown)
-        assert 1 <= len(quoted) <= 3 and '"name": "shell"' in trained and "`" not in trained
+        assert '"name": "shell"' in trained and "`" not in trained
         command = json.loads(trained.split("<tool_call>")[1].split("</tool_call>")[0])["arguments"]["command"]
-        assert command.split()[-1] == quoted[-1] and [word for word in command.split() if word in quoted] == quoted
+        names = [word for word in command.split() if word not in command_words]
+        assert 1 <= len(names) <= 3 and command.split()[-1] == names[-1]
+        # each name is in the user's message, in the command's order
+        user_text = shown.split("<|im_start|>user")[1]
+        places = [re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", user_text) for name in names]
+        assert all(places) and [place.start() for place in places] == sorted(place.start() for place in places)
+        backticked += f"`{names[0]}`" in user_text
+        seen_names += names
+    stems = [name.split(".")[0].lower() for name in seen_names]
+    assert not set(stems) & set(WORDS) and len(set(stems)) > 0.9 * len(stems)  # new every time, not a list to learn
+    assert 10 <= backticked <= 30  # quoted in backticks as the tasks do, and bare
 
 
 @needs_sandbox
@@ -115,7 +126,8 @@ def test_a_terminal_agent_learns_to_copy_before_it_imitates_episodes(tiny_model_
     demonstrations = play_demonstrations("terminal", 4, seed=0, work_dir=tmp_path / "work", cache_dir=tmp_path)
     config = AgentConfig(steps=2, batch_size=2, copy_steps=30, copy_batch_size=16, copy_drills=4, lr=3e-3)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    probe = [copy_drill(tokenizer, demonstration_words(), random.Random(99)) for _ in range(16)]
+    probe_rng = random.Random(99)
+    probe = [copy_drill(tokenizer, probe_rng) for _ in range(16)]
 
     def copy_loss(model_dir: Path) -> float:
         model = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -84,10 +84,11 @@ TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_ex
 # Demonstrations name their files with made-up words, never the benchmark's: a model that only saw the 22 benchmark
 # words could lower its loss by recalling which of them is likely, without looking at the instruction. Half the names
 # are consonant-vowel syllables, half any letters: trained on syllables alone, the agent copied a name's first letters
-# and finished it as a syllable word (`fjord` became `feti`), since that too predicted its names well.
+# and finished it as a syllable word (`fjord` became `feti`), since that too predicted its names well. There are
+# enough of them that a name seldom comes back: 600 were few enough to learn by heart, which also stood in for copying.
 _SYLLABLES = tuple(consonant + vowel for consonant in "bdfgklmnprstvz" for vowel in "aeiou")
-DEMONSTRATION_WORDS = 600
-COPY_DRILLS_VERSION = 3  # bump when `copy_drill` changes
+DEMONSTRATION_WORDS = 5000
+COPY_DRILLS_VERSION = 4  # bump when `copy_drill` changes
 _FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -115,7 +116,7 @@ class AgentConfig:
     warmup_steps: int = 20
     max_tokens: int = 640
     threads: int = 2
-    copy_steps: int = 1000  # terminal only: steps on copy drills alone before the episodes (see `copy_drill`)
+    copy_steps: int = 2000  # terminal only: steps on copy drills alone before the episodes (see `copy_drill`)
     copy_drills: int = 16  # terminal only: copy drills per step, beside the episodes, so copying is kept
     copy_batch_size: int = 32  # copy drills per step of the first phase
 
@@ -194,13 +195,16 @@ def demonstration_words(count: int = DEMONSTRATION_WORDS, seed: int = 0) -> list
     rng = random.Random(f"agents:words:{seed}")
     names: set[str] = set()
     while len(names) < count:
-        if len(names) % 2:
-            name = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
-        else:
-            name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
-        if name not in WORDS:
+        if (name := made_up_name(rng, letters=len(names) % 2 == 1)) not in WORDS:
             names.add(name)
     return sorted(names)
+
+
+def made_up_name(rng: random.Random, letters: bool) -> str:
+    """3-8 random letters, or two or three consonant-vowel syllables."""
+    if letters:
+        return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
+    return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
 
 
 def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path) -> list[tuple[Path | None, str]]:
@@ -289,7 +293,7 @@ _FILLER = ("please", "the", "file", "directory", "in", "workspace", "so", "that"
 _VERBS = ("chmod 600", "chmod u+x", "gzip", "cp", "mkdir -p", "cat", "rm", "touch", "echo", "mv", "ls -l", "wc -l", ">")
 
 
-def copy_drill(tokenizer: PreTrainedTokenizerFast, words: list[str], rng: random.Random) -> tuple[list[int], list[int]]:
+def copy_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[list[int], list[int]]:
     """A user message quoting names among filler words, answered by a shell call that repeats them: a short episode.
 
     Terminal tasks are solved by repeating the instruction's names in a command. The chat model never
@@ -297,12 +301,18 @@ def copy_drill(tokenizer: PreTrainedTokenizerFast, words: list[str], rng: random
     them, the agent wrote well-formed commands about names it made up. These drills carry nothing
     else to learn: the filler and the command words are random, so only the names (in the order the
     message quotes them, each after a random command word) can be predicted, and only by finding them
-    in the user's message. They cost a seventh of an episode each (no system prompt, no tools).
-    Real models learn copying in pre-training; this is the tiny model's share of it.
+    in the user's message. Every name is new (made up for this drill): drawn from a fixed list of 600,
+    they were learnt by heart, and a name's first letters were then enough to finish it, so copying
+    never appeared; new names made it appear after about 750 steps (docs/notes.md). Half the messages
+    quote names in backticks, as the tasks do (a name then splits into other tokens than after the
+    command's space), half leave them bare. They cost a seventh of an episode each (no system prompt,
+    no tools). Real models learn copying in pre-training; this is the tiny model's share of it.
     """
     names = []
     for _ in range(rng.randint(1, 3)):
-        name, shape = rng.choice(words), rng.random()
+        while (name := made_up_name(rng, letters=rng.random() < 0.5)) in WORDS:
+            pass
+        shape = rng.random()
         if shape < 0.15:
             name = name.upper()
         elif shape < 0.75:
@@ -311,10 +321,13 @@ def copy_drill(tokenizer: PreTrainedTokenizerFast, words: list[str], rng: random
     sentence = [rng.choice(_FILLER) for _ in range(rng.randint(3, 12))]
     for name in names:  # in order, at random places
         sentence.insert(rng.randint(0, len(sentence)), "\0")
+    if sentence[0] != "\0":  # a sentence starts with a capital letter, a name stays as it is
+        sentence[0] = sentence[0].capitalize()
+    quote = "`" if rng.random() < 0.5 else ""
     quoted = iter(names)
-    text = " ".join(f"`{next(quoted)}`" if word == "\0" else word for word in sentence)
+    text = " ".join(f"{quote}{next(quoted)}{quote}" if word == "\0" else word for word in sentence)
     command = rng.choice((" ", "\n")).join(f"{rng.choice(_VERBS)} {name}" for name in names)
-    messages = [{"role": "user", "content": text[0].upper() + text[1:] + "."}, _call("shell", {"command": command})]
+    messages = [{"role": "user", "content": text + "."}, _call("shell", {"command": command})]
     return encode_episode(tokenizer, messages, [], 256)
 
 
@@ -328,11 +341,10 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     rows = [encode_episode(tokenizer, record.messages, demonstrations.tools, config.max_tokens) for record in demonstrations.episodes]
     copies = demonstrations.family == "terminal"
-    words = demonstration_words()
     rng = random.Random(seed)
 
     def drills(count: int) -> dict[str, torch.Tensor]:
-        return pad_batch([copy_drill(tokenizer, words, rng) for _ in range(count)], tokenizer.pad_token_id)
+        return pad_batch([copy_drill(tokenizer, rng) for _ in range(count)], tokenizer.pad_token_id)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
