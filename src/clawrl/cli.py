@@ -37,6 +37,7 @@ from clawrl.config import (
     TrainConfig,
     describe_settings_error,
 )
+from clawrl.logs import LOG_FORMATS, chosen_format, configure_logging, uvicorn_logging
 from clawrl.preflight import (
     StartupError,
     check_device,
@@ -126,13 +127,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
-        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
-        # found; as an exception (not the default: die at once) it lets `finally` stop the trainer.
+        # uvicorn shuts down gracefully on SIGTERM (in-flight requests and streams finish, the judge
+        # stops), then raises the signal again for the handler it found; as an exception (not the
+        # default: die at once) it lets `finally` stop the trainer. A stop asked for is a success.
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        uvicorn.run(app, host=serve_config.host, port=serve_config.port, log_level="warning", timeout_graceful_shutdown=10)
+        uvicorn.run(app, host=serve_config.host, port=serve_config.port, timeout_graceful_shutdown=10, **uvicorn_logging())
+    except SystemExit as stop:
+        if stop.code != 128 + signal.SIGTERM:
+            raise
     finally:
         if trainer is not None:
             trainer.stop()
+    logging.getLogger("clawrl").info("stopped")
     return 0
 
 
@@ -382,7 +388,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     check_port(config.dashboard_host, config.dashboard_port, "--dashboard-port", "--dashboard-host")
     app = create_dashboard_app(_store(args), config.api_key, str(store_config.run_dir))
     logging.getLogger("clawrl").info("dashboard on http://%s:%d/dashboard", config.dashboard_host, config.dashboard_port)
-    uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, log_level="warning")
+    uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, **uvicorn_logging())
     return 0
 
 
@@ -479,7 +485,7 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
     check_port(args.host, args.port)
     app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s)
     logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, **uvicorn_logging())
     return 0
 
 
@@ -612,28 +618,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="tiny-pretrained",
                       help="served model: `tiny-pretrained` (built locally on first use) or a directory of one")
     demo.set_defaults(handler=cmd_demo)
-    _add_debug_flag(parser)
+    _add_global_flags(parser)
     return parser
 
 
 DEBUG_HELP = "on an error, show the traceback instead of one line (also CLAWRL_DEBUG=1)"
 
 
-def _add_debug_flag(parser: argparse.ArgumentParser, top: bool = True) -> None:
-    """`--debug` on `clawrl` and on every subcommand, so that it works wherever it is written."""
+LOG_FORMAT_HELP = "log lines as text or as JSON objects, one per line (also CLAWRL_LOG_FORMAT)"
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, top: bool = True) -> None:
+    """`--debug` and `--log-format` on `clawrl` and on every subcommand, so that they work wherever they are written."""
     parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP)
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=None if top else argparse.SUPPRESS, help=LOG_FORMAT_HELP)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                _add_debug_flag(sub, top=False)
+                _add_global_flags(sub, top=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A mistake it can name (a bad setting, a taken port, a model that is not
     there, a store it cannot open) ends it with one `error: ...` line and exit status 1; `--debug`
     shows the traceback too. Anything else is a bug and keeps its traceback."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    try:
+        configure_logging(chosen_format(args.log_format))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     debug = args.debug or os.environ.get("CLAWRL_DEBUG", "").lower() in ("1", "true", "yes")
     try:
         return args.handler(args)
