@@ -216,7 +216,8 @@ BAD_REQUESTS = [
     # --- feedback ------------------------------------------------------------------------------
     BadRequest("feedback-bad-score", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 5}, param="score"),
     BadRequest("feedback-score-true", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": True}, param="score"),
-    BadRequest("feedback-score-float", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 1.0}, param="score"),
+    # 1.0 is the integer 1 to JSON (and to the OpenAPI document's `"type": "integer"`), 0.5 is not
+    BadRequest("feedback-score-float", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 0.5}, param="score"),
     BadRequest("feedback-without-target", 400, "invalid_value", path=FEEDBACK, body={"score": 1}, says="session_id"),
     BadRequest(
         "feedback-unknown-turn", 404, "turn_not_found", path=FEEDBACK, body={"turn": "chatcmpl-nope", "score": 1}, param="turn"

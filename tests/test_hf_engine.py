@@ -216,6 +216,16 @@ def test_a_seeded_top_p_draw_ignores_float_noise_and_stays_in_the_nucleus() -> N
     assert {b for _, b in draws} <= nucleus and len(nucleus) < 4096
 
 
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 5e-324), (1e-300, 0.9), (5e-324, 1.0)])
+def test_a_vanishing_top_p_or_temperature_still_draws_a_token(temperature: float, top_p: float) -> None:
+    """Found by the OpenAPI fuzz (tests/test_openapi_fuzz.py): `top_p: 5e-324` is valid (> 0) but
+    rounds to 0 in float32, so the nucleus kept no token, and a tiny temperature overflowed the
+    logits to -inf; both made `torch.multinomial` raise (a 500). Both now draw the most likely token."""
+    logprobs = torch.log_softmax(torch.randn(512, generator=torch.Generator().manual_seed(0)), -1)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=0)
+    assert pick_token(logprobs, sampling, torch.Generator().manual_seed(0)).item() == logprobs.argmax().item()
+
+
 def test_cancel_frees_the_slot(model_dir: Path) -> None:
     async def main() -> tuple[list[TokenStep], list[TokenStep]]:
         async with running_hf_engine(model_dir, max_batch_size=1) as engine:

@@ -30,14 +30,37 @@ def content_text(content: str | Sequence[Any] | None) -> str:
     return "\n".join(part for part in parts if part)
 
 
+# Deeper tool-call arguments stay a string: chat templates and hashing recurse through the value
+# (a request's own JSON is held to the same depth when it is read, serve/app.py)
+MAX_ARGUMENTS_DEPTH = 64
+
+
 def canonical_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value: clients re-serialise the string we sent them."""
+    """Tool-call arguments as a JSON value: clients re-serialise the string we sent them.
+
+    A string that is not JSON, or is JSON nested more than MAX_ARGUMENTS_DEPTH levels deep, stays
+    the string: "[[[...]]]" a few hundred levels deep overflowed the template's recursion, a
+    thousand levels the parser's (a 500 either way).
+    """
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
+            value = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
             return arguments
+        return arguments if _deeper_than(value, MAX_ARGUMENTS_DEPTH) else value
     return arguments
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON `value` nests objects and arrays more than `limit` levels deep (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 # --- what the user typed (DESIGN §5) -------------------------------------------------------------

@@ -123,20 +123,27 @@ def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Gener
     return torch.Generator(device=device).manual_seed(seed)
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 def pick_token(logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
     """Choose one token id (a 0-d tensor) from one row of raw log-probs.
 
-    Temperature 0 is greedy. Otherwise the raw distribution is sharpened/flattened by the
-    temperature and cut to the smallest set of most likely tokens whose mass reaches `top_p`.
+    Temperature 0 is greedy (and so is one below `MIN_TEMPERATURE`, as in vLLM: dividing by it
+    overflows float32, and a row of -inf has no distribution). Otherwise the raw distribution is
+    sharpened/flattened by the temperature and cut to the smallest set of most likely tokens whose
+    mass reaches `top_p`.
     """
-    if generator is None:
+    if generator is None or sampling.temperature < MIN_TEMPERATURE:
         return logprobs.argmax()
     probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
     if sampling.top_p >= 1:
         return torch.multinomial(probs, 1, generator=generator)[0]
     sorted_probs, order = probs.sort(descending=True)
-    # Keep a token while the mass of the tokens before it is below top_p: the first always stays.
+    # Keep a token while the mass of the tokens before it is below top_p: the first always stays
+    # (set, not computed: a top_p below float32's smallest number, 5e-324, rounds to 0 < 0).
     keep_sorted = (sorted_probs.cumsum(-1) - sorted_probs) < sampling.top_p
+    keep_sorted[..., 0] = True
     # Draw in vocabulary order, not sorted order: two near-equal probabilities swap ranks under the
     # float noise of another batch shape, and a draw over the sorted list would then land on the
     # other token; in vocabulary order only a token at the nucleus boundary can change the draw.

@@ -1,7 +1,8 @@
 """The FastAPI app: routes, authentication, body limits and background housekeeping.
 
 Request bodies are read and parsed here rather than by FastAPI, so that size limits, malformed
-JSON and schema errors all come back as OpenAI-style error objects with the right status.
+JSON and schema errors all come back as OpenAI-style error objects with the right status; the
+OpenAPI document still describes them (serve/openapi.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
@@ -24,7 +25,7 @@ from clawrl.config import ServeConfig
 from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
-from clawrl.serve import schemas
+from clawrl.serve import openapi, schemas
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
@@ -134,6 +135,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     app = FastAPI(title="clawrl", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     install_error_handlers(app)
+    openapi.install(app, served_name, api_key=config.api_key is not None)
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -145,27 +147,25 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     app.add_middleware(_CountRequests, metrics=metrics)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        health = {"status": "ok", "model": served_name, "policy_version": engine.policy_version}
-        if trainer is not None:
-            health["trainer"] = trainer.status()
-        return health
+    # exclude_unset: no `trainer` without one (but its `pid: null` is kept)
+    @app.get("/healthz", response_model_exclude_unset=True, **openapi.HEALTHZ)
+    async def healthz() -> schemas.Health:
+        extra = {"trainer": schemas.TrainerStatus(**trainer.status())} if trainer is not None else {}
+        return schemas.Health(status="ok", model=served_name, policy_version=engine.policy_version, **extra)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **openapi.METRICS)
     async def prometheus() -> Response:
         metrics.policy_version.set(engine.policy_version)
         # the judge figures are a store query: keep it off the event loop
         body = await asyncio.to_thread(generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
+    @app.get("/v1/models", **openapi.MODELS)
+    async def models(request: Request) -> schemas.ModelList:
         authorize(request)
-        created = int(time.time())
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": created, "owned_by": "clawrl"}]}
+        return schemas.ModelList(data=[schemas.ModelCard(id=served_name, created=int(time.time()), owned_by="clawrl")])
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **openapi.CHAT_COMPLETIONS)
     async def chat_completions(request: Request) -> Response:
         authorize(request)
         started = time.perf_counter()
@@ -187,8 +187,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
             metrics.latency.labels("false").observe(time.perf_counter() - started)
         return JSONResponse(completion.model_dump(exclude_none=True), headers=headers)
 
-    @app.post("/v1/feedback")
-    async def feedback(request: Request) -> dict[str, Any]:
+    @app.post("/v1/feedback", **openapi.FEEDBACK)
+    async def feedback(request: Request) -> schemas.FeedbackResponse:
         authorize(request)
         body = await read_json(request, config.max_body_bytes)
         try:
@@ -199,18 +199,18 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         turn_id = await asyncio.to_thread(_feedback_target, store, item)
         feedback_id = await asyncio.to_thread(store.add_feedback, turn_id, item.score, item.text)
         metrics.feedback.labels(str(item.score)).inc()
-        return {"id": feedback_id, "turn": turn_id, "score": item.score, "recorded": True}
+        return schemas.FeedbackResponse(id=feedback_id, turn=turn_id, score=item.score)
 
     episodes = EpisodeStore(store)
 
-    @app.post("/v1/episodes")
-    async def episode_start(request: Request) -> dict[str, Any]:
+    @app.post("/v1/episodes", **openapi.EPISODE_START)
+    async def episode_start(request: Request) -> schemas.EpisodeStartResponse:
         authorize(request)
         item = parse_body(schemas.EpisodeStartRequest, await read_json(request, config.max_body_bytes))
         return await asyncio.to_thread(start_episode, episodes, item)
 
-    @app.post("/v1/episodes/{session_id}/result")
-    async def episode_result(session_id: str, request: Request) -> dict[str, Any]:
+    @app.post("/v1/episodes/{session_id}/result", **openapi.EPISODE_RESULT)
+    async def episode_result(session_id: str, request: Request) -> schemas.EpisodeResultResponse:
         authorize(request)
         item = parse_body(schemas.EpisodeResultRequest, await read_json(request, config.max_body_bytes))
         return await asyncio.to_thread(end_episode, episodes, session_id, item)

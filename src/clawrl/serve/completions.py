@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,6 +40,17 @@ from clawrl.store import Store
 from clawrl.types import FinishReason, NextState, Turn
 
 log = logging.getLogger(__name__)
+
+
+# What a header value carries as is: printable ASCII but `%` (and space, which HTTP trims at the ends)
+_HEADER_SAFE = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) != "%")
+
+
+def header_value(text: str) -> str:
+    """`text` percent-encoded (UTF-8) where a header could not carry it as is: a session id may be
+    any string (the body's `session_id`, `user:` and the OpenAI `user` field), but a header value
+    is latin-1 at best and never a control character (Starlette raised on "é" or "☕": a 500)."""
+    return urllib.parse.quote(text, safe=_HEADER_SAFE)
 
 
 @dataclass
@@ -223,7 +235,7 @@ class ChatService:
         turn = generation.prepared.turn
         return {
             "X-Clawrl-Turn": turn.id,
-            "X-Clawrl-Session": turn.session_id,
+            "X-Clawrl-Session": header_value(turn.session_id),
             "X-Clawrl-Policy-Version": str(generation.stream.policy_version),
             "X-Clawrl-Turn-Kind": turn.kind,
         }

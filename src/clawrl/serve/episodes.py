@@ -24,16 +24,16 @@ def parse_body(schema: type[schemas.EpisodeStartRequest] | type[schemas.EpisodeR
         raise APIError(400, message, "invalid_value", param) from None
 
 
-def start_episode(episodes: EpisodeStore, item: schemas.EpisodeStartRequest) -> dict[str, Any]:
+def start_episode(episodes: EpisodeStore, item: schemas.EpisodeStartRequest) -> schemas.EpisodeStartResponse:
     episode = Episode(item.session_id, item.env, item.task, item.group_id, item.group_size, item.seed)
     try:
         episodes.start(episode)
     except EpisodeExistsError:
         raise APIError(409, f"An episode '{item.session_id}' is already registered.", "episode_exists", "session_id") from None
-    return {"session_id": item.session_id, "status": "running"}
+    return schemas.EpisodeStartResponse(session_id=item.session_id)
 
 
-def end_episode(episodes: EpisodeStore, session_id: str, item: schemas.EpisodeResultRequest) -> dict[str, Any]:
+def end_episode(episodes: EpisodeStore, session_id: str, item: schemas.EpisodeResultRequest) -> schemas.EpisodeResultResponse:
     observation = [message.model_dump(exclude_none=True) for message in item.final_observation]
     status: EpisodeStatus = "failed" if item.failed else "finished"
     try:
@@ -44,4 +44,5 @@ def end_episode(episodes: EpisodeStore, session_id: str, item: schemas.EpisodeRe
         raise APIError(409, f"Episode '{session_id}' has already ended.", "episode_ended", "session_id") from None
     except StepCountError as error:
         raise APIError(400, f"{error}.", "invalid_value", "step_rewards") from None
-    return {"session_id": session_id, "status": recorded.status, "recorded": True}
+    assert recorded.status != "running"
+    return schemas.EpisodeResultResponse(session_id=session_id, status=recorded.status)

@@ -2,17 +2,35 @@
 
 Unknown request fields are ignored rather than rejected: real agents send many optional
 parameters (`parallel_tool_calls`, `store`, `metadata`, ...) that do not change generation here.
+
+The same models document the API (`GET /openapi.json`, built in serve/openapi.py). Rules a model
+checks in a validator (which fields a message of each role needs, `top_logprobs` needing
+`logprobs`, ...) are stated in its JSON schema too, so that a request valid by the document is
+never refused for its shape: tests/test_openapi_fuzz.py sends schema-generated requests to a real
+server to hold the two together.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, GetJsonSchemaHandler, field_validator, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as JSON Schema reads `"type": "integer"`: `1.0` is one (a strict int refused it, a
+# request valid by the OpenAPI document), `true` and "1" are not (as a lax int would take them).
+# The constraints come before the validator, so that the JSON schema states them.
+_AsJsonInteger = BeforeValidator(_integral)
 
 
 class TextPart(_Lenient):
@@ -31,7 +49,66 @@ class ToolCall(_Lenient):
     function: FunctionCall
 
 
+Content = str | list[TextPart]
+# Only assistant messages carry tool calls: other roles may send none, an empty list or null
+_NoToolCalls = Annotated[list[Any], Field(max_length=0)] | None
+
+
+class SystemMessage(_Lenient):
+    """Instructions (`developer` is read as `system`)."""
+
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+    tool_calls: _NoToolCalls = None
+    tool_call_id: str | None = None
+
+
+class UserMessage(_Lenient):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+    tool_calls: _NoToolCalls = None
+    tool_call_id: str | None = None
+
+
+class AssistantMessage(_Lenient):
+    """An earlier answer, as text (and possibly tool calls)."""
+
+    role: Literal["assistant"]
+    content: Content
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class AssistantToolCallsMessage(_Lenient):
+    """An earlier answer that called tools, with or without text."""
+
+    role: Literal["assistant"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)]
+    tool_call_id: str | None = None
+
+
+class ToolMessage(_Lenient):
+    """A tool's result, answering the assistant's call `tool_call_id`."""
+
+    role: Literal["tool"]
+    content: Content
+    name: str | None = None
+    tool_calls: _NoToolCalls = None
+    tool_call_id: Annotated[str, Field(min_length=1)]
+
+
+_MESSAGE_SHAPES = (SystemMessage, UserMessage, AssistantMessage, AssistantToolCallsMessage, ToolMessage)
+
+
 class ChatMessage(_Lenient):
+    """One message. Parsed leniently as one model (its errors say which field a role misses); its
+    JSON schema is the role-specific shapes above, which accept exactly what the validator does."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -51,6 +128,10 @@ class ChatMessage(_Lenient):
             raise ValueError("only assistant messages may carry tool_calls")
         return self
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {"anyOf": [handler(shape.__pydantic_core_schema__) for shape in _MESSAGE_SHAPES], "title": "ChatMessage"}
+
 
 class FunctionDefinition(_Lenient):
     name: Annotated[str, Field(min_length=1, max_length=128)]
@@ -68,6 +149,19 @@ class StreamOptions(_Lenient):
 
 
 class ChatCompletionRequest(_Lenient):
+    """`POST /v1/chat/completions`: OpenAI's chat schema and clawrl's session fields."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        # what `_check_logprobs` checks: a positive `top_logprobs` needs `logprobs: true`
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                {"properties": {"top_logprobs": {"enum": [0, None]}}},
+            ]
+        },
+    )
+
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[Tool] | None = None
@@ -86,9 +180,17 @@ class ChatCompletionRequest(_Lenient):
     n: Annotated[int, Field(ge=1, le=1)] = 1
     user: Annotated[str, Field(max_length=256)] | None = None
     # clawrl extensions (the same as headers, for clients that cannot set headers)
-    session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    turn_type: Literal["main", "side"] | None = None
-    session_done: bool = False
+    session_id: Annotated[
+        str | None,
+        Field(min_length=1, max_length=256, description="clawrl: the session this turn belongs to (as header X-Session-Id)."),
+    ] = None
+    turn_type: Annotated[
+        Literal["main", "side"] | None,
+        Field(description="clawrl: `side` turns (titles, summaries) are served but never trained on (as header X-Turn-Type)."),
+    ] = None
+    session_done: Annotated[
+        bool, Field(description="clawrl: this is the session's last turn (as header X-Session-Done).")
+    ] = False
 
     @field_validator("stop")
     @classmethod
@@ -103,9 +205,29 @@ class ChatCompletionRequest(_Lenient):
 
 
 class FeedbackRequest(_Lenient):
+    """`POST /v1/feedback`: a thumbs up or down on a turn (or on a session's last main turn)."""
+
+    # what `_needs_target` checks: a turn or a session to attach the feedback to
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"turn": {"type": "string"}}, "required": ["turn"]},
+                {"properties": {"session_id": {"type": "string"}}, "required": ["session_id"]},
+            ]
+        },
+    )
+
     session_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    turn: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    score: Annotated[int, Field(strict=True)]  # strict: `true` or `1.0` are not a thumbs up
+    turn: Annotated[
+        str | None, Field(min_length=1, max_length=64, description="The X-Clawrl-Turn header of the answer.")
+    ] = None
+    # `true` or "1" are not a thumbs up
+    score: Annotated[
+        int,
+        Field(strict=True, json_schema_extra={"enum": [1, -1]}, description="1 (thumbs up) or -1 (thumbs down)."),
+        _AsJsonInteger,
+    ]
     text: Annotated[str, Field(max_length=10_000)] | None = None
 
     @field_validator("score")
@@ -133,8 +255,8 @@ class EpisodeStartRequest(_Lenient):
     env: Annotated[str, Field(min_length=1, max_length=64)]
     task: Annotated[str, Field(min_length=1, max_length=256)]
     group_id: Annotated[str, Field(min_length=1, max_length=128)]
-    group_size: Annotated[int, Field(strict=True, ge=1, le=4096)]
-    seed: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]  # the store keeps a 32-bit integer
+    group_size: Annotated[int, Field(strict=True, ge=1, le=4096), _AsJsonInteger]
+    seed: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), _AsJsonInteger]  # the store keeps a 32-bit integer
 
 
 class EpisodeResultRequest(_Lenient):
@@ -143,6 +265,17 @@ class EpisodeResultRequest(_Lenient):
     `final_observation` is what the environment answered to the last step (its tool messages): no
     later chat request carries it, so it is recorded as that step's next state from here.
     """
+
+    # what `_finished_needs_reward` checks
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"failed": {"const": True}}, "required": ["failed"]},
+                {"properties": {"reward": {"type": "number"}}, "required": ["reward"]},
+            ]
+        },
+    )
 
     failed: bool = False
     error: Annotated[str, Field(max_length=10_000)] | None = None
@@ -182,7 +315,7 @@ class Usage(BaseModel):
 
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None
+    content: str | None = None  # left out (exclude_none) when the answer is only tool calls
     tool_calls: list[dict[str, Any]] | None = None
 
 
@@ -222,3 +355,63 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+
+
+# --- the other endpoints' answers and the error object --------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every refusal, as OpenAI's API sends it (clawrl/errors.py)."""
+
+    error: ErrorDetail
+
+
+class FeedbackResponse(BaseModel):
+    id: int
+    turn: str
+    score: Literal[1, -1]
+    recorded: Literal[True] = True
+
+
+class EpisodeStartResponse(BaseModel):
+    session_id: str
+    status: Literal["running"] = "running"
+
+
+class EpisodeResultResponse(BaseModel):
+    session_id: str
+    status: Literal["finished", "failed"]
+    recorded: Literal[True] = True
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TrainerStatus(BaseModel):
+    running: bool
+    pid: int | None
+    restarts: int
+    given_up: bool
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    policy_version: int
+    trainer: TrainerStatus | None = None  # only when the server runs a trainer
