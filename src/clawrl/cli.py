@@ -131,7 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # stops), then raises the signal again for the handler it found; as an exception (not the
         # default: die at once) it lets `finally` stop the trainer. A stop asked for is a success.
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        uvicorn.run(app, host=serve_config.host, port=serve_config.port, timeout_graceful_shutdown=10, **uvicorn_logging())
+        uvicorn.run(app, host=serve_config.host, port=serve_config.port, timeout_keep_alive=serve_config.keep_alive_s,
+                    timeout_graceful_shutdown=10, **uvicorn_logging())
     except SystemExit as stop:
         if stop.code != 128 + signal.SIGTERM:
             raise

@@ -158,6 +158,11 @@ class ServeConfig(_Settings):
         description="Model id clients use; defaults to the --model value.",
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    keep_alive_s: float = Field(
+        75.0, gt=0, description="How long an idle keep-alive connection stays open. Longer than clients keep theirs "
+        "(httpx and the openai SDK: 5 s), so that a client never writes a request into a connection the server is "
+        "closing at that moment (the request would be lost unread)."
+    )
     default_max_tokens: int = Field(512, ge=1, description="Response limit when a request sets none.")
     session_idle_timeout_s: float = Field(
         1800.0,

@@ -37,7 +37,8 @@ class ServerThread:
             config = config.model_copy(update={"port": free_port()})
         self.config = config
         self.app = create_app(engine, store, config, judge)
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host=config.host, port=config.port, log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=config.host, port=config.port, log_level="warning",
+                                                    timeout_keep_alive=config.keep_alive_s))
         self._thread = threading.Thread(target=self._server.run, name="clawrl-server", daemon=True)
 
     @property
