@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from clawrl.serve.runner import free_port
-from tests.helpers import healthz, start_server, wait_until
+from clawrl.config import EngineConfig
+from clawrl.engines import build_engine
+from clawrl.serve.runner import ServerThread, free_port
+from clawrl.store import Store
+from tests.helpers import PostgresServer, healthz, start_server, wait_until
 
 
 def test_json_logs_are_one_object_per_line_from_the_server_and_its_trainer(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -56,3 +62,55 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(tiny_mode
         response = connection.getresponse()  # RemoteDisconnected had the server closed it
         assert response.status == 200 and connection.sock is opened
         connection.close()
+
+
+def test_readyz_is_ready_only_while_the_model_and_the_store_answer(tiny_model_dir: Path) -> None:
+    root = Path(tempfile.mkdtemp(prefix="clawrl-postgres-"))  # the server runs as `postgres`: not under pytest's tmp
+    try:
+        database = PostgresServer(root)
+        engine = build_engine(EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1))
+        with ServerThread(engine, Store(database.new_database())) as server:
+            base = server.base_url.removesuffix("/v1")
+            ready = httpx.get(f"{base}/readyz", timeout=30)
+            assert ready.status_code == 200
+            assert ready.json() == {"status": "ready", "model": engine.model_name, "policy_version": 0,
+                                    "published_version": 0, "problems": {}}  # fmt: skip
+            database.stop()  # the store goes away under a running server
+            gone = httpx.get(f"{base}/readyz", timeout=30)
+            assert gone.status_code == 503 and gone.json()["status"] == "not_ready"
+            assert set(gone.json()["problems"]) == {"store"} and gone.json()["published_version"] is None
+            assert httpx.get(f"{base}/healthz", timeout=30).status_code == 200  # alive, only not ready
+            asyncio.run(engine.close())  # and the model stops answering too
+            both = httpx.get(f"{base}/readyz", timeout=30).json()["problems"]
+            assert both["model"] == "the engine is not running" and "store" in both
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sigterm_lets_requests_in_flight_finish_then_stops_the_trainer_and_exits_0(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+               "--cpu-threads", "1", "--run-dir", str(tmp_path), "--port", str(port), "--served-model-name", "m",
+               "--method", "combine"]  # fmt: skip
+    serve = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: healthz(base) and healthz(base).get("trainer", {}).get("running"), 120, "serve and its trainer")
+        trainer_pid = healthz(base)["trainer"]["pid"]
+        body = {"model": "m", "messages": [{"role": "user", "content": "tell me a long story"}], "max_tokens": 1200,
+                "seed": 4, "stream": True}  # fmt: skip
+        with httpx.Client(timeout=120) as http, http.stream("POST", f"{base}/v1/chat/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            received = [next(line for line in lines if line.startswith("data: "))]
+            serve.send_signal(signal.SIGTERM)  # mid-stream
+            received += [line for line in lines if line.startswith("data: ")]
+            turn_id = stream.headers["x-clawrl-turn"]
+        assert received[-1] == "data: [DONE]" and len(received) > 100  # the whole answer, after the signal
+        assert serve.wait(60) == 0
+        assert not Path(f"/proc/{trainer_pid}").exists() or Path(f"/proc/{trainer_pid}/stat").read_text().split()[2] == "Z"
+        finished = Store.for_run_dir(tmp_path).turn(turn_id)
+        assert finished is not None and len(finished.response_token_ids) == 1200  # recorded whole
+        assert '"finish_reason":"length"' in received[-2]
+    finally:
+        serve.kill()
+        serve.wait(10)

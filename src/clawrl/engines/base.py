@@ -136,6 +136,10 @@ class Engine(ABC):
     async def close(self) -> None:
         """Stop background workers; in-flight streams end with an error."""
 
+    def not_ready(self) -> str | None:
+        """Why a new request could not be answered now, or None: what `/readyz` reports about the model."""
+        return None
+
     @abstractmethod
     def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
         """Start generating; returns immediately. The stream yields one `TokenStep` per token."""

@@ -377,6 +377,11 @@ class HFEngine(Engine):
         self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
         self._thread.start()
 
+    def not_ready(self) -> str | None:
+        if self._thread is None or self._stopping:
+            return "the engine is not running"
+        return None if self._thread.is_alive() else "the engine's decode thread has stopped"
+
     async def close(self) -> None:
         """Stop the worker; streams and tasks still in flight fail with `EngineClosedError`."""
         with self._cond:

@@ -173,6 +173,9 @@ class RemoteEngine(Engine):
             ids.update(configured if isinstance(configured, list) else [configured])
         return {token for token in ids if token is not None}
 
+    def not_ready(self) -> str | None:
+        return "the engine is not running" if self._closed or not self._versions else None
+
     def _check_running(self) -> None:
         if self._closed or not self._versions:
             raise EngineClosedError("the engine is not running (call start(), and not after close())")

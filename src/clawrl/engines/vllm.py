@@ -229,6 +229,11 @@ class VLLMEngine(RemoteEngine):
             server.stop()
             raise
 
+    def not_ready(self) -> str | None:
+        exited = [server.process.returncode for server in self._servers.values()
+                  if server.process is not None and server.process.poll() is not None]  # fmt: skip
+        return f"vLLM's server exited with status {exited[0]}" if exited else super().not_ready()
+
     async def close(self) -> None:
         await super().close()
         for server in self._servers.values():

@@ -66,6 +66,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 
 MAX_JSON_DEPTH = 64
+READY_STORE_TIMEOUT_S = 5.0  # /readyz waits this long for the store
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
 
 
@@ -153,6 +154,19 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         extra = {"trainer": schemas.TrainerStatus(**trainer.status())} if trainer is not None else {}
         return schemas.Health(status="ok", model=served_name, policy_version=engine.policy_version, **extra)
 
+    @app.get("/readyz", **openapi.READYZ)
+    async def readyz() -> JSONResponse:
+        problems, published = {}, None
+        if problem := engine.not_ready():
+            problems["model"] = problem
+        try:  # a store that hangs is as unready as one that fails
+            published = await asyncio.wait_for(asyncio.to_thread(policy.training.serving_version), READY_STORE_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - any failure to read it is the answer
+            problems["store"] = f"{type(error).__name__}: {error}".rstrip(": ")
+        body = schemas.Readiness(status="not_ready" if problems else "ready", model=served_name,
+                                 policy_version=engine.policy_version, published_version=published, problems=problems)  # fmt: skip
+        return JSONResponse(body.model_dump(), status_code=503 if problems else 200)
+
     @app.get("/metrics", response_class=PlainTextResponse, **openapi.METRICS)
     async def prometheus() -> Response:
         metrics.policy_version.set(engine.policy_version)
@@ -220,7 +234,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     return app
 
 
-_KNOWN_PATHS = {"/healthz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback", "/v1/episodes"}
+_KNOWN_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback", "/v1/episodes"}
 
 
 class _CountRequests:

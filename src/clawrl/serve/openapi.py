@@ -152,6 +152,10 @@ EPISODE_RESULT: dict[str, Any] = {
 
 MODELS: dict[str, Any] = {"summary": "List the served model", "responses": errors(401)}
 HEALTHZ: dict[str, Any] = {"summary": "Health, model and policy version"}
+READYZ: dict[str, Any] = {
+    "summary": "Readiness: the model answers, the store answers, the served version is known",
+    "responses": {503: {"description": "Not ready; `problems` says why.", "model": schemas.Readiness}},
+}
 METRICS: dict[str, Any] = {
     "summary": "Prometheus metrics",
     "responses": {200: {"description": "Prometheus' text format.", "content": {"text/plain": {"schema": {"type": "string"}}}}},

@@ -415,3 +415,13 @@ class Health(BaseModel):
     model: str
     policy_version: int
     trainer: TrainerStatus | None = None  # only when the server runs a trainer
+
+
+class Readiness(BaseModel):
+    """`/readyz`: 200 when the model answers, the store answers and the served version is known; 503 otherwise."""
+
+    status: Literal["ready", "not_ready"]
+    model: str
+    policy_version: int = Field(description="The version new requests are answered with.")
+    published_version: int | None = Field(description="The store's serving pointer (null when the store did not answer).")
+    problems: dict[str, str] = Field(description="What is not ready, by part (`model`, `store`, `policy`): empty when ready.")
