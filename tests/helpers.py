@@ -43,7 +43,7 @@ from clawrl.engines.hf import HFEngine
 from clawrl.engines.remote import RemoteEngineError
 from clawrl.engines.vllm import find_vllm_python
 from clawrl.judge.worker import build_worker
-from clawrl.messages import answer_fingerprint, conversation_hashes
+from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
@@ -190,7 +190,7 @@ def turn(turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: 
         "response_text": answer,
         "tool_calls": None,
         "finish_reason": "stop",
-        "answer_fingerprint": answer_fingerprint(answer, None),
+        "answer_fingerprint": recorded_fingerprint(answer, None, conversation_hashes(messages)),
         "message_hashes": conversation_hashes(messages),
         "latency_s": 0.01,
     }

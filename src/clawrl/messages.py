@@ -123,6 +123,13 @@ def answer_fingerprint(content: str, tool_calls: list[dict[str, Any]] | None) ->
     return _digest({"content": content.strip(), "tool_calls": _calls_key(tool_calls)})
 
 
+def recorded_fingerprint(content: str, tool_calls: list[dict[str, Any]] | None, conversation: list[str]) -> str:
+    """What a turn's answer is found by: its `answer_fingerprint`; for an empty answer (the model
+    stopped at once), which has no text to be known by, the conversation it answered
+    (`conversation_hashes` of the messages before it)."""
+    return answer_fingerprint(content, tool_calls) or _digest({"empty_answer_after": conversation})
+
+
 def message_hash(message: Message) -> str:
     """Identity of one message, tolerant of the re-serialisation clients do."""
     return _digest(

@@ -15,7 +15,7 @@ import re
 import time
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from clawrl.config import ServeConfig
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
 from clawrl.engines.chat import ResponseDecoder, parse_tool_calls, render_prompt
-from clawrl.messages import answer_fingerprint, conversation_hashes
+from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.serve import schemas
 from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.serve.metrics import ServeMetrics
@@ -92,7 +92,7 @@ def finish(generation: Generation, text: str, tool_calls: list[dict[str, Any]], 
         tool_calls=tool_calls or None,
         finish_reason=finish_reason,
         # no client can echo an answer it never received in full
-        answer_fingerprint=answer_fingerprint(text, tool_calls) if received else None,
+        answer_fingerprint=recorded_fingerprint(text, tool_calls, generation.prepared.turn.message_hashes) if received else None,
         latency_s=time.perf_counter() - generation.prepared.started_at,
     )
 
@@ -208,7 +208,14 @@ class ChatService:
 
     # --- recording ------------------------------------------------------------------------------
     async def record(self, prepared: PreparedRequest, turn: Turn) -> None:
-        """Commit the finished turn (and the next state its request carries); returns once it is durable."""
+        """Commit the finished turn (and the next state its request carries); returns once it is durable.
+
+        The write goes on even if the caller is cancelled while it waits (a client hanging up just
+        as its stream ends): cancelling a thread-pool call that has not started yet would drop it.
+        """
+        await asyncio.shield(self._in_background(self._write(prepared, turn)))
+
+    async def _write(self, prepared: PreparedRequest, turn: Turn) -> None:
         identity = prepared.identity
         continues = None
         if identity.continues_turn_id is not None and identity.next_state is not None:
@@ -221,9 +228,14 @@ class ChatService:
     def _record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
         result = finish(generation, generation.decoder.text, [], "cancelled")
-        task = asyncio.get_running_loop().create_task(self.record(generation.prepared, result))
+        self._in_background(self._write(generation.prepared, result))
+
+    def _in_background(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run a write as a task of its own, which `drain()` waits for at shutdown."""
+        task = asyncio.get_running_loop().create_task(write)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def drain(self) -> None:
         """Wait for background writes (used at shutdown)."""

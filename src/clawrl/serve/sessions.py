@@ -14,7 +14,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from clawrl.messages import answer_fingerprint, content_text, message_hash
+from clawrl.messages import answer_fingerprint, content_text, conversation_hashes, message_hash, recorded_fingerprint
 from clawrl.errors import APIError
 from clawrl.store import Store
 from clawrl.types import Message, SessionIdSource, Turn, TurnKind
@@ -131,7 +131,7 @@ def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, 
     if not empty_answers:  # the common case: no store read
         return candidate, position
     newest = store.last_main_turn(candidate.session_id)
-    if newest is None or newest.id == candidate.id or newest.answer_fingerprint is not None:
+    if newest is None or newest.id == candidate.id or newest.response_text.strip() or newest.tool_calls:
         return candidate, position
     for later in empty_answers:
         if _follows_conversation(messages[:later], newest):
@@ -144,12 +144,17 @@ def _assistant_fingerprint(message: Message) -> str | None:
 
 
 def _answer_positions(messages: list[Message]) -> dict[str, int]:
-    """Fingerprint of every assistant message -> its last position in the request."""
-    return {
-        fingerprint: position
-        for position, message in enumerate(messages)
-        if message["role"] == "assistant" and (fingerprint := _assistant_fingerprint(message))
-    }
+    """Fingerprint of every assistant message -> its last position in the request.
+
+    An empty one is known by the conversation before it, as the server recorded it: found when
+    the client echoes that conversation unchanged (else `_past_empty_answers` may still find it).
+    """
+    positions = {}
+    for position, message in enumerate(messages):
+        if message["role"] == "assistant":
+            text, calls = content_text(message.get("content")), message.get("tool_calls")
+            positions[recorded_fingerprint(text, calls, conversation_hashes(messages[:position]))] = position
+    return positions
 
 
 def _answer_position(messages: list[Message], fingerprint: str | None) -> int | None:
