@@ -41,11 +41,7 @@ def choose_cpus(setting: str, available: set[int]) -> set[int]:
     if setting == "auto":
         ordered = sorted(available)
         return set(ordered[len(ordered) // 2 :])  # the upper half; all of them when there is one
-    usable = parse_cpu_list(setting) & available
-    if not usable:
-        raise ValueError(f"--background-cpus {setting} names no CPU this process may use "
-                         f"(it may use {_cpu_list(available)})")  # fmt: skip
-    return usable
+    return parse_cpu_list(setting) & available  # not empty: `BackgroundConfig` refuses a list without a usable CPU
 
 
 def choose_threads(config: BackgroundConfig, cpu_threads: int | None, cpus: set[int], available: set[int]) -> int:

@@ -11,6 +11,7 @@ that a bad combination is refused when the settings are read, whichever command 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal, Self
@@ -240,9 +241,12 @@ class BackgroundConfig(_Settings):
 
     @field_validator("background_cpus")
     @classmethod
-    def _known_cpus(cls, value: str) -> str:
-        if value not in ("auto", "all"):
-            parse_cpu_list(value)
+    def _usable_cpus(cls, value: str) -> str:
+        # checked where the setting is read, so `clawrl serve` refuses it before its trainer child would
+        available = os.sched_getaffinity(0)
+        if value not in ("auto", "all") and not parse_cpu_list(value) & available:
+            usable = ",".join(map(str, sorted(available)))
+            raise ValueError(f"names no CPU this process may use (it may use {usable})")
         return value
 
 
