@@ -87,6 +87,8 @@ def test_a_hanging_judge_times_out_and_the_turn_is_judged_by_another_worker(tmp_
 def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
     with start_server(tool_model_dir, run_dir) as server:  # judging off in the server
         _session, turn_ids = converse(server.base_url, ["hello", "no, I meant the other file", "ok", "thanks", "done"])
+        backlog = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
+    assert "clawrl_judge_backlog_turns 4.0" in backlog  # the last answer has nothing after it yet
     command = [sys.executable, "-m", "clawrl.cli", "judge", "--run-dir", str(run_dir), "--once"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -107,3 +109,4 @@ def test_judge_figures_are_on_metrics(tool_model_dir: Path, run_dir: Path) -> No
     assert 'clawrl_judge_mean_score{policy_version="0"} 0.333' in text  # -1, +1, +1
     assert 'clawrl_judge_vote_agreement{policy_version="0"} 1.0' in text
     assert 'clawrl_judge_invalid_votes_total{policy_version="0"} 0.0' in text
+    assert "clawrl_judge_backlog_turns 0.0" in text and "clawrl_judge_backlog_age_seconds 0.0" in text

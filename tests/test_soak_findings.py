@@ -1,8 +1,7 @@
 """What the soak (benchmarks/soak.py, issue 16) found wrong in the server, as regression tests:
-each failed before its fix. One is not fixed yet and is marked xfail(strict=True): once the server
-is fixed it passes, which strict xfail reports as a failure, so the marker goes with the fix.
+each failed before its fix.
 
-The other finding, a request crossing the server's close of an idle keep-alive connection, needs a
+One more finding, a request crossing the server's close of an idle keep-alive connection, needs a
 live server and timing: benchmarks/keepalive_race.py reproduces it, tests/test_ops.py tests the fix."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import event
 
 from clawrl.config import ServeConfig
@@ -22,9 +20,10 @@ from clawrl.serve.completions import ChatService
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
-from clawrl.store.records import turn_row
-from clawrl.store.schema import SessionRow
-from tests.helpers import record, running_hf_engine, turn, user
+from clawrl.store.records import judgment_row, turn_row
+from clawrl.store.schema import SampleRow, SessionRow
+from clawrl.store.training import TrainingStore
+from tests.helpers import judgment, record, running_hf_engine, turn, user
 
 
 def assistant(text: str) -> dict[str, Any]:
@@ -95,18 +94,28 @@ def test_a_stream_hung_up_while_its_turn_waits_to_be_written_is_still_recorded(t
     assert turn is not None, f"turn {turn_id} was generated and its client had its first events, but it was never recorded"
 
 
-def _store_with_history(path: Path, plain_turns: int) -> Store:
-    """`plain_turns` answered main turns nobody continued (plain chats: never judgeable), then four
-    turns continued by a next state, waiting for the judge."""
+def _store_with_history(path: Path, settled_turns: int) -> Store:
+    """`settled_turns` main turns already judged and trained on (history neither the judge nor the
+    trainer has anything left to do with), then four turns continued by a next state, waiting
+    for the judge, and four judged turns waiting for the trainer."""
     store = Store.for_run_dir(path)
     with store.write() as db:
-        for index in range(plain_turns):
+        for index in range(settled_turns):
             db.add(SessionRow(id=f"s{index}", id_source="new", created_at=index, updated_at=index, num_turns=1))
             db.add(turn_row(turn(f"t{index}", f"s{index}", [user(f"q{index}")], "a", index=0, created_at=float(index))))
+        db.flush()
+        for index in range(settled_turns):
+            db.add(judgment_row(judgment(f"t{index}", 1)))
+            db.add(SampleRow(turn_id=f"t{index}", status="trained", kind="rl", reward=1.0, behaviour_version=0, created_at=index))
     for index in range(4):
         record(store, f"j{index}", f"sj{index}", [user("q")], "A.")
         record(store, f"k{index}", f"sj{index}", [user("q"), assistant("A."), user("thanks")], "B.",
                continues_turn_id=f"j{index}", next_state=[user("thanks")])
+    for index in range(4):
+        record(store, f"m{index}", f"sm{index}", [user("q")], "A.")
+        record(store, f"n{index}", f"sm{index}", [user("q"), assistant("A."), user("thanks")], "B.",
+               continues_turn_id=f"m{index}", next_state=[user("thanks")])
+        store.record_judgment(judgment(f"m{index}", 1))
     return store
 
 
@@ -130,20 +139,37 @@ def _vm_steps(store: Store, work: Any) -> int:
     return steps[0]
 
 
-@pytest.mark.xfail(strict=True, reason="claiming turns to judge scans every turn ever recorded, inside a write transaction")
 def test_claiming_turns_to_judge_does_not_slow_down_as_the_store_grows(tmp_path: Path) -> None:
     """In the 30-minute soak the judge fell behind for good: judge lag 0.3 s in the first three
     minutes, 58 s in the next three, 17 minutes by the middle, and 26,841 of 47,280 judgeable turns
     never judged; so every sample the trainer built after minute 5 was stale and publishing stopped.
-    `Store.claim_turns_to_judge` (SQLite plan: SCAN turns, four correlated EXISTS per row, then a
-    temp B-tree for ORDER BY created_at) visits every turn, judgeable or not, on each claim of
-    `--judge-concurrency` (4) turns, holding the write lock meanwhile (which serving's turn writes
-    wait on): 9 ms with 7,000 main turns, 133 ms with 112,000 (the soak's store, on an idle
-    machine). Four turns are waiting in both stores here; one has 40 times the history."""
+    `Store.claim_turns_to_judge` was a query over all turns (SQLite plan: SCAN turns, four
+    correlated EXISTS per row, then a temp B-tree for ORDER BY created_at), run on each claim of
+    `--judge-concurrency` (4) turns while holding the write lock that serving's turn writes wait
+    on: 9 ms with 7,000 main turns, 133 ms with 112,000 (the soak's store, on an idle machine). It
+    now reads the judge queue. Four turns are waiting in both stores here; one has 40 times the
+    history."""
     small = _store_with_history(tmp_path / "small", 500)
     large = _store_with_history(tmp_path / "large", 20_000)
     claimed: list[list[str]] = []
     small_steps = _vm_steps(small, lambda: claimed.append(small.claim_turns_to_judge("w", 4, 60.0)))
     large_steps = _vm_steps(large, lambda: claimed.append(large.claim_turns_to_judge("w", 4, 60.0)))
     assert [sorted(ids) for ids in claimed] == [["j0", "j1", "j2", "j3"]] * 2
+    assert large_steps <= 3 * max(small_steps, 1), (small_steps, large_steps)
+
+
+def test_finding_judged_turns_to_sample_does_not_slow_down_as_the_store_grows(tmp_path: Path) -> None:
+    """The trainer's poll for judged turns with no sample yet joined every judgment with the
+    samples table (a scan of all judgments per poll), the same growth as the judge's claim; it
+    now reads the sample queue."""
+    small = _store_with_history(tmp_path / "small", 500)
+    large = _store_with_history(tmp_path / "large", 20_000)
+    found: list[list[str]] = []
+
+    def poll(store: Store) -> int:
+        training = TrainingStore(store)
+        return _vm_steps(store, lambda: found.append([judged.turn.id for judged in training.judged_turns_without_sample(4)]))
+
+    small_steps, large_steps = poll(small), poll(large)
+    assert found == [["m0", "m1", "m2", "m3"]] * 2
     assert large_steps <= 3 * max(small_steps, 1), (small_steps, large_steps)

@@ -1,4 +1,4 @@
-"""The store's own guarantees: WAL mode, a schema version, refusing a newer schema."""
+"""The store's own guarantees: WAL mode, a schema version, refusing a newer schema, upgrading an older one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 
 from clawrl.store import Store
 from clawrl.store.migrations import SCHEMA_VERSION, SchemaTooNewError
+from clawrl.store.training import TrainingStore
+from tests.helpers import judgment, record, user
 
 
 def test_new_store_is_wal_and_records_its_schema_version(tmp_path: Path) -> None:
@@ -39,3 +41,21 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"judgments", "judge_leases", "turns"} <= tables
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_a_version_4_store_keeps_its_waiting_work_when_the_queues_arrive(tmp_path: Path) -> None:
+    """v5 finds turns to judge and to sample through queues; a v4 store's backlog is queued on upgrade."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q1")], "a1")
+    record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
+    record(store, "t3", "s1", [user("q3")], "a3", continues_turn_id="t2", next_state=[user("q3")])
+    record(store, "t4", "s1", [user("q4")], "a4", continues_turn_id="t3", next_state=[user("q4")])
+    store.record_judgment(judgment("t1", 1))
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 13's store looked like
+        db.execute("DROP TABLE judge_queue")
+        db.execute("DROP TABLE sample_queue")
+        db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    upgraded = Store.for_run_dir(tmp_path)
+    assert upgraded.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
+    assert [judged.turn.id for judged in TrainingStore(upgraded).judged_turns_without_sample(10)] == ["t1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from clawrl.store import Store
@@ -75,3 +76,31 @@ def test_a_turn_is_no_longer_claimed_after_max_attempts(tmp_path: Path) -> None:
         assert "t1" in store.claim_turns_to_judge(f"w{attempt}", 1, 60.0, max_attempts=3)
         store.release_lease("t1", f"w{attempt}")
     assert store.claim_turns_to_judge("w3", 10, 60.0, max_attempts=3) == ["t2", "t3"]  # t1 is given up, not the others
+
+
+def test_feedback_after_the_verdict_does_not_bring_the_turn_back(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    store.record_judgment(judgment("t1", 1))
+    store.add_feedback("t1", -1, "actually wrong")
+    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
+
+
+def test_a_hung_up_turn_is_never_judged_even_when_continued(tmp_path: Path) -> None:
+    """A cancelled stream's client never saw the whole answer: what it said next does not judge it."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q1")], "a1", finish_reason="cancelled")
+    record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
+    store.add_feedback("t1", 1, None)
+    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == []
+
+
+def test_the_judge_backlog_is_what_waits_for_a_verdict(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q1")], "a1")
+    recorded = time.time()
+    assert store.judge_backlog() == (0, 0.0)  # nothing said after it yet
+    record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
+    waiting, oldest_age_s = store.judge_backlog(now=recorded + 60.0)
+    assert waiting == 1 and 59.0 <= oldest_age_s <= 61.0
+    store.record_judgment(judgment("t1", 1))
+    assert store.judge_backlog() == (0, 0.0)

@@ -100,4 +100,4 @@ def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     training.add_samples([ready_sample("t1")])
     training.register_version(version(1, 0), ["t1"])
     with sqlite3.connect(tmp_path / "clawrl.db") as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "4"
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "5"

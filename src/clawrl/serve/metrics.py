@@ -17,7 +17,9 @@ class JudgmentCollector:
     """Judge figures read from the store at scrape time, so verdicts written by a standalone
     `clawrl judge` on another machine show up here too. Per policy version: how many turns were
     judged (its rate is judged turns per second), the mean score (the live "eval score"), vote
-    agreement, unparseable votes and total judge latency (divide by the count for the mean)."""
+    agreement, unparseable votes and total judge latency (divide by the count for the mean). And the
+    backlog: turns waiting for a verdict and the age of the oldest, which grow without bound when
+    judging is slower than traffic."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -35,7 +37,10 @@ class JudgmentCollector:
             agreement.add_metric(version, row.mean_vote_agreement)
             invalid.add_metric(version, row.invalid_votes)
             latency.add_metric(version, row.latency_s_total)
-        yield from (judged, score, agreement, invalid, latency)
+        waiting, oldest_age_s = self.store.judge_backlog()
+        backlog = GaugeMetricFamily("clawrl_judge_backlog_turns", "Turns waiting for a verdict", value=waiting)
+        age = GaugeMetricFamily("clawrl_judge_backlog_age_seconds", "How long ago the oldest turn waiting for a verdict was recorded", value=oldest_age_s)
+        yield from (judged, score, agreement, invalid, latency, backlog, age)
 
 
 class TrainingCollector:

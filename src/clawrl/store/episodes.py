@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DBSession
 
 import clawrl.store.records as records
+from clawrl.store.queues import queue_for_judging
 from clawrl.store.repository import Store
 from clawrl.store.schema import EpisodeRow, JudgmentRow, NextStateRow, SampleRow, SessionRow, TurnRow
 from clawrl.types import EPISODE_RESULT_SOURCE, Episode, EpisodeStatus, Message, NextState, Turn
@@ -113,6 +114,7 @@ class EpisodeStore:
                 # the first continuation wins, as in record_turn: a next state is never overwritten
                 if final_observation and steps and db.get(NextStateRow, steps[-1]) is None:
                     db.add(records.next_state_row(NextState(steps[-1], final_observation, EPISODE_RESULT_SOURCE, now)))
+                    queue_for_judging(db, steps[-1])
             row.status, row.reward, row.step_rewards, row.error, row.ended_at = status, reward, list(step_rewards), error, now
             session = db.get(SessionRow, session_id)
             if session is not None:

@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine, inspect, select, text
 
+from clawrl.store.queues import backfill
 from clawrl.store.schema import Base, Meta
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -28,7 +29,18 @@ def _episode_table(_connection: Connection) -> None:
     """v4 adds `episodes`: a new table only, which `create_all` has made."""
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _judging_tables, 3: _training_tables, 4: _episode_table}
+def _work_queues(connection: Connection) -> None:
+    """v5 adds `judge_queue` and `sample_queue` (which `create_all` has made) and queues the
+    turns still waiting for a verdict or a sample."""
+    backfill(connection)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    2: _judging_tables,
+    3: _training_tables,
+    4: _episode_table,
+    5: _work_queues,
+}
 
 
 class SchemaTooNewError(RuntimeError):

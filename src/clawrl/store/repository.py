@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Float, cast, create_engine, delete, event, exists, func, or_, select, tuple_, update
+from sqlalchemy import Float, cast, create_engine, delete, event, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -27,7 +27,8 @@ from sqlalchemy.orm import sessionmaker
 
 import clawrl.store.records as records
 from clawrl.store.migrations import migrate
-from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.store.queues import queue_for_judging, queue_for_sampling
+from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgeQueueRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
 from clawrl.types import Feedback, Judgment, NextState, Session, SessionIdSource, Turn, TurnContext
 
 
@@ -132,6 +133,7 @@ class Store:
             # the first continuation wins: a regenerated or branched request never overwrites it
             if continues is not None and db.get(NextStateRow, continues.turn_id) is None:
                 db.add(records.next_state_row(dataclasses.replace(continues, created_at=now)))
+                queue_for_judging(db, continues.turn_id)
             return index
 
     def turns_with_answer(self, fingerprints: list[str]) -> list[Turn]:
@@ -175,6 +177,7 @@ class Store:
             row = FeedbackRow(turn_id=turn_id, score=score, text=text, created_at=time.time())
             db.add(row)
             db.flush()
+            queue_for_judging(db, turn_id)
             return row.id
 
     # --- judging ------------------------------------------------------------------------------
@@ -184,26 +187,22 @@ class Store:
         """Lease up to `limit` judgeable turns to `worker_id`, oldest first; returns their ids.
 
         Judgeable: a main turn the client received, with a next state or explicit feedback, not
-        judged yet, not leased to a worker whose lease is still running, and (with `max_attempts`)
-        not already claimed that many times. A lease left behind by a killed worker expires after
-        `lease_s` and the turn is claimed again.
+        judged yet (the judge queue holds exactly these), not leased to a worker whose lease is
+        still running, and (with `max_attempts`) not already claimed that many times. A lease left
+        behind by a killed worker expires after `lease_s` and the turn is claimed again.
         """
         now = time.time() if now is None else now
-        has_next_state = exists().where(NextStateRow.turn_id == TurnRow.id)
-        has_feedback = exists().where(FeedbackRow.turn_id == TurnRow.id)
-        judged = exists().where(JudgmentRow.turn_id == TurnRow.id)
-        leased = exists().where(JudgeLeaseRow.turn_id == TurnRow.id, JudgeLeaseRow.expires_at >= now)
+        no_lease = JudgeLeaseRow.turn_id.is_(None)
         query = (
-            select(TurnRow.id)
-            .where(TurnRow.kind == "main", TurnRow.finish_reason != "cancelled")
-            .where(or_(has_next_state, has_feedback), ~judged, ~leased)
-            .order_by(TurnRow.created_at, TurnRow.id)
+            select(JudgeQueueRow.turn_id)
+            .outerjoin(JudgeLeaseRow, JudgeLeaseRow.turn_id == JudgeQueueRow.turn_id)
+            .where(or_(no_lease, JudgeLeaseRow.expires_at < now))
+            .order_by(JudgeQueueRow.turn_created_at, JudgeQueueRow.turn_id)
             .limit(limit)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, of=JudgeQueueRow)
         )
         if max_attempts is not None:
-            exhausted = exists().where(JudgeLeaseRow.turn_id == TurnRow.id, JudgeLeaseRow.attempts >= max_attempts)
-            query = query.where(~exhausted)
+            query = query.where(or_(no_lease, JudgeLeaseRow.attempts < max_attempts))
         with self.write() as db:
             candidates = list(db.scalars(query))
             return [turn_id for turn_id in candidates if self._take_lease(db, turn_id, worker_id, now, lease_s)]
@@ -229,12 +228,17 @@ class Store:
         return db.execute(statement).first() is not None
 
     def record_judgment(self, judgment: Judgment) -> bool:
-        """Write a verdict and drop the turn's lease. False if the turn already had one (judged once)."""
+        """Write a verdict, take the turn off the judge queue (onto the trainer's) and drop its lease.
+
+        False if the turn already had one (judged once)."""
         try:
             with self.write() as db:
+                db.execute(delete(JudgeQueueRow).where(JudgeQueueRow.turn_id == judgment.turn_id))
                 if db.get(JudgmentRow, judgment.turn_id) is not None:
-                    return False
+                    return False  # committed all the same: a queue entry racing the first verdict goes
                 db.add(records.judgment_row(dataclasses.replace(judgment, created_at=time.time())))
+                db.flush()
+                queue_for_sampling(db, judgment.turn_id)
                 db.execute(delete(JudgeLeaseRow).where(JudgeLeaseRow.turn_id == judgment.turn_id))
                 return True
         except IntegrityError:  # a concurrent writer on a server database inserted it first
@@ -252,6 +256,13 @@ class Store:
                 .where(JudgeLeaseRow.turn_id == turn_id, JudgeLeaseRow.worker_id == worker_id)
                 .values(expires_at=expired)
             )
+
+    def judge_backlog(self, now: float | None = None) -> tuple[int, float]:
+        """How many turns wait for a verdict, and how long the oldest of them has been recorded (s)."""
+        now = time.time() if now is None else now
+        with self.read() as db:
+            waiting, oldest = db.execute(select(func.count(), func.min(JudgeQueueRow.turn_created_at))).one()
+            return waiting, (now - oldest if oldest is not None else 0.0)
 
     def judgment(self, turn_id: str) -> Judgment | None:
         with self.read() as db:

@@ -13,18 +13,18 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
 from clawrl.store.repository import Store
 from clawrl.store.schema import (
-    EpisodeRow,
     FeedbackRow,
     JudgmentRow,
     NextStateRow,
     PolicyPointerRow,
     PolicyVersionRow,
+    SampleQueueRow,
     SampleRow,
     SessionRow,
     TurnRow,
@@ -71,14 +71,13 @@ class TrainingStore:
     # --- building samples -----------------------------------------------------------------------
     def judged_turns_without_sample(self, limit: int) -> list[JudgedTurn]:
         """Judged main turns of chats (not of episodes: their samples wait for their group) that have
-        no sample row yet, in arrival order."""
-        of_episode = exists().where(EpisodeRow.session_id == TurnRow.session_id)
+        no sample row yet, in arrival order: the sample queue's head."""
         query = (
             select(TurnRow, JudgmentRow)
-            .join(JudgmentRow, JudgmentRow.turn_id == TurnRow.id)
-            .outerjoin(SampleRow, SampleRow.turn_id == TurnRow.id)
-            .where(SampleRow.id.is_(None), TurnRow.kind == "main", ~of_episode)
-            .order_by(TurnRow.created_at, TurnRow.id)
+            .select_from(SampleQueueRow)
+            .join(TurnRow, TurnRow.id == SampleQueueRow.turn_id)
+            .join(JudgmentRow, JudgmentRow.turn_id == SampleQueueRow.turn_id)
+            .order_by(SampleQueueRow.turn_created_at, SampleQueueRow.turn_id)
             .limit(limit)
         )
         with self.store.read() as db:
@@ -104,6 +103,7 @@ class TrainingStore:
                 row = records.sample_row(dataclasses.replace(sample, created_at=now))
                 row.settled_at = now if sample.status == "dropped" else None
                 db.add(row)
+            db.execute(delete(SampleQueueRow).where(SampleQueueRow.turn_id.in_([sample.turn_id for sample in samples])))
 
     def held_samples(self) -> list[HeldSample]:
         held = select(SampleRow.turn_id, TurnRow.session_id, SessionRow.done).join(TurnRow, TurnRow.id == SampleRow.turn_id)
