@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def test_the_generator_writes_at_least_30_harbor_task_folders(tasks_dir: Path, t
     other = generate_tasks(tmp_path / "other", 1, HAS_GIT)
     assert digest(tmp_path / "again") == digest(tasks_dir) != digest(tmp_path / "other")
     assert len(again) == len(other) == len(tasks)
+    # names are written bare (a tokenizer splits a word after a backtick unlike after a space);
+    # a quote of several words keeps its backticks
+    instructions = [task.instruction for task in tasks.values()]
+    assert not any(re.search(r"`[^`\s]+`", text) for text in instructions)
+    assert any("chmod 600" in (task.path / "solution" / "solve.sh").read_text() and " (mode 600)" in task.instruction
+               for task in tasks.values())  # fmt: skip
+    if HAS_GIT:
+        assert any(re.search(r"message `[^`]+ [^`]+`", text) for text in instructions)
 
 
 @needs_sandbox

@@ -24,10 +24,10 @@ from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
-from clawrl.envs.terminal import load_tasks
+from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
 from clawrl.sim.agents import (_VERBS, HABITS, AgentConfig, Habit, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
-                               micro_env_config, play_demonstrations, train_agent)  # fmt: skip
+                               micro_env_config, opening_drill, play_demonstrations, train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
@@ -82,7 +82,7 @@ def test_a_copy_drill_trains_only_on_a_command_repeating_the_new_names_the_user_
     rng, words = random.Random(0), demonstration_words()
     assert len(words) == len(set(words)) >= 300 and not set(words) & set(WORDS)
     command_words = {word for verb in _VERBS for word in verb.split()}
-    seen_names, backticked = [], 0
+    seen_names = []
     for _ in range(40):
         ids, labels = copy_drill(tokenizer, rng)
         shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
@@ -95,11 +95,37 @@ def test_a_copy_drill_trains_only_on_a_command_repeating_the_new_names_the_user_
         user_text = shown.split("<|im_start|>user")[1]
         places = [re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", user_text) for name in names]
         assert all(places) and [place.start() for place in places] == sorted(place.start() for place in places)
-        backticked += f"`{names[0]}`" in user_text
+        assert "`" not in user_text  # bare, as the tasks write names
         seen_names += names
     stems = [name.split(".")[0].lower() for name in seen_names]
     assert not set(stems) & set(WORDS) and len(set(stems)) > 0.9 * len(stems)  # new every time, not a list to learn
-    assert 10 <= backticked <= 30  # quoted in backticks as the tasks do, and bare
+
+
+def test_an_opening_drill_is_a_real_task_prompt_on_new_names_answered_by_a_habits_first_step(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    tools = [{"type": "function", "function": {"name": name, "description": name, "parameters": {"type": "object", "properties": {}}}}
+             for name in ("shell", "finish")]  # fmt: skip
+    first_steps: list[str] = []
+    for _ in range(60):
+        ids, labels = opening_drill(tokenizer, rng, tools, 640)
+        shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
+        trained = tokenizer.decode([label for label in labels if label != -100])
+        assert SYSTEM_PROMPT in shown and "<tools>" in shown and trained.count("<|im_end|>") == 1
+        instruction = shown.split("<|im_start|>user")[1]
+        assert "`" not in instruction and not set(re.findall(r"[a-z]+", instruction.lower())) & set(WORDS)
+        call = json.loads(trained.split("<tool_call>")[1].split("</tool_call>")[0])
+        if call["name"] == "finish":
+            first_steps.append("quit")
+        elif call["arguments"]["command"] == "ls":
+            first_steps.append("look")
+        else:
+            command = call["arguments"]["command"]
+            first_steps.append("typo" if command.startswith("x") else "solve")
+            names = [word for word in re.findall(r"[\w.]+", command) if "." in word]
+            assert all(name in instruction for name in names)  # the command repeats the instruction's names
+    shares = {habit: first_steps.count(habit) / len(first_steps) for habit in HABITS["terminal"]}
+    assert all(abs(shares[habit] - weight) < 0.2 for habit, weight in HABITS["terminal"].items()), shares
 
 
 @needs_sandbox

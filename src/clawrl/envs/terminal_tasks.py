@@ -26,6 +26,7 @@ import hashlib
 import io
 import os
 import random
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GENERATOR_VERSION = 1  # bump when the tasks change, so caches of the old set are not reused
+GENERATOR_VERSION = 2  # bump when the tasks change, so caches of the old set are not reused
 VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
 WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
@@ -47,6 +48,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 git && 
 WORKDIR /workspace
 COPY workspace/ /workspace/
 """
+_ONE_WORD_QUOTE = re.compile(r"`([^`\s]+)`")
 _GIT_IDENTITY = "git has no identity configured: give one, e.g. `git -c user.name=agent -c user.email=agent@example.com commit ...`."
 
 
@@ -100,6 +102,29 @@ def generate_tasks(
     return written
 
 
+def made_up_task(prefixes: tuple[str, ...], rng: random.Random, words: Sequence[str]) -> TaskSpec:
+    """One task of a template whose id starts with one of `prefixes`, on `words`, in memory (nothing written)."""
+    templates = [template for category, name, template in _TEMPLATES if f"{category}-{name}-".startswith(prefixes)]
+    if not templates:
+        raise ValueError(f"no task template starts with any of {prefixes}")
+    spec = rng.choice(templates)(rng, words)
+    spec.instruction = bare_names(spec.instruction)
+    return spec
+
+
+def bare_names(instruction: str) -> str:
+    """The instruction with names (one word in backticks) written bare: `fjord.key` becomes fjord.key.
+
+    A byte-level BPE tokenizer splits a word after a backtick into other pieces than the same word
+    after a space (`alpha` is al|p|ha, " alpha" is Ġa|l|p|ha in the tiny tokenizer), and a command
+    names its files after spaces: a model must re-spell each name to use it. Real models learnt
+    that in pre-training; the tiny agents cannot, and copied 7 of 108 first commands right where the
+    same names written bare gave 25 (docs/notes.md). Quotes of several words (a commit message, a
+    command) keep their backticks, where they delimit something.
+    """
+    return _ONE_WORD_QUOTE.sub(r"\1", instruction)
+
+
 def _write_task(task_dir: Path, spec: TaskSpec, category: str, split: str, seed: int) -> None:
     workspace = task_dir / "environment" / "workspace"
     workspace.mkdir(parents=True)
@@ -113,7 +138,7 @@ def _write_task(task_dir: Path, spec: TaskSpec, category: str, split: str, seed:
         _commit_all(workspace / repo, message)
     for relative, text in spec.uncommitted.items():
         (workspace / relative).write_text(text)
-    (task_dir / "instruction.md").write_text(spec.instruction.strip() + "\n")
+    (task_dir / "instruction.md").write_text(bare_names(spec.instruction).strip() + "\n")
     (task_dir / "task.toml").write_text(_task_toml(category, spec.difficulty, split, seed))
     _write_script(task_dir / "tests" / "test.sh", _test_script(spec.checks))
     _write_script(task_dir / "solution" / "solve.sh", f"#!/bin/bash\nset -e\ncd /workspace\n{spec.solution.strip()}\n")

@@ -66,8 +66,8 @@ from clawrl.envs.protocol import Environment
 from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
-from clawrl.envs.terminal import TerminalEnv, load_tasks
-from clawrl.envs.terminal_tasks import WORDS, generate_tasks, generated_tasks_dir
+from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
+from clawrl.envs.terminal_tasks import GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
 from clawrl.sim.pretrain import PretrainConfig, learning_rate, pad_batch, pretrained_model_path
 from clawrl.types import Message, ToolSpec
 
@@ -88,7 +88,7 @@ TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_ex
 # enough of them that a name seldom comes back: 600 were few enough to learn by heart, which also stood in for copying.
 _SYLLABLES = tuple(consonant + vowel for consonant in "bdfgklmnprstvz" for vowel in "aeiou")
 DEMONSTRATION_WORDS = 5000
-COPY_DRILLS_VERSION = 4  # bump when `copy_drill` changes
+COPY_DRILLS_VERSION = 5  # bump when `copy_drill` changes
 _FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -119,6 +119,7 @@ class AgentConfig:
     copy_steps: int = 2000  # terminal only: steps on copy drills alone before the episodes (see `copy_drill`)
     copy_drills: int = 16  # terminal only: copy drills per step, beside the episodes, so copying is kept
     copy_batch_size: int = 32  # copy drills per step of the first phase
+    copy_openings: int = 8  # terminal only: opening drills per step, beside the episodes (see `opening_drill`)
 
 
 # --------------------------------------------------------------------------- habits
@@ -303,9 +304,8 @@ def copy_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[
     message quotes them, each after a random command word) can be predicted, and only by finding them
     in the user's message. Every name is new (made up for this drill): drawn from a fixed list of 600,
     they were learnt by heart, and a name's first letters were then enough to finish it, so copying
-    never appeared; new names made it appear after about 750 steps (docs/notes.md). Half the messages
-    quote names in backticks, as the tasks do (a name then splits into other tokens than after the
-    command's space), half leave them bare. They cost a seventh of an episode each (no system prompt,
+    never appeared; new names made it appear after about 750 steps (docs/notes.md). Names are bare,
+    as the tasks write them (`terminal_tasks.bare_names`). They cost a seventh of an episode each (no system prompt,
     no tools). Real models learn copying in pre-training; this is the tiny model's share of it.
     """
     names = []
@@ -323,12 +323,30 @@ def copy_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[
         sentence.insert(rng.randint(0, len(sentence)), "\0")
     if sentence[0] != "\0":  # a sentence starts with a capital letter, a name stays as it is
         sentence[0] = sentence[0].capitalize()
-    quote = "`" if rng.random() < 0.5 else ""
     quoted = iter(names)
-    text = " ".join(f"{quote}{next(quoted)}{quote}" if word == "\0" else word for word in sentence)
+    text = " ".join(next(quoted) if word == "\0" else word for word in sentence)
     command = rng.choice((" ", "\n")).join(f"{rng.choice(_VERBS)} {name}" for name in names)
     messages = [{"role": "user", "content": text + "."}, _call("shell", {"command": command})]
     return encode_episode(tokenizer, messages, [], 256)
+
+
+def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools: list[ToolSpec], max_tokens: int) -> tuple[list[int], list[int]]:
+    """The opening of a micro task made up on the spot, on new made-up names, and a habit's first step.
+
+    Copy drills teach copying in short messages; in a task's real prompt (the system prompt, the
+    tools, then the instruction) the agent copied far less. These are that prompt with a new set of
+    names every time, so that no name can be recalled instead of copied, answered by the first step
+    of a habit drawn with the demonstrations' weights (so the habits keep their shares): the step
+    where the solving habit, and the typo habit, copy. The benchmark's names (`WORDS`) never appear.
+    """
+    words: list[str] = []
+    while len(words) < len(WORDS):
+        if (name := made_up_name(rng, letters=rng.random() < 0.5)) not in WORDS and name not in words:
+            words.append(name)
+    spec = made_up_task(TERMINAL_MICRO, rng, words)
+    first_step = Habit("terminal", _draw_habit("terminal", rng), spec.solution)._terminal(0)
+    opening = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": spec.instruction.strip() + "\n"}]
+    return encode_episode(tokenizer, [*opening, first_step], tools, max_tokens)
 
 
 def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, seed: int, config: AgentConfig) -> list[float]:
@@ -346,6 +364,10 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
     def drills(count: int) -> dict[str, torch.Tensor]:
         return pad_batch([copy_drill(tokenizer, rng) for _ in range(count)], tokenizer.pad_token_id)
 
+    def openings(count: int) -> dict[str, torch.Tensor]:
+        return pad_batch([opening_drill(tokenizer, rng, demonstrations.tools, config.max_tokens) for _ in range(count)],
+                         tokenizer.pad_token_id)  # fmt: skip
+
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     losses: list[float] = []
@@ -361,7 +383,11 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
             def episode_loss() -> torch.Tensor:
                 loss = model(**pad_batch(rng.sample(rows, config.batch_size), tokenizer.pad_token_id)).loss
                 losses.append(loss.item())
-                return loss + model(**drills(config.copy_drills)).loss if copies and config.copy_drills else loss
+                if copies and config.copy_drills:
+                    loss = loss + model(**drills(config.copy_drills)).loss
+                if copies and config.copy_openings:
+                    loss = loss + model(**openings(config.copy_openings)).loss
+                return loss
 
             _train(model, config, config.steps, episode_loss)
     finally:
@@ -405,7 +431,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
     if family == "toolcall":  # the problems themselves: a change to a generator is a new key
         identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
     else:  # the names the demonstrations and drills use, and the drills' shape
-        identity["words"], identity["drills"] = demonstration_words()[:8], COPY_DRILLS_VERSION
+        identity["words"], identity["drills"], identity["tasks"] = demonstration_words()[:8], COPY_DRILLS_VERSION, GENERATOR_VERSION
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
