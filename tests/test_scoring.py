@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from clawrl.engines.base import ScoredResponse
-from clawrl.engines.scoring import pack_rows, response_logits, score_response, token_logprobs
+from clawrl.engines.scoring import pack_rows, response_logits, response_scores, score_response, token_logprobs
 
 torch.set_num_threads(1)
 
@@ -108,3 +108,51 @@ def test_an_empty_response_scores_nothing_and_a_response_needs_a_prompt(models: 
         score_response(model, [], random_ids(3, seed=41), top_k=0)
     with pytest.raises(ValueError, match="no response token"):
         response_logits(model, pack_rows([random_ids(4, seed=42)], [[]], torch.device("cpu")))
+
+
+def plain_scores(model: torch.nn.Module, rows, extra_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The same three figures from the full [B, R, V] logits: what `response_scores` must equal."""
+    logits = response_logits(model, rows)
+    full = torch.log_softmax(logits, dim=-1)
+    entropy = -(full.exp() * full).sum(-1)
+    return full.gather(-1, rows.response_ids.unsqueeze(-1)).squeeze(-1), entropy, full.gather(-1, extra_ids)
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
+def test_chunked_scores_and_their_gradients_equal_the_full_logits_ones(tiny_model_dir: Path, adapter: bool) -> None:
+    """In float64, chunks of 1, 5 and more positions than the batch has give the full logits' log-probs,
+    entropies and top-K log-probs, and the same gradient of a loss over all three."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    if adapter:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    prompts = [random_ids(length, seed) for length, seed in ((3, 30), (9, 31), (6, 32))]
+    responses = [random_ids(length, seed) for length, seed in ((5, 40), (1, 41), (7, 42))]
+    rows = pack_rows(prompts, responses, torch.device("cpu"))
+    extra_ids = torch.randint(0, 2048, (*rows.response_ids.shape, 3), generator=torch.Generator().manual_seed(5))
+    mixing = torch.randn(3, *rows.response_ids.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+
+    def loss_and_grads(figures: tuple[Tensor, Tensor, Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        logprobs, entropy, at_ids = figures
+        loss = (mixing[0] * logprobs).sum() + (mixing[1] * entropy).sum() + (mixing[2] * at_ids.sum(-1)).sum()
+        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        return [logprobs.detach(), entropy.detach(), at_ids.detach()], list(torch.autograd.grad(loss, trainable))
+
+    expected_values, expected_grads = loss_and_grads(plain_scores(model, rows, extra_ids))
+    for chunk_tokens in (1, 5, 1000):
+        scores = response_scores(model, rows, extra_ids, chunk_tokens=chunk_tokens)
+        values, grads = loss_and_grads((scores.logprobs, scores.entropy, scores.at_ids))
+        for got, expected in zip(values + grads, expected_values + expected_grads, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_chunked_scores_need_no_gradient_and_refuse_an_empty_response(models: tuple[torch.nn.Module, ...]) -> None:
+    model, _ = models
+    rows = pack_rows([random_ids(4, seed=50)], [random_ids(3, seed=51)], torch.device("cpu"))
+    with torch.no_grad():
+        scores = response_scores(model, rows, chunk_tokens=2)
+        torch.testing.assert_close(scores.logprobs, token_logprobs(response_logits(model, rows), rows.response_ids))
+    assert scores.at_ids is None and not scores.logprobs.requires_grad
+    with pytest.raises(ValueError, match="no response token"):
+        response_scores(model, pack_rows([random_ids(4, seed=52)], [[]], torch.device("cpu")))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import LossConfig
-from clawrl.train.update import advantages, pack_examples, update_step
+from clawrl.train.update import advantages, micro_batches, pack_examples, update_step
 from clawrl.types import Sample, TrainingExample
 from tests.helpers import turn
 
@@ -116,13 +117,13 @@ def mixed_samples(model: torch.nn.Module, model_dir: Path) -> list[TrainingExamp
     return samples
 
 
-def sgd_delta(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig, micro_batch_size: int):
+def sgd_delta(model: torch.nn.Module, samples: list[TrainingExample], config: LossConfig, micro_batch_size: int, **options: Any):
     """Parameter change of one plain SGD step (lr 1, no clipping): minus the gradient."""
     trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
     before = {name: p.detach().clone() for name, p in trainable.items()}
     update_step(
         model, torch.optim.SGD(trainable.values(), lr=1.0), samples, config,
-        micro_batch_size=micro_batch_size, grad_clip=math.inf,
+        micro_batch_size=micro_batch_size, grad_clip=math.inf, **options,
     )
     return {name: trainable[name].detach() - before[name] for name in trainable}
 
@@ -166,6 +167,10 @@ def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path, lo
     config = LossConfig(method="combine", loss_agg=loss_agg, loss_agg_tokens=16)
     expected = independent_gradient(policy, samples, config)
     deltas = [sgd_delta(copy.deepcopy(policy), samples, config, size) for size in (3, 2, 1)]
+    # micro-batches by a token budget, and the output layer's logits a few positions at a time
+    longest = max(len(example.turn.prompt_token_ids) + len(example.turn.response_token_ids) for example in samples)
+    deltas += [sgd_delta(copy.deepcopy(policy), samples, config, 3, micro_batch_tokens=budget, logit_chunk_tokens=chunk)
+               for budget, chunk in ((2 * longest, 3), (1, 1))]  # fmt: skip
     for name, gradient in expected.items():
         assert gradient.abs().max() > 0, name
         for delta in deltas:
@@ -330,3 +335,19 @@ def test_mismatched_lengths_are_refused(tiny_model_dir: Path) -> None:
     broken = training_example("broken", prompt, response, [0.0] * (len(response) - 1), reward=1.0)
     with pytest.raises(ValueError, match="behaviour log-probs"):
         pack_examples([broken], LossConfig(), torch.device("cpu"))
+
+
+def test_micro_batches_keep_to_a_token_budget(tiny_model_dir: Path) -> None:
+    policy = load_policy(tiny_model_dir)
+    samples = mixed_samples(policy, tiny_model_dir) + [on_policy_sample(policy, tiny_model_dir, 0, -1.0)]
+
+    def packed(chunk: list[TrainingExample]) -> int:
+        return len(chunk) * (max(len(e.turn.prompt_token_ids) for e in chunk) + max(len(e.turn.response_token_ids) for e in chunk))
+
+    longest = max(packed([example]) for example in samples)
+    for budget in (1, longest, 2 * longest, 10 * longest):
+        chunks = list(micro_batches(samples, 3, budget))
+        assert sorted(id(e) for chunk in chunks for e in chunk) == sorted(id(e) for e in samples)  # each once
+        assert all(len(chunk) <= 3 and (len(chunk) == 1 or packed(chunk) <= budget) for chunk in chunks)
+    assert [len(chunk) for chunk in micro_batches(samples, 3, 1)] == [1, 1, 1, 1]  # every sample alone, none lost
+    assert [len(chunk) for chunk in micro_batches(samples, 3, 10 * longest)] == [3, 1]  # the count still applies

@@ -412,6 +412,19 @@ class TrainConfig(LossConfig):
         ge=1,
         description="Samples per forward/backward pass (gradients are accumulated over the batch): bounds the memory.",
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="When set, a micro-batch also ends before its packed size (rows x (longest prompt + longest "
+        "response), padding included) would pass this many tokens: bounds activations for long agent prompts, "
+        "which a sample count does not. A single longer sample still trains, alone.",
+    )
+    logit_chunk_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Response positions whose vocabulary-sized logits exist at once in an update, forward and backward "
+        "(recomputed per chunk in the backward pass): bounds the output layer's memory to chunk x vocabulary floats.",
+    )
     lr: float | None = Field(None, gt=0, description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip per step.")
     full: bool = Field(

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 from clawrl.engines.base import ScoredResponse
@@ -64,7 +65,7 @@ def pack_rows(prompts: Sequence[list[int]], responses: Sequence[list[int]], devi
 
 
 def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
-    """[B, R, V] logits, position t predicting response token t (float32 for the loss math)."""
+    """[B, R, V] logits, position t predicting response token t (float32 at least, for the loss math)."""
     width = rows.response_ids.shape[1]
     if width == 0:
         # logits_to_keep=0 would mean "every position" to transformers, not "none".
@@ -76,7 +77,91 @@ def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
         use_cache=False,
         logits_to_keep=width,
     )
-    return output.logits.float()
+    return _at_least_float32(output.logits)
+
+
+def _at_least_float32(values: Tensor) -> Tensor:
+    return values if values.dtype in (torch.float32, torch.float64) else values.float()
+
+
+@dataclass(frozen=True)
+class ResponseScores:
+    """Per-response-token figures of one forward pass, computed without a [B, R, V] tensor."""
+
+    logprobs: Tensor  # [B, R] log π(response_t)
+    entropy: Tensor  # [B, R] entropy of π at position t, in nats
+    at_ids: Tensor | None  # [B, R, K] log π of the `extra_ids` asked for (the OPD teacher's top K)
+
+
+def response_scores(
+    model: torch.nn.Module, rows: PackedRows, extra_ids: Tensor | None = None, chunk_tokens: int = 1024
+) -> ResponseScores:
+    """Log-probs, entropies and log-probs at `extra_ids` of the response tokens, `chunk_tokens` positions at a time.
+
+    The same numbers as `response_logits` followed by a log-softmax, but the vocabulary-sized
+    logits exist for one chunk of positions at a time, forward and backward: the decoder's hidden
+    states [B, R, H] are kept, and each chunk's logits are recomputed from them in the backward
+    pass (activation checkpointing over the output layer). For a 152K vocabulary the logits of
+    4 × 1,024 response tokens are 2.5 GB in float32, before the log-softmax and its gradient;
+    here they are 0.6 GB per 1,024 positions, whatever the batch. Models whose logits are not
+    just the output layer of the decoder's last hidden state (a soft cap, a scale) take the
+    plain path (`response_logits`), which is exact for every model.
+    """
+    width = rows.response_ids.shape[1]
+    if width == 0:
+        raise ValueError("no response token to score")
+    if chunk_tokens < 1:
+        raise ValueError("chunk_tokens must be at least 1")
+    if not _logits_are_the_output_layer(model):
+        logits = response_logits(model, rows)
+        return _scores_of_logits(logits, rows.response_ids, extra_ids)
+    hidden = model.get_decoder()(
+        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids, use_cache=False
+    ).last_hidden_state[:, -width:, :]
+    output_layer = model.get_output_embeddings()
+    batch = hidden.shape[0]
+    flat_hidden = hidden.reshape(batch * width, hidden.shape[-1])
+    flat_ids = rows.response_ids.reshape(-1)
+    flat_extra = extra_ids.reshape(batch * width, -1) if extra_ids is not None else None
+    parts = []
+    for start in range(0, batch * width, chunk_tokens):
+        stop = start + chunk_tokens
+        extra = flat_extra[start:stop] if flat_extra is not None else None
+
+        def chunk(states: Tensor, ids: Tensor, extra: Tensor | None = extra) -> tuple[Tensor, ...]:
+            scores = _scores_of_logits(_at_least_float32(output_layer(states)), ids, extra)
+            return (scores.logprobs, scores.entropy) + ((scores.at_ids,) if scores.at_ids is not None else ())
+
+        if torch.is_grad_enabled() and flat_hidden.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(chunk, flat_hidden[start:stop], flat_ids[start:stop], use_reentrant=False))
+        else:
+            parts.append(chunk(flat_hidden[start:stop], flat_ids[start:stop]))
+    logprobs = torch.cat([part[0] for part in parts]).reshape(batch, width)
+    entropy = torch.cat([part[1] for part in parts]).reshape(batch, width)
+    at_ids = torch.cat([part[2] for part in parts]).reshape(batch, width, -1) if extra_ids is not None else None
+    return ResponseScores(logprobs, entropy, at_ids)
+
+
+def _scores_of_logits(logits: Tensor, token_ids: Tensor, extra_ids: Tensor | None) -> ResponseScores:
+    """Log-prob of each token, entropy, and log-probs at `extra_ids`, from logits [..., V] (one logsumexp)."""
+    normaliser = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - normaliser
+    # H = logsumexp(z) − Σ p·z: never evaluates log p, so finite where p underflows (losses.entropy_from_logits)
+    entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    at_ids = logits.gather(-1, extra_ids) - normaliser.unsqueeze(-1) if extra_ids is not None else None
+    return ResponseScores(chosen, entropy, at_ids)
+
+
+def _logits_are_the_output_layer(model: torch.nn.Module) -> bool:
+    """Whether the model's logits are its output layer applied to its decoder's last hidden state, nothing more."""
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if config is not None else None
+    if text_config is None or getattr(text_config, "final_logit_softcapping", None) or getattr(text_config, "logit_scale", None):
+        return False
+    try:
+        return model.get_decoder() is not None and model.get_output_embeddings() is not None
+    except (AttributeError, NotImplementedError):
+        return False
 
 
 def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:

@@ -238,13 +238,21 @@ def topk_reverse_kl(
     Reverse (mode-seeking) KL pushes the student's mass into the teacher's likely tokens and
     penalises mass the teacher does not give. Gradients flow through the student only.
     """
+    bins_mask = _mask(mask).unsqueeze(-1)
+    ids = torch.where(bins_mask, teacher_topk_ids, torch.zeros_like(teacher_topk_ids))
+    return topk_reverse_kl_at(student_logprobs_full.gather(-1, ids), teacher_topk_logprobs, mask, agg_weights)
+
+
+def topk_reverse_kl_at(
+    student_topk_logprobs: Tensor, teacher_topk_logprobs: Tensor, mask: Tensor, agg_weights: Tensor | None = None
+) -> Tensor:
+    """`topk_reverse_kl` from the student's log-probs already read at the teacher's ids ``[B, T, K]``
+    (what a scorer that never holds the full vocabulary, `engines.scoring.response_scores`, gives)."""
     mask = _mask(mask)
     bins_mask = mask.unsqueeze(-1)
-    ids = torch.where(bins_mask, teacher_topk_ids, torch.zeros_like(teacher_topk_ids))
-    student = student_logprobs_full.gather(-1, ids)
     # Masked positions: both sides get the same stand-in (log-probs 0), a finite zero KL, so
     # nothing non-finite reaches the backward pass whatever the padding held.
-    student = torch.where(bins_mask, student, torch.zeros_like(student))
+    student = torch.where(bins_mask, student_topk_logprobs, torch.zeros_like(student_topk_logprobs))
     teacher = torch.where(bins_mask, teacher_topk_logprobs.detach().to(student.dtype), torch.zeros_like(student))
     student_bins = torch.cat([student, _log_tail(student).unsqueeze(-1)], dim=-1)
     teacher_bins = torch.cat([teacher, _log_tail(teacher).unsqueeze(-1)], dim=-1)

@@ -182,6 +182,8 @@ class Trainer:
             micro_batch_size=self.config.micro_batch_size,
             grad_clip=self.config.grad_clip,
             reference_model=self.reference,
+            logit_chunk_tokens=self.config.logit_chunk_tokens,
+            micro_batch_tokens=self.config.micro_batch_tokens,
         )
         metrics.mean_staleness = sum(newest - example.sample.behaviour_version for example in batch) / len(batch)
         sample_ids = [example.turn.id for example in batch]

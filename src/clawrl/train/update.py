@@ -17,17 +17,18 @@ consequence is ρ = π_θ/π_old = 1 at every token, so the PPO clip never fires
 min(π_old/π_behaviour, cap) carry the off-policy correction.
 
 Each micro-batch's token ids are packed and scored by `clawrl.engines.scoring` (prompts
-left-padded so that every response starts in one column, only the last R columns' logits asked
-for: the vocabulary-sized tensors are [micro-batch, R, V] however long the prompts are), the very
-code the engine and the OPD teacher score with, so π_old, π_ref and the teacher's log-probs are
-computed alike.
+left-padded so that every response starts in one column, only the last R columns scored), the
+very code the engine and the OPD teacher score with, so π_old, π_ref and the teacher's log-probs
+are computed alike. The vocabulary-sized logits are never whole: `response_scores` computes the
+log-probs, entropies and top-K log-probs `logit_chunk_tokens` positions at a time and recomputes
+each chunk in the backward pass, so they cost [chunk, V] however long the responses and batch.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -35,16 +36,15 @@ from peft import PeftModel
 from torch import Tensor
 
 from clawrl.config import LossConfig
-from clawrl.engines.scoring import PackedRows, pack_rows, response_logits, token_logprobs
+from clawrl.engines.scoring import PackedRows, pack_rows, response_scores
 from clawrl.train.losses import (
     aggregate,
     combined_advantage,
-    entropy_from_logits,
     kl_k3,
     opd_advantage,
     ppo_clipped_loss,
     sequence_weights,
-    topk_reverse_kl,
+    topk_reverse_kl_at,
     truncated_importance_weights,
 )
 from clawrl.train.types import StepMetrics
@@ -160,7 +160,9 @@ def _pack_topk(
     return ids.to(device), logprobs.to(device)
 
 
-def _reference_logprobs(model: torch.nn.Module, reference_model: torch.nn.Module | None, batch: MicroBatch) -> Tensor:
+def _reference_logprobs(
+    model: torch.nn.Module, reference_model: torch.nn.Module | None, batch: MicroBatch, chunk_tokens: int
+) -> Tensor:
     """log π_ref of the response tokens: the adapter-free base of a PEFT model, else `reference_model`."""
     if isinstance(model, PeftModel):
         reference, context = model, model.disable_adapter()
@@ -169,7 +171,7 @@ def _reference_logprobs(model: torch.nn.Module, reference_model: torch.nn.Module
     else:
         raise ValueError("kl_beta > 0 needs a reference: a PEFT model, or reference_model for full fine-tuning")
     with torch.no_grad(), context:
-        return token_logprobs(response_logits(reference, batch.rows), batch.response_ids)
+        return response_scores(reference, batch.rows, chunk_tokens=chunk_tokens).logprobs
 
 
 def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> Tensor:
@@ -192,11 +194,28 @@ def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> T
     return torch.where(has_teacher, config.w_opd * teacher_term, without_teacher)
 
 
-def micro_batches(examples: list[TrainingExample], size: int) -> Iterator[list[TrainingExample]]:
-    """Chunks of `size`, after sorting by length so that each chunk pads as little as possible."""
+def micro_batches(examples: list[TrainingExample], size: int, max_tokens: int | None = None) -> Iterator[list[TrainingExample]]:
+    """Chunks of at most `size` examples, after sorting by length so that each chunk pads as little as possible.
+
+    With `max_tokens`, a chunk also ends before its packed size (rows × (longest prompt + longest
+    response), what `pack_rows` lays out, padding included) would pass it: a count alone lets four
+    24K-token agent prompts into one forward pass as readily as four chat turns. An example over
+    the budget on its own still gets a chunk of its own (it was admitted by the context limit).
+    """
     ordered = sorted(examples, key=lambda example: (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids)))
-    for start in range(0, len(ordered), size):
-        yield ordered[start : start + size]
+    chunk: list[TrainingExample] = []
+    prompt_width = response_width = 0
+    for example in ordered:
+        wider_prompt = max(prompt_width, len(example.turn.prompt_token_ids))
+        wider_response = max(response_width, len(example.turn.response_token_ids))
+        over_budget = max_tokens is not None and (len(chunk) + 1) * (wider_prompt + wider_response) > max_tokens
+        if chunk and (len(chunk) == size or over_budget):
+            yield chunk
+            chunk, wider_prompt, wider_response = [], len(example.turn.prompt_token_ids), len(example.turn.response_token_ids)
+        chunk.append(example)
+        prompt_width, response_width = wider_prompt, wider_response
+    if chunk:
+        yield chunk
 
 
 @dataclass
@@ -227,6 +246,8 @@ def update_step(
     micro_batch_size: int,
     grad_clip: float = 1.0,
     reference_model: torch.nn.Module | None = None,
+    logit_chunk_tokens: int = 1024,
+    micro_batch_tokens: int | None = None,
 ) -> StepMetrics:
     """One optimizer step on `examples`; returns what it did (`mean_staleness` is left to the caller).
 
@@ -240,6 +261,9 @@ def update_step(
     a global norm of `grad_clip` (math.inf: no clipping). With no response token at all, or a
     non-finite gradient (the step is then skipped and `skipped_step` is 1), the weights are left
     unchanged. Deterministic given the model, the examples and torch's RNG (dropout, if any).
+    Vocabulary-sized logits exist for `logit_chunk_tokens` response positions at a time
+    (`engines.scoring.response_scores`), forward and backward; a micro-batch holds at most
+    `micro_batch_size` examples and, when given, `micro_batch_tokens` packed tokens (`micro_batches`).
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
@@ -271,11 +295,11 @@ def update_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
-        for chunk in micro_batches(examples, micro_batch_size):
+        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens):
             batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk])
             if batch.response_ids.shape[1] == 0:
                 continue
-            _accumulate(model, reference_model, batch, config, total_weight, topk_weight or 1.0, totals)
+            _accumulate(model, reference_model, batch, config, total_weight, topk_weight or 1.0, totals, logit_chunk_tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
         if torch.isfinite(grad_norm):
             optimizer.step()
@@ -300,20 +324,16 @@ def _accumulate(
     total_weight: float,
     topk_weight: float,
     totals: _Totals,
+    chunk_tokens: int,
 ) -> None:
     """Forward and backward one micro-batch's share of the batch loss (its rows' `agg_weights`).
 
     Statistics are added as shares of weighted means: divided by the batch's total weight, the
     top-K reverse KL by the total weight of the tokens it applies to.
     """
-    reference = _reference_logprobs(model, reference_model, batch) if config.kl_beta > 0 else None
-    logits = response_logits(model, batch.rows)
-    full_logprobs = torch.log_softmax(logits, dim=-1) if batch.topk_ids is not None else None
-    logprobs = (
-        full_logprobs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-        if full_logprobs is not None
-        else token_logprobs(logits, batch.response_ids)
-    )
+    reference = _reference_logprobs(model, reference_model, batch, chunk_tokens) if config.kl_beta > 0 else None
+    scores = response_scores(model, batch.rows, batch.topk_ids, chunk_tokens)
+    logprobs = scores.logprobs
     old = logprobs.detach()  # π_old: the current weights (see the module docstring)
     weights = truncated_importance_weights(old, batch.behaviour_logprobs, config.is_cap)
     token_advantages = advantages(batch, old, config)
@@ -321,18 +341,16 @@ def _accumulate(
     loss, stats = ppo_clipped_loss(
         logprobs, old, token_advantages, batch.mask, config.eps_low, config.eps_high, weights, agg_weights
     )
-    entropy_context: AbstractContextManager[None] = nullcontext() if config.entropy_coef > 0 else torch.no_grad()
-    with entropy_context:
-        entropy = aggregate(entropy_from_logits(logits), batch.mask, agg_weights)
+    entropy = aggregate(scores.entropy if config.entropy_coef > 0 else scores.entropy.detach(), batch.mask, agg_weights)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * entropy
     if reference is not None:
         kl = kl_k3(logprobs, reference, batch.mask, agg_weights)
         loss = loss + config.kl_beta * kl
         totals.kl_to_reference += kl.detach() / total_weight
-    if full_logprobs is not None and batch.topk_ids is not None and batch.topk_logprobs is not None:
+    if scores.at_ids is not None and batch.topk_logprobs is not None:
         topk_mask = batch.mask & batch.has_topk.unsqueeze(1)
-        reverse_kl = topk_reverse_kl(full_logprobs, batch.topk_ids, batch.topk_logprobs, topk_mask, agg_weights)
+        reverse_kl = topk_reverse_kl_at(scores.at_ids, batch.topk_logprobs, topk_mask, agg_weights)
         loss = loss + config.w_opd * reverse_kl
         totals.topk_reverse_kl += reverse_kl.detach() / topk_weight
     loss.backward()
