@@ -32,9 +32,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +67,16 @@ SHAPES: dict[str, dict[str, int]] = {
         "intermediate_size": 768,
         "vocab_size": 16384,
     },
+    # a real chat model's vocabulary (Qwen's 151,936) on a small body: the output layer's logits
+    # ([micro-batch, response, vocab] floats) are then most of a step's memory
+    "vocab152k": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 768,
+        "vocab_size": 151936,
+    },
 }
 LEARNING_RATE = 1e-4
 GRAD_CLIP = 1.0
@@ -85,6 +97,50 @@ class ShapeResult:
     ratio: float  # clawrl tokens/s over TRL tokens/s (ratio of the medians)
     paired_ratio: float  # median over repetitions of TRL time / clawrl time, adjacent steps paired
     max_grad_diff: float  # max |clawrl grad − TRL grad| over all trainable weights, relative to max |grad|
+    clawrl_peak_mib: float  # the most memory one step added (see `PeakMemory`), over the timed steps
+    trl_peak_mib: float
+
+
+class PeakMemory:
+    """The most memory a block added above what was in use when it began, in MiB.
+
+    On CUDA, the caching allocator's peak. On the CPU there is no allocator counter, so a thread
+    reads the process's resident size every 2 ms: tensors of the size that matter here (the
+    logits, hundreds of MB) are mapped and unmapped whole, so they show in it while they live.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device, self.peak_mib = device, 0.0
+        self._running = False
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._start = torch.cuda.memory_allocated()
+            return self
+        self._start, self._peak, self._running = _resident_bytes(), 0, True
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while self._running:
+            self._peak = max(self._peak, _resident_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            self.peak_mib = (torch.cuda.max_memory_allocated() - self._start) / 2**20
+            return
+        self._running = False
+        self._sampler.join()
+        self.peak_mib = max(0, max(self._peak, _resident_bytes()) - self._start) / 2**20
+
+
+def _resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def build_model_dir(shape: str, root: Path) -> Path:
@@ -248,16 +304,20 @@ def measure(shape: str, args: argparse.Namespace, scratch: Path) -> ShapeResult:
     our_optimizer = torch.optim.AdamW(trainable(ours).values(), lr=LEARNING_RATE)
     trl_optimizer = torch.optim.AdamW(trainable(trainer.model).values(), lr=LEARNING_RATE)
 
+    peaks: dict[str, list[float]] = {"ours": [], "trl": []}
+
     def time_ours() -> float:
         started = time.perf_counter()
-        update_step(ours, our_optimizer, samples, config, micro_batch_size=args.micro_batch_size, grad_clip=GRAD_CLIP)
-        synchronize(args.device)
+        with PeakMemory(args.device) as memory:
+            update_step(ours, our_optimizer, samples, config, micro_batch_size=args.micro_batch_size, grad_clip=GRAD_CLIP)
+        peaks["ours"].append(memory.peak_mib)
         return time.perf_counter() - started
 
     def time_trl() -> float:
         started = time.perf_counter()
-        trl_step(trainer, trl_optimizer, samples, args.micro_batch_size)
-        synchronize(args.device)
+        with PeakMemory(args.device) as memory:
+            trl_step(trainer, trl_optimizer, samples, args.micro_batch_size)
+        peaks["trl"].append(memory.peak_mib)
         return time.perf_counter() - started
 
     ours_s, trl_s = [], []
@@ -287,12 +347,9 @@ def measure(shape: str, args: argparse.Namespace, scratch: Path) -> ShapeResult:
         ratio=trl_median / ours_median,
         paired_ratio=statistics.median(t / o for o, t in zip(ours_s, trl_s)),
         max_grad_diff=grad_diff,
+        clawrl_peak_mib=max(peaks["ours"][1:]),  # the warm-up step allocates the optimizer state
+        trl_peak_mib=max(peaks["trl"][1:]),
     )
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def markdown(results: list[ShapeResult], args: argparse.Namespace) -> str:
@@ -302,14 +359,15 @@ def markdown(results: list[ShapeResult], args: argparse.Namespace) -> str:
         f"median of {args.repeats} steps:",
         "",
         "| shape | params | response tokens/step | clawrl tokens/s | TRL GRPO tokens/s | ratio (clawrl/TRL) "
-        "| paired ratio | max grad diff |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| paired ratio | max grad diff | clawrl peak (MiB) | TRL peak (MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
         lines.append(
             f"| {result.shape} | {result.parameters / 1e6:.2f}M | {result.response_tokens} | "
             f"{result.clawrl_tokens_per_s:.0f} | {result.trl_tokens_per_s:.0f} | **{result.ratio:.2f}×** | "
-            f"{result.paired_ratio:.2f}× | {result.max_grad_diff:.1e} |"
+            f"{result.paired_ratio:.2f}× | {result.max_grad_diff:.1e} | {result.clawrl_peak_mib:.0f} | "
+            f"{result.trl_peak_mib:.0f} |"
         )
     return "\n".join(lines)
 

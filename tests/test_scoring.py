@@ -9,14 +9,16 @@ code under test works in float32 on left-padded batches with `logits_to_keep`, s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
+from transformers.models.qwen2 import modeling_qwen2
 
 from clawrl.engines.base import ScoredResponse
-from clawrl.engines.scoring import pack_rows, response_logits, response_scores, score_response, token_logprobs
+from clawrl.engines.scoring import pack_rows, response_logits, response_scores, score_response, shared_prefix_length, token_logprobs
 
 torch.set_num_threads(1)
 
@@ -156,3 +158,61 @@ def test_chunked_scores_need_no_gradient_and_refuse_an_empty_response(models: tu
     assert scores.at_ids is None and not scores.logprobs.requires_grad
     with pytest.raises(ValueError, match="no response token"):
         response_scores(model, pack_rows([random_ids(4, seed=52)], [[]], torch.device("cpu")))
+
+
+@pytest.fixture
+def float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2's RMSNorm computes in float32 whatever the model's dtype. Sharing a prefix sums the rows'
+    gradients before they pass back through the prefix's norms, not after, so in float32 the two
+    ways differ by float32 rounding (1e-7); with the norms in float64 they must agree to float64's."""
+
+    def forward(self: Any, hidden_states: Tensor) -> Tensor:
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
+def test_a_shared_prefix_computed_once_gives_the_same_scores_and_gradients(
+    tiny_model_dir: Path, adapter: bool, float64_norms: None
+) -> None:
+    """Rows whose prompts share 12 tokens (two of them share their whole prompt, as a group's rollouts
+    do; one goes on longer, as a session's next turn does): in float64, packed with the prefix
+    taken out and computed once, the log-probs, entropies, top-K log-probs and every gradient are
+    those of the rows packed whole."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    if adapter:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    prefix = random_ids(12, seed=60)
+    prompts = [prefix + random_ids(3, seed=61), prefix, prefix, prefix + random_ids(9, seed=62)]
+    responses = [random_ids(length, seed) for length, seed in ((5, 70), (4, 71), (6, 72), (2, 73))]
+    whole = pack_rows(prompts, responses, torch.device("cpu"))
+    shared = pack_rows(prompts, responses, torch.device("cpu"), share_prefix=True)
+    assert shared.prefix_ids is not None and shared.prefix_ids.shape == (1, 11)  # each row keeps a token of its own
+    assert shared.input_ids.shape[1] < whole.input_ids.shape[1] - 10
+    extra_ids = torch.randint(0, 2048, (*whole.response_ids.shape, 3), generator=torch.Generator().manual_seed(7))
+    mixing = torch.randn(3, *whole.response_ids.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+
+    def figures_and_grads(rows, chunk_tokens: int) -> list[Tensor]:
+        scores = response_scores(model, rows, extra_ids, chunk_tokens=chunk_tokens)
+        loss = (mixing[0] * scores.logprobs).sum() + (mixing[1] * scores.entropy).sum() + (mixing[2] * scores.at_ids.sum(-1)).sum()
+        return [scores.logprobs.detach(), scores.entropy.detach(), scores.at_ids.detach(), *torch.autograd.grad(loss, trainable)]
+
+    expected = figures_and_grads(whole, 1000)
+    for got, want in zip(figures_and_grads(shared, 4), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():  # the plain logits path shares the prefix the same way
+        torch.testing.assert_close(response_logits(model, shared), response_logits(model, whole), rtol=1e-9, atol=1e-11)
+
+
+def test_the_shared_prefix_leaves_every_row_a_token_of_its_own() -> None:
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 9]]) == 2
+    assert shared_prefix_length([[5, 2], [1, 2]]) == 0
+    assert shared_prefix_length([[1, 2, 3]]) == 0  # one row: nothing to share
+    rows = pack_rows([[1, 2, 3], [7, 8]], [[4], [9]], torch.device("cpu"), share_prefix=True)
+    assert rows.prefix_ids is None

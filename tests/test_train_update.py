@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import LossConfig
-from clawrl.train.update import advantages, micro_batches, pack_examples, update_step
+from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, update_step
 from clawrl.types import Sample, TrainingExample
 from tests.helpers import turn
 
@@ -171,6 +171,8 @@ def test_micro_batching_gives_the_gradient_of_one_batch(tiny_model_dir: Path, lo
     longest = max(len(example.turn.prompt_token_ids) + len(example.turn.response_token_ids) for example in samples)
     deltas += [sgd_delta(copy.deepcopy(policy), samples, config, 3, micro_batch_tokens=budget, logit_chunk_tokens=chunk)
                for budget, chunk in ((2 * longest, 3), (1, 1))]  # fmt: skip
+    # the prompts' common prefix (the chat template's opening) computed once
+    deltas.append(sgd_delta(copy.deepcopy(policy), samples, config, 3, share_prefix=True))
     for name, gradient in expected.items():
         assert gradient.abs().max() > 0, name
         for delta in deltas:
@@ -351,3 +353,19 @@ def test_micro_batches_keep_to_a_token_budget(tiny_model_dir: Path) -> None:
         assert all(len(chunk) <= 3 and (len(chunk) == 1 or packed(chunk) <= budget) for chunk in chunks)
     assert [len(chunk) for chunk in micro_batches(samples, 3, 1)] == [1, 1, 1, 1]  # every sample alone, none lost
     assert [len(chunk) for chunk in micro_batches(samples, 3, 10 * longest)] == [3, 1]  # the count still applies
+
+
+def test_micro_batches_put_examples_that_share_a_prefix_together(tiny_model_dir: Path) -> None:
+    """Ordered by length alone, two sessions' turns interleave; by their first tokens, each session's
+    turns are one micro-batch, whose packed size counts the shared prefix once."""
+    system_a, system_b = list(range(100, 180)), list(range(300, 380))
+    examples = [training_example(f"{name}{index}", system + [7] * (index + 1), [5, 6], [-1.0, -1.0], 1.0)
+                for index in range(2) for name, system in (("a", system_a), ("b", system_b))]  # fmt: skip
+    by_length = [[example.turn.id for example in chunk] for chunk in micro_batches(examples, 2)]
+    assert by_length == [["a0", "b0"], ["a1", "b1"]]
+    shared = [[example.turn.id for example in chunk] for chunk in micro_batches(examples, 2, share_prefix=True)]
+    assert sorted(shared) == [["a0", "a1"], ["b0", "b1"]]
+    assert packed_tokens(examples[::2], share_prefix=True) == 80 + 2 * (2 + 2)  # the prefix once, then each row's rest
+    assert packed_tokens(examples[::2], share_prefix=False) == 2 * (82 + 2)
+    # with a budget that only sharing meets, the session's turns still share one forward pass
+    assert [len(chunk) for chunk in micro_batches(examples, 2, max_tokens=90, share_prefix=True)] == [2, 2]

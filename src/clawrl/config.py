@@ -419,6 +419,12 @@ class TrainConfig(LossConfig):
         "response), padding included) would pass this many tokens: bounds activations for long agent prompts, "
         "which a sample count does not. A single longer sample still trains, alone.",
     )
+    share_prefix: bool = Field(
+        True,
+        description="Examples of a micro-batch whose prompts share a prefix (a session's turns, a group's rollouts, "
+        "one system prompt) compute it once and attend to its keys and values: exact up to rounding, and the prefix "
+        "costs once instead of once per example.",
+    )
     logit_chunk_tokens: int = Field(
         1024,
         ge=1,

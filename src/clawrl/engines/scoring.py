@@ -19,8 +19,12 @@ All log-probs are of the RAW distribution (temperature 1), in float32.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.utils.checkpoint
@@ -38,13 +42,41 @@ class PackedRows:
     position_ids: Tensor  # [B, P + R - 1]: counted from each row's first real token
     response_ids: Tensor  # [B, R], right-padded with 0
     mask: Tensor  # [B, R] bool: a real response token
+    # [1, L]: tokens every row's prompt starts with, computed once (`shared_prefix_length`); the
+    # rows above then hold only what follows them, and their positions count on from L
+    prefix_ids: Tensor | None = None
 
 
-def pack_rows(prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> PackedRows:
-    """Left-pad the prompts and right-pad the responses so that every response starts in one column."""
+def shared_prefix_length(prompts: Sequence[list[int]]) -> int:
+    """How many leading tokens all `prompts` share, leaving each at least its last token of its own.
+
+    That last token is the position that predicts the first response token, so every row still
+    has a prompt after the prefix (G rollouts of one task share their whole prompt).
+    """
+    if len(prompts) < 2:
+        return 0
+    common = os.path.commonprefix([list(prompt) for prompt in prompts])
+    return max(0, min(len(common), min(len(prompt) for prompt in prompts) - 1))
+
+
+def pack_rows(
+    prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device, share_prefix: bool = False
+) -> PackedRows:
+    """Left-pad the prompts and right-pad the responses so that every response starts in one column.
+
+    With `share_prefix`, the prompts' common prefix is taken out and kept once (`prefix_ids`): the
+    forward pass computes it for one row and lets every row attend to its keys and values, which
+    is exact (each row sees the same tokens at the same positions) and costs the prefix once
+    instead of once per row: an agent's 24K-token prompt re-sent every turn, a group's G rollouts.
+    """
     for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         if response and not prompt:
             raise ValueError(f"row {row}: a response needs at least one prompt token to be predicted from")
+    shared = shared_prefix_length(prompts) if share_prefix else 0
+    if shared:
+        rows = pack_rows([prompt[shared:] for prompt in prompts], responses, device)
+        prefix = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
+        return dataclasses.replace(rows, prefix_ids=prefix)
     prompt_width = max(len(prompt) for prompt in prompts)
     response_width = max(len(response) for response in responses)
     ids, real, response_ids = [], [], []
@@ -70,14 +102,31 @@ def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
     if width == 0:
         # logits_to_keep=0 would mean "every position" to transformers, not "none".
         raise ValueError("no response token to score")
-    output = model(
-        input_ids=rows.input_ids,
-        attention_mask=rows.attention_mask,
-        position_ids=rows.position_ids,
-        use_cache=False,
-        logits_to_keep=width,
-    )
+    output = model(**_forward_inputs(model, rows), logits_to_keep=width)
     return _at_least_float32(output.logits)
+
+
+def _forward_inputs(model: torch.nn.Module, rows: PackedRows) -> dict[str, Any]:
+    """The keyword arguments of the forward pass over `rows`: with a shared prefix, its keys and values.
+
+    The prefix goes through the decoder once, as one row, and its cache is repeated for every row
+    (a differentiable copy: the gradient of each row's loss flows back into the one prefix pass).
+    Each row's attention mask covers the prefix, then its own tokens; positions count on from L.
+    """
+    if rows.prefix_ids is None:
+        return {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask, "position_ids": rows.position_ids,
+                "use_cache": False}  # fmt: skip
+    length, batch = rows.prefix_ids.shape[1], rows.input_ids.shape[0]
+    positions = torch.arange(length, device=rows.prefix_ids.device).unsqueeze(0)
+    decoder = model.get_decoder()
+    output = decoder(input_ids=rows.prefix_ids, position_ids=positions, use_cache=True)
+    cache = output.cache if "cache" in output else output.past_key_values
+    cache.batch_repeat_interleave(batch)
+    prefix_mask = torch.ones(batch, length, dtype=rows.attention_mask.dtype, device=rows.attention_mask.device)
+    # transformers 5.24 renamed `past_key_values` to `cache`; older releases know only the first
+    cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    return {"input_ids": rows.input_ids, "attention_mask": torch.cat([prefix_mask, rows.attention_mask], dim=1),
+            "position_ids": rows.position_ids + length, cache_argument: cache, "use_cache": True}  # fmt: skip
 
 
 def _at_least_float32(values: Tensor) -> Tensor:
@@ -112,12 +161,10 @@ def response_scores(
         raise ValueError("no response token to score")
     if chunk_tokens < 1:
         raise ValueError("chunk_tokens must be at least 1")
-    if not _logits_are_the_output_layer(model):
+    if not logits_are_the_output_layer(model):
         logits = response_logits(model, rows)
         return _scores_of_logits(logits, rows.response_ids, extra_ids)
-    hidden = model.get_decoder()(
-        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=rows.position_ids, use_cache=False
-    ).last_hidden_state[:, -width:, :]
+    hidden = model.get_decoder()(**_forward_inputs(model, rows)).last_hidden_state[:, -width:, :]
     output_layer = model.get_output_embeddings()
     batch = hidden.shape[0]
     flat_hidden = hidden.reshape(batch * width, hidden.shape[-1])
@@ -152,7 +199,7 @@ def _scores_of_logits(logits: Tensor, token_ids: Tensor, extra_ids: Tensor | Non
     return ResponseScores(chosen, entropy, at_ids)
 
 
-def _logits_are_the_output_layer(model: torch.nn.Module) -> bool:
+def logits_are_the_output_layer(model: torch.nn.Module) -> bool:
     """Whether the model's logits are its output layer applied to its decoder's last hidden state, nothing more."""
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if config is not None else None

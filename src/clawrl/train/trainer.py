@@ -184,6 +184,7 @@ class Trainer:
             reference_model=self.reference,
             logit_chunk_tokens=self.config.logit_chunk_tokens,
             micro_batch_tokens=self.config.micro_batch_tokens,
+            share_prefix=self.config.share_prefix,
         )
         metrics.mean_staleness = sum(newest - example.sample.behaviour_version for example in batch) / len(batch)
         sample_ids = [example.turn.id for example in batch]

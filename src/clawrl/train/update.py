@@ -30,13 +30,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from peft import PeftModel
 from torch import Tensor
 
 from clawrl.config import LossConfig
-from clawrl.engines.scoring import PackedRows, pack_rows, response_scores
+from clawrl.engines.scoring import PackedRows, pack_rows, response_scores, shared_prefix_length
 from clawrl.train.losses import (
     aggregate,
     combined_advantage,
@@ -106,19 +107,27 @@ def batch_weights(examples: Sequence[TrainingExample], config: LossConfig) -> li
 
 
 def pack_examples(
-    examples: list[TrainingExample], config: LossConfig, device: torch.device, weights: Sequence[float] | None = None
+    examples: list[TrainingExample],
+    config: LossConfig,
+    device: torch.device,
+    weights: Sequence[float] | None = None,
+    share_prefix: bool = False,
 ) -> MicroBatch:
     """The tensors of one micro-batch (token rows laid out by `pack_rows`, per-token values right-padded).
 
     `weights` are the examples' per-token weights in the whole batch's loss (`batch_weights` of
-    the batch); left out, `examples` are taken to be the whole batch.
+    the batch); left out, `examples` are taken to be the whole batch. `share_prefix`: the prompts'
+    common prefix is computed once (`pack_rows`).
     """
     for example in examples:
         _check(example, config)
     if weights is None:
         weights = batch_weights(examples, config)
     rows = pack_rows(
-        [example.turn.prompt_token_ids for example in examples], [example.turn.response_token_ids for example in examples], device
+        [example.turn.prompt_token_ids for example in examples],
+        [example.turn.response_token_ids for example in examples],
+        device,
+        share_prefix=share_prefix,
     )
     response_width = rows.response_ids.shape[1]
     behaviour, teacher = [], []
@@ -194,28 +203,44 @@ def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> T
     return torch.where(has_teacher, config.w_opd * teacher_term, without_teacher)
 
 
-def micro_batches(examples: list[TrainingExample], size: int, max_tokens: int | None = None) -> Iterator[list[TrainingExample]]:
-    """Chunks of at most `size` examples, after sorting by length so that each chunk pads as little as possible.
+SORT_PREFIX_TOKENS = 64  # with prefix sharing, examples are ordered by their first tokens first (see micro_batches)
 
-    With `max_tokens`, a chunk also ends before its packed size (rows × (longest prompt + longest
-    response), what `pack_rows` lays out, padding included) would pass it: a count alone lets four
-    24K-token agent prompts into one forward pass as readily as four chat turns. An example over
-    the budget on its own still gets a chunk of its own (it was admitted by the context limit).
+
+def micro_batches(
+    examples: list[TrainingExample], size: int, max_tokens: int | None = None, share_prefix: bool = False
+) -> Iterator[list[TrainingExample]]:
+    """Chunks of at most `size` examples, ordered so that each chunk pads (and, sharing, repeats) little.
+
+    Examples are sorted by length, so that a chunk pads as little as possible; with `share_prefix`,
+    by their first `SORT_PREFIX_TOKENS` tokens first, so that a session's turns and a group's
+    rollouts (which share those) fall into one chunk and their common prefix is computed once.
+    With `max_tokens`, a chunk also ends before its packed size (`packed_tokens`: what `pack_rows`
+    lays out, padding included) would pass it: a count alone lets four 24K-token agent prompts
+    into one forward pass as readily as four chat turns. An example over the budget on its own
+    still gets a chunk of its own (it was admitted by the context limit).
     """
-    ordered = sorted(examples, key=lambda example: (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids)))
+
+    def order(example: TrainingExample) -> tuple[Any, ...]:
+        lengths = (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids))
+        return (tuple(example.turn.prompt_token_ids[:SORT_PREFIX_TOKENS]), *lengths) if share_prefix else lengths
+
     chunk: list[TrainingExample] = []
-    prompt_width = response_width = 0
-    for example in ordered:
-        wider_prompt = max(prompt_width, len(example.turn.prompt_token_ids))
-        wider_response = max(response_width, len(example.turn.response_token_ids))
-        over_budget = max_tokens is not None and (len(chunk) + 1) * (wider_prompt + wider_response) > max_tokens
+    for example in sorted(examples, key=order):
+        over_budget = max_tokens is not None and packed_tokens([*chunk, example], share_prefix) > max_tokens
         if chunk and (len(chunk) == size or over_budget):
             yield chunk
-            chunk, wider_prompt, wider_response = [], len(example.turn.prompt_token_ids), len(example.turn.response_token_ids)
+            chunk = []
         chunk.append(example)
-        prompt_width, response_width = wider_prompt, wider_response
     if chunk:
         yield chunk
+
+
+def packed_tokens(examples: Sequence[TrainingExample], share_prefix: bool) -> int:
+    """Token positions `pack_rows` lays out for `examples`: the shared prefix once, then rows × the widest rest."""
+    prompts = [example.turn.prompt_token_ids for example in examples]
+    shared = shared_prefix_length(prompts) if share_prefix else 0
+    widest = max(len(prompt) - shared for prompt in prompts) + max(len(example.turn.response_token_ids) for example in examples)
+    return shared + len(examples) * widest
 
 
 @dataclass
@@ -248,6 +273,7 @@ def update_step(
     reference_model: torch.nn.Module | None = None,
     logit_chunk_tokens: int = 1024,
     micro_batch_tokens: int | None = None,
+    share_prefix: bool = False,
 ) -> StepMetrics:
     """One optimizer step on `examples`; returns what it did (`mean_staleness` is left to the caller).
 
@@ -263,7 +289,9 @@ def update_step(
     unchanged. Deterministic given the model, the examples and torch's RNG (dropout, if any).
     Vocabulary-sized logits exist for `logit_chunk_tokens` response positions at a time
     (`engines.scoring.response_scores`), forward and backward; a micro-batch holds at most
-    `micro_batch_size` examples and, when given, `micro_batch_tokens` packed tokens (`micro_batches`).
+    `micro_batch_size` examples and, when given, `micro_batch_tokens` packed tokens (`micro_batches`);
+    with `share_prefix`, the examples of a micro-batch that share a prompt prefix compute it once,
+    which changes the numbers by rounding only (`engines.scoring.pack_rows`).
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
@@ -295,8 +323,8 @@ def update_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
-        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens):
-            batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk])
+        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens, share_prefix):
+            batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk], share_prefix)
             if batch.response_ids.shape[1] == 0:
                 continue
             _accumulate(model, reference_model, batch, config, total_weight, topk_weight or 1.0, totals, logit_chunk_tokens)
