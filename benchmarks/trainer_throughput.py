@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,7 +50,7 @@ from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.types import Sample, TrainingExample, Turn
 from clawrl.train.update import micro_batches, update_step
-from machine import machine  # benchmarks/machine.py, beside this script
+from machine import PeakMemory, machine  # benchmarks/machine.py, beside this script
 
 # Shapes on top of the tiny model's tokenizer. `tiny` is the model the tests use; `small` is
 # wider and deeper with a vocabulary 64 times the hidden size, the ratio of real chat models, so
@@ -99,48 +97,6 @@ class ShapeResult:
     max_grad_diff: float  # max |clawrl grad − TRL grad| over all trainable weights, relative to max |grad|
     clawrl_peak_mib: float  # the most memory one step added (see `PeakMemory`), over the timed steps
     trl_peak_mib: float
-
-
-class PeakMemory:
-    """The most memory a block added above what was in use when it began, in MiB.
-
-    On CUDA, the caching allocator's peak. On the CPU there is no allocator counter, so a thread
-    reads the process's resident size every 2 ms: tensors of the size that matter here (the
-    logits, hundreds of MB) are mapped and unmapped whole, so they show in it while they live.
-    """
-
-    def __init__(self, device: str) -> None:
-        self.device, self.peak_mib = device, 0.0
-        self._running = False
-
-    def __enter__(self) -> PeakMemory:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._start = torch.cuda.memory_allocated()
-            return self
-        self._start, self._peak, self._running = _resident_bytes(), 0, True
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
-        self._sampler.start()
-        return self
-
-    def _sample(self) -> None:
-        while self._running:
-            self._peak = max(self._peak, _resident_bytes())
-            time.sleep(0.002)
-
-    def __exit__(self, *_exc: object) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            self.peak_mib = (torch.cuda.max_memory_allocated() - self._start) / 2**20
-            return
-        self._running = False
-        self._sampler.join()
-        self.peak_mib = max(0, max(self._peak, _resident_bytes()) - self._start) / 2**20
-
-
-def _resident_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def build_model_dir(shape: str, root: Path) -> Path:
