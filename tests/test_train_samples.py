@@ -91,6 +91,22 @@ def test_a_judged_turn_without_next_state_or_feedback_is_not_trained_on(tmp_path
     assert sample.status == "dropped" and sample.drop_reason == "no_next_state"
 
 
+def test_a_turn_longer_than_the_trainers_context_is_dropped_never_truncated(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    talk.turn("t1", "S", "Write a long poem about the sea and the sky.", "A poem.")
+    talk.turn("t2", "S", "Thanks, that is perfect.", "Glad you like it.", after="t1")
+    talk.judge("t1", 1)
+    turn = store.turn("t1")
+    length = len(turn.prompt_token_ids) + len(turn.response_token_ids)
+    short = SampleBuilder(TrainingStore(store), tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k), lambda: "base",
+                          max_context_tokens=length - 1)  # fmt: skip
+    short.build()
+    sample = TrainingStore(store).sample("t1")
+    assert sample.status == "dropped" and sample.drop_reason == "too_long"
+
+
 def test_at_least_one_sample_per_judged_session(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
     tokenizer, model = tiny
     store = Store.for_run_dir(tmp_path)

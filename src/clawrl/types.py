@@ -36,7 +36,7 @@ JudgmentSource = Literal["prm", "rule", "feedback"]  # a language model, the rul
 SampleStatus = Literal["ready", "held", "dropped", "trained"]  # held: waiting on the at-least-one rule
 SampleKind = Literal["combined", "opd", "rl", "at_least_one", "none"]
 DropReason = Literal[
-    "no_signal", "no_next_state", "untrainable", "teacher_too_long", "stale", "non_finite_gradient",
+    "no_signal", "no_next_state", "untrainable", "too_long", "teacher_too_long", "stale", "non_finite_gradient",
     "failed_episode",  # an episode step whose episode failed (crash, timeout, malformed action)
     "flat_group",  # an episode step whose rewards across its group (at its step index) are all equal
 ]

@@ -105,6 +105,8 @@ class SampleBuilder:
             return _dropped(base, "no_next_state")
         if not turn.trainable or not turn.response_token_ids:
             return _dropped(base, "untrainable")
+        if self.max_context_tokens is not None and len(turn.prompt_token_ids) + len(turn.response_token_ids) > self.max_context_tokens:
+            return _dropped(base, "too_long")  # longer than the trainer's context: never truncated
         if decision.kind == "none":
             if item.first_judged_in_session:
                 base.status = "held"
