@@ -4,21 +4,25 @@ A real agent re-sends a huge prompt every turn: the OpenClaw agent's recorded re
 23,500 prompt tokens (system prompt and tool schemas) for 100-250 response tokens, and a
 session's consecutive turns share almost all of it. This benchmark synthesises sessions of that
 shape on the tiny model's architecture (random token ids: the cost of a step does not depend on
-what the tokens say): each session has its own `--prefix` tokens, then every turn adds
-`--turn-tokens` of conversation to the one before and answers with 100-300 response tokens
-(`--response-min/max`). One batch holds every turn of every session; one micro-batch holds one
-session's turns (`--micro-batch-size` = turns per session), as the trainer's ordering makes it.
+what the tokens say): each session has its own `--prefix` tokens (with `--one-agent`, all
+sessions the same ones, as one agent's sessions do) and `--history` tokens of earlier conversation,
+then every turn adds `--turn-tokens` of conversation to the one before and answers with 100-300
+response tokens (`--response-min/max`). One batch holds every turn of every session; by default
+one micro-batch holds one session's turns (`--micro-batch-size` = turns per session), as the
+trainer's ordering makes it. With `--one-agent --history N --micro-batch-size <all turns>`, the
+micro-batch's prompts form a tree three deep: the agent's prompt, each session's history, each turn.
 
 Both sides run `clawrl.train.update.update_step` on copies of the same LoRA model, one optimizer
-step each, alternating; `shared` passes `share_prefix=True` (a micro-batch's common prefix
-computed once, its keys and values shared by every row), `separate` does not (every turn with its
-whole prompt, as upstream trains). Reported: response tokens per second (median over `--repeats`
+step each, alternating; `shared` passes `share_prefix=True` (every prefix that a micro-batch's
+prompts share computed once, its keys and values shared by the rows below it), `separate` does
+not (every turn with its whole prompt, as upstream trains). Reported: response tokens per second (median over `--repeats`
 steps after a warm-up), the peak memory a step added (`machine.PeakMemory`), and the largest
 difference between the two sides' parameter updates under plain SGD (lr 1: minus the gradient),
 relative to the largest update: the two must train on the same gradient.
 
     .venv/bin/python benchmarks/agent_shaped_training.py               # 20K-token prefixes (minutes)
     .venv/bin/python benchmarks/agent_shaped_training.py --quick --json
+    .venv/bin/python benchmarks/agent_shaped_training.py --one-agent --history 4000 --micro-batch-size 8
 
 On a GPU: the same command with `--device cuda` (peak memory is then the CUDA allocator's).
 """
@@ -50,9 +54,11 @@ from machine import PeakMemory, machine  # benchmarks/machine.py, beside this sc
 def sessions(args: argparse.Namespace, vocab: int) -> list[TrainingExample]:
     """Every turn of `args.sessions` synthetic sessions: a long shared prefix, a growing conversation."""
     rng = random.Random(args.seed)
+    agent_prompt = [rng.randrange(3, vocab) for _ in range(args.prefix)]
     examples = []
     for session in range(args.sessions):
-        prompt = [rng.randrange(3, vocab) for _ in range(args.prefix)]
+        prefix = agent_prompt if args.one_agent else [rng.randrange(3, vocab) for _ in range(args.prefix)]
+        prompt = prefix + [rng.randrange(3, vocab) for _ in range(args.history)]
         for index in range(args.turns):
             prompt = prompt + [rng.randrange(3, vocab) for _ in range(args.turn_tokens)]
             response = [rng.randrange(3, vocab) for _ in range(rng.randint(args.response_min, args.response_max))]
@@ -143,6 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--turns", type=int, default=4, help="turns per session")
     parser.add_argument("--prefix", type=int, default=20000, help="each session's own prompt prefix (system prompt, tools)")
+    parser.add_argument("--one-agent", action="store_true",
+                        help="every session starts with the same prefix (one agent's system prompt and tools), not its own")
+    parser.add_argument("--history", type=int, default=0, help="tokens of each session's earlier conversation before its turns")
     parser.add_argument("--turn-tokens", type=int, default=150, help="tokens each turn's request adds besides the last answer")
     parser.add_argument("--response-min", type=int, default=100)
     parser.add_argument("--response-max", type=int, default=300)

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from torch import Tensor
+from transformers.models.qwen2 import modeling_qwen2
 
 from clawrl.config import EngineConfig
 from clawrl.engines import Engine
@@ -90,3 +93,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """A fresh, empty database on `postgres_server`, one per test."""
     return postgres_server.new_database()
+
+
+@pytest.fixture
+def float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2's RMSNorm computes in float32 whatever the model's dtype. Sharing a prefix sums the rows'
+    gradients before they pass back through the prefix's norms, not after, so in float32 the two
+    ways differ by float32 rounding (1e-7); with the norms in float64 they must agree to float64's."""
+
+    def forward(self: modeling_qwen2.Qwen2RMSNorm, hidden_states: Tensor) -> Tensor:
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)

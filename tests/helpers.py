@@ -484,3 +484,27 @@ async def running_hf_engine(model_dir: Path, **config: Any) -> AsyncIterator[HFE
         yield engine
     finally:
         await engine.close()
+
+
+# --- token ids for the scoring and update tests -----------------------------------------------
+
+
+def random_ids(count: int, seed: int, vocab: int = 2048) -> list[int]:
+    return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def random_tree_prompts(seed: int, rows: int = 7) -> list[list[int]]:
+    """Prompts that share prefixes as an agent's traffic does, at random: each new prompt copies a
+    random earlier one up to a random point (or starts afresh), then goes on with tokens of its own.
+    Copied stretches are 16-40 tokens, so they are long enough to be nodes of the tree."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (), generator=generator))
+
+    prompts = [random_ids(draw(16, 40), seed * 100)]
+    for row in range(1, rows):
+        source = prompts[draw(0, len(prompts))]
+        kept = source[: draw(1, len(source) + 1)] if draw(0, 5) else []  # one in five starts afresh
+        prompts.append(kept + random_ids(draw(1, 30), seed * 100 + row) if draw(0, 4) else list(source))
+    return prompts

@@ -15,10 +15,20 @@ import pytest
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
-from transformers.models.qwen2 import modeling_qwen2
 
 from clawrl.engines.base import ScoredResponse
-from clawrl.engines.scoring import pack_rows, response_logits, response_scores, score_response, shared_prefix_length, token_logprobs
+from clawrl.engines.scoring import (
+    PrefixNode,
+    flat_tree,
+    pack_rows,
+    packed_positions,
+    prefix_tree,
+    response_logits,
+    response_scores,
+    score_response,
+    token_logprobs,
+)
+from tests.helpers import random_ids, random_tree_prompts
 
 torch.set_num_threads(1)
 
@@ -30,10 +40,6 @@ def models(tiny_model_dir: Path) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The tiny model in float32 (under test) and in float64 (the reference)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     return model, AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
-
-
-def random_ids(count: int, seed: int, vocab: int = 2048) -> list[int]:
-    return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def all_logprobs(model64: torch.nn.Module, ids: list[int]) -> Tensor:
@@ -71,7 +77,7 @@ def test_a_left_padded_batch_scores_every_row_as_if_it_were_alone(models: tuple[
         logits = response_logits(model, rows)
     assert logits.dtype == torch.float32 and logits.shape == (4, 8, model.config.vocab_size)
     assert rows.mask.sum(dim=1).tolist() == [len(response) for response in responses]
-    assert rows.attention_mask[0, :6].tolist() == [0] * 6  # the shortest prompt really is padded
+    assert rows.root.alone.attention_mask[0, :6].tolist() == [0] * 6  # the shortest prompt really is padded
     logprobs = token_logprobs(logits, rows.response_ids)
     for row, (prompt, response) in enumerate(zip(prompts, responses)):
         if not response:
@@ -160,59 +166,67 @@ def test_chunked_scores_need_no_gradient_and_refuse_an_empty_response(models: tu
         response_scores(model, pack_rows([random_ids(4, seed=52)], [[]], torch.device("cpu")))
 
 
-@pytest.fixture
-def float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Qwen2's RMSNorm computes in float32 whatever the model's dtype. Sharing a prefix sums the rows'
-    gradients before they pass back through the prefix's norms, not after, so in float32 the two
-    ways differ by float32 rounding (1e-7); with the norms in float64 they must agree to float64's."""
-
-    def forward(self: Any, hidden_states: Tensor) -> Tensor:
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
+def tree_depth(node: PrefixNode) -> int:
+    return 1 + max((tree_depth(child) for child in node.children), default=0)
 
 
 @pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
-def test_a_shared_prefix_computed_once_gives_the_same_scores_and_gradients(
-    tiny_model_dir: Path, adapter: bool, float64_norms: None
-) -> None:
-    """Rows whose prompts share 12 tokens (two of them share their whole prompt, as a group's rollouts
-    do; one goes on longer, as a session's next turn does): in float64, packed with the prefix
-    taken out and computed once, the log-probs, entropies, top-K log-probs and every gradient are
-    those of the rows packed whole."""
+def test_prefix_trees_give_the_same_scores_and_gradients(tiny_model_dir: Path, adapter: bool, float64_norms: None) -> None:
+    """On random prefix trees (a session's turns, a group's equal prompts, rows that share nothing),
+    in float64: each shared prefix computed once gives the log-probs, entropies, top-K log-probs
+    and every gradient of the rows packed whole."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     if adapter:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
-    prefix = random_ids(12, seed=60)
-    prompts = [prefix + random_ids(3, seed=61), prefix, prefix, prefix + random_ids(9, seed=62)]
-    responses = [random_ids(length, seed) for length, seed in ((5, 70), (4, 71), (6, 72), (2, 73))]
-    whole = pack_rows(prompts, responses, torch.device("cpu"))
-    shared = pack_rows(prompts, responses, torch.device("cpu"), share_prefix=True)
-    assert shared.prefix_ids is not None and shared.prefix_ids.shape == (1, 11)  # each row keeps a token of its own
-    assert shared.input_ids.shape[1] < whole.input_ids.shape[1] - 10
-    extra_ids = torch.randint(0, 2048, (*whole.response_ids.shape, 3), generator=torch.Generator().manual_seed(7))
-    mixing = torch.randn(3, *whole.response_ids.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    depths = []
+    for seed in range(4):
+        prompts = random_tree_prompts(seed)
+        responses = [random_ids(1 + row % 5, seed * 100 + 50 + row) for row in range(len(prompts))]
+        whole = pack_rows(prompts, responses, torch.device("cpu"))
+        shared = pack_rows(prompts, responses, torch.device("cpu"), share_prefix=True)
+        assert not whole.shares_prefix
+        depths.append(tree_depth(shared.root) if shared.shares_prefix else 0)
+        generator = torch.Generator().manual_seed(seed)
+        extra_ids = torch.randint(0, 2048, (*whole.response_ids.shape, 3), generator=generator)
+        # a loss over the real response tokens (what lies past a row's response is padding, never read)
+        mixing = torch.randn(3, *whole.response_ids.shape, generator=generator, dtype=torch.float64) * whole.mask
 
-    def figures_and_grads(rows, chunk_tokens: int) -> list[Tensor]:
-        scores = response_scores(model, rows, extra_ids, chunk_tokens=chunk_tokens)
-        loss = (mixing[0] * scores.logprobs).sum() + (mixing[1] * scores.entropy).sum() + (mixing[2] * scores.at_ids.sum(-1)).sum()
-        return [scores.logprobs.detach(), scores.entropy.detach(), scores.at_ids.detach(), *torch.autograd.grad(loss, trainable)]
+        def figures_and_grads(rows, chunk_tokens: int) -> list[Tensor]:
+            scores = response_scores(model, rows, extra_ids, chunk_tokens=chunk_tokens)
+            figures = [scores.logprobs, scores.entropy, scores.at_ids.sum(-1)]
+            loss = sum((weights * figure).sum() for weights, figure in zip(mixing, figures))
+            return [figure.detach()[whole.mask] for figure in figures] + list(torch.autograd.grad(loss, trainable))
 
-    expected = figures_and_grads(whole, 1000)
-    for got, want in zip(figures_and_grads(shared, 4), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
-    with torch.no_grad():  # the plain logits path shares the prefix the same way
-        torch.testing.assert_close(response_logits(model, shared), response_logits(model, whole), rtol=1e-9, atol=1e-11)
+        for got, want in zip(figures_and_grads(shared, 4), figures_and_grads(whole, 1000), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    assert max(depths) >= 3  # nodes under nodes, not one common prefix
 
 
-def test_the_shared_prefix_leaves_every_row_a_token_of_its_own() -> None:
-    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2
-    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 9]]) == 2
-    assert shared_prefix_length([[5, 2], [1, 2]]) == 0
-    assert shared_prefix_length([[1, 2, 3]]) == 0  # one row: nothing to share
-    rows = pack_rows([[1, 2, 3], [7, 8]], [[4], [9]], torch.device("cpu"), share_prefix=True)
-    assert rows.prefix_ids is None
+def test_the_prefix_tree_shares_what_rows_have_in_common_and_leaves_each_a_token() -> None:
+    system, history, other = list(range(100, 120)), list(range(200, 220)), list(range(300, 320))
+    prompts = [system + history + [1, 2], system + history + [3], system + [4, 5], other + [6], other + [6]]
+    root = prefix_tree(prompts)
+    assert (root.start, root.end, root.alone) == (0, 0, ())  # nothing is common to all five
+    by_members = {child.members: child for child in root.children}
+    turns, group = by_members[(2, 1, 0)], by_members[(3, 4)]  # members in their prompts' order
+    assert (turns.end, turns.alone) == (20, (2,))  # the system prompt, then the third row goes alone
+    assert [(child.start, child.end, child.alone) for child in turns.children] == [(20, 40, (0, 1))]
+    assert (group.end, group.alone) == (20, (3, 4))  # equal prompts share all but their last token
+    responses = [[9]] * 5
+    # each node's tokens once, then the alone rows padded: 20 + 20 + 2*(2+1) + 1*(2+1) + 20 + 2*(1+1)
+    assert packed_positions(prompts, responses, root) == 20 + 20 + 6 + 3 + 20 + 4
+    assert packed_positions(prompts, responses, flat_tree(5)) == 5 * (42 + 1)
+    assert prefix_tree([[1, 2, 3]]).end == 0  # one row: nothing to share
+    assert prefix_tree([[1] * 40 + [2], [1] * 40 + [3]], min_shared=50).end == 0  # too little to be worth a pass
+    assert not pack_rows([[1, 2, 3], [7, 8]], [[4], [9]], torch.device("cpu"), share_prefix=True).shares_prefix
+
+
+def test_whole_logits_refuse_shared_rows(models: tuple[torch.nn.Module, ...]) -> None:
+    prompts = [list(range(1, 30)) + [40], list(range(1, 30)) + [41]]
+    shared = pack_rows(prompts, [[5], [6]], torch.device("cpu"), share_prefix=True)
+    assert shared.shares_prefix
+    with pytest.raises(ValueError, match="unshared"):
+        response_logits(models[0], shared)

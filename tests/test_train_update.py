@@ -21,9 +21,11 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import LossConfig
+from clawrl.engines.scoring import can_share_prefix
+from clawrl.train.trainer import enable_activation_checkpointing
 from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, update_step
 from clawrl.types import Sample, TrainingExample
-from tests.helpers import turn
+from tests.helpers import random_ids, random_tree_prompts, turn
 
 torch.set_num_threads(1)
 
@@ -369,3 +371,61 @@ def test_micro_batches_put_examples_that_share_a_prefix_together(tiny_model_dir:
     assert packed_tokens(examples[::2], share_prefix=False) == 2 * (82 + 2)
     # with a budget that only sharing meets, the session's turns still share one forward pass
     assert [len(chunk) for chunk in micro_batches(examples, 2, max_tokens=90, share_prefix=True)] == [2, 2]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_prefix_trees_give_the_step_of_unshared_samples(tiny_model_dir: Path, lora: bool, float64_norms: None) -> None:
+    """A batch of random prefix trees (a session's turns, a group's equal prompts, rows that share
+    nothing), each sample with its own reward, behaviour log-probs and teacher (token log-probs or
+    top-K) and the KL pull to the reference: in float64, training with every shared prefix computed
+    once takes the step that training the samples unshared takes."""
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    reference = None
+    if lora:
+        policy = get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    else:
+        reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+        with torch.no_grad():  # a policy that has drifted from its reference, so the KL term has a gradient
+            for parameter in policy.parameters():
+                parameter.add_(0.02 * torch.randn_like(parameter))
+    k, generator = 3, torch.Generator().manual_seed(1)
+    examples = []
+    for row, prompt in enumerate(random_tree_prompts(seed=7, rows=8)):
+        response = random_ids(2 + row % 4, seed=500 + row)
+        behaviour = (-3.0 + torch.rand(len(response), generator=generator)).tolist()
+        teacher: dict[str, Any] = {}
+        if row % 3 == 1:
+            teacher["teacher_logprobs"] = [logprob + 0.5 for logprob in behaviour]
+        elif row % 3 == 2:
+            teacher["teacher_topk_ids"] = torch.randint(0, 2048, (len(response), k), generator=generator).tolist()
+            teacher["teacher_topk_logprobs"] = [[math.log(0.3)] * k for _ in response]
+        examples.append(training_example(f"t{row}", prompt, response, behaviour, 1.0 if row % 2 else -1.0, **teacher))
+    config = LossConfig(method="combine", kl_beta=0.5, entropy_coef=0.01, opd_topk=k)
+    assert can_share_prefix(policy) and pack_examples(examples, config, torch.device("cpu"), share_prefix=True).rows.shares_prefix
+    trainable = [parameter for parameter in policy.parameters() if parameter.requires_grad]
+    steps = {}
+    for share in (False, True):
+        model = copy.deepcopy(policy)
+        steps[share] = sgd_delta(model, examples, config, micro_batch_size=8, share_prefix=share, reference_model=reference)
+    assert len(steps[True]) == len(trainable)
+    for name, delta in steps[False].items():
+        assert delta.abs().max() > 0, name
+        torch.testing.assert_close(steps[True][name], delta, rtol=1e-9, atol=1e-12)
+
+
+def test_activation_checkpointing_takes_the_same_step_without_sharing(tiny_model_dir: Path) -> None:
+    """Checkpointed layers recompute in the backward pass and drop the cache that would carry a
+    shared prefix, so a model trained that way trains its samples unshared: the same step."""
+    policy = load_policy(tiny_model_dir)
+    train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
+    prefix = random_ids(40, seed=9)
+    examples = [training_example(f"t{row}", prefix + random_ids(3, seed=row), random_ids(4, seed=20 + row), [-2.0] * 4,
+                                 1.0 if row % 2 else -1.0) for row in range(4)]  # fmt: skip
+    config = LossConfig(method="rl")
+    expected = sgd_delta(copy.deepcopy(policy), examples, config, 4, share_prefix=True)
+    checkpointed = copy.deepcopy(policy)
+    enable_activation_checkpointing(checkpointed.base_model.model)
+    assert can_share_prefix(policy) and not can_share_prefix(checkpointed)
+    for name, delta in sgd_delta(checkpointed, examples, config, 4, share_prefix=True).items():
+        torch.testing.assert_close(delta, expected[name], rtol=1e-4, atol=1e-7)

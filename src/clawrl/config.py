@@ -422,8 +422,16 @@ class TrainConfig(LossConfig):
     share_prefix: bool = Field(
         True,
         description="Examples of a micro-batch whose prompts share a prefix (a session's turns, a group's rollouts, "
-        "one system prompt) compute it once and attend to its keys and values: exact up to rounding, and the prefix "
-        "costs once instead of once per example.",
+        "one system prompt) compute it once and attend to its keys and values (a prefix tree: a session's turns "
+        "share the system prompt, consecutive turns share more): exact up to rounding, and each shared prefix costs "
+        "once instead of once per example.",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Keep only each decoder layer's input in the forward pass and recompute the layer in the backward "
+        "pass: activations of one layer at a time instead of all of them, for a third more compute. For a single "
+        "prompt longer than memory allows; it turns prefix sharing off (transformers drops the cache that carries "
+        "a prefix into a checkpointed layer).",
     )
     logit_chunk_tokens: int = Field(
         1024,

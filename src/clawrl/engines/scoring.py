@@ -5,95 +5,226 @@ of this one quantity: the importance weight divides the trainer's log-prob by th
 OPD advantage subtracts the student's from the teacher's. One implementation keeps them equal up
 to the model's own arithmetic, instead of up to three chances of a shift or padding mismatch.
 
-Sequence layout of a packed batch (why: bounded memory for long prompts):
+Sequence layout of a packed group of rows (why: bounded memory for long prompts):
 
     [pad … pad | prompt | response | pad … pad]      prompts left-padded to end in one column
 
-Every response then starts in the same column, so the logits that predict response tokens are the
-last R columns (R = the longest response) and the model is asked for just those
-(`logits_to_keep`): the vocabulary-sized tensors are [B, R, V] however long the prompts are.
-The last column (the last response token) is only ever a target, so it is not fed. Position ids
-are counted from each row's first real token, so padding changes nothing but the amount of work.
-All log-probs are of the RAW distribution (temperature 1), in float32.
+Every response then starts in the same column, so the hidden states that predict response tokens
+are the last R columns (R = the longest response), and only those reach the output layer: the
+vocabulary-sized tensors are [B, R, V] however long the prompts are, and `response_scores` makes
+even those one chunk of positions at a time. The last column (the last response token) is only
+ever a target, so it is not fed. Position ids are counted from each row's first real token, so
+padding changes nothing but the amount of work. All log-probs are of the RAW distribution
+(temperature 1), in float32.
+
+Prefix trees (`pack_rows(share_prefix=True)`): an agent re-sends a 24K-token prompt every turn, a
+session's turns share almost all of it, a group's G rollouts share all of it. The rows' prompts
+are arranged in a tree (`prefix_tree`): each node holds tokens that every row below it reads next,
+and goes through the decoder once, as one row, on top of its parent's keys and values; each row
+then runs only what it shares with no other row, attending to the keys and values of its path.
+Every row sees the same tokens at the same positions as it would alone, so the numbers are the
+same up to rounding, and the gradient of every row's loss flows back into the one pass over each
+shared node.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
+from transformers.cache_utils import Cache
 
 from clawrl.engines.base import ScoredResponse
+
+# A node of the prefix tree costs a forward pass of its own: fewer shared tokens than this are
+# cheaper to compute once per row than to split off (a chat template's opening, a common word).
+MIN_SHARED_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """Which rows read which prompt tokens once: positions [start, end) of every row in `members`."""
+
+    start: int
+    end: int
+    members: tuple[int, ...]  # every row below this node
+    children: tuple[PrefixTree, ...]
+    alone: tuple[int, ...]  # rows that share nothing more after `end`: they run from there on their own
+
+
+def prefix_tree(prompts: Sequence[Sequence[int]], min_shared: int = MIN_SHARED_TOKENS) -> PrefixTree:
+    """The prompts' shared prefixes as a tree; a node holds at least `min_shared` tokens (the root: any, or none).
+
+    Every row keeps at least its last prompt token of its own: that position predicts the first
+    response token, so it must be in the row's own pass (a group's rollouts share all but it).
+    """
+    rows = tuple(range(len(prompts)))
+    if len(prompts) < 2:
+        return PrefixTree(0, 0, rows, (), rows)
+    heads = [list(prompt[:-1]) for prompt in prompts]
+    return _branch(heads, tuple(sorted(rows, key=heads.__getitem__)), 0, min_shared)
+
+
+def _branch(heads: list[list[int]], rows: tuple[int, ...], start: int, min_shared: int) -> PrefixTree:
+    """The node over `rows` (sorted by their heads, which agree on [0, start)) and what branches off it.
+
+    In lexicographic order the tokens that a run of rows shares are the fewest that neighbours
+    share, so the node's end is the least neighbour overlap and the branches are the runs whose
+    neighbours overlap by `min_shared` tokens or more past it.
+    """
+    overlaps = [_overlap(heads[first], heads[second], start) for first, second in pairwise(rows)]
+    end = start + min(overlaps) if overlaps else start
+    if start == 0 and end < min_shared:
+        end = 0  # the root alone may share nothing
+    children: list[PrefixTree] = []
+    alone: list[int] = []
+    run = [rows[0]]
+    for row, overlap in zip(rows[1:], overlaps):
+        if start + overlap - end >= min_shared:
+            run.append(row)
+            continue
+        _close(heads, run, end, min_shared, children, alone)
+        run = [row]
+    _close(heads, run, end, min_shared, children, alone)
+    return PrefixTree(start, end, rows, tuple(children), tuple(sorted(alone)))
+
+
+def _close(heads, run: list[int], end: int, min_shared: int, children: list[PrefixTree], alone: list[int]) -> None:
+    if len(run) > 1:
+        children.append(_branch(heads, tuple(run), end, min_shared))
+    else:
+        alone.extend(run)
+
+
+def _overlap(first: list[int], second: list[int], start: int) -> int:
+    """How many tokens from `start` on the two lists have in common."""
+    return len(os.path.commonprefix([first[start:], second[start:]]))
+
+
+def flat_tree(count: int) -> PrefixTree:
+    """No sharing: every row runs its whole prompt on its own."""
+    rows = tuple(range(count))
+    return PrefixTree(0, 0, rows, (), rows)
+
+
+def packed_positions(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], tree: PrefixTree) -> int:
+    """Token positions the forward passes of `tree` lay out: each node's tokens once, then its alone rows padded."""
+    own = tree.end - tree.start
+    if tree.alone:
+        widest_prompt = max(len(prompts[row]) - tree.end for row in tree.alone)
+        own += len(tree.alone) * (widest_prompt + max(len(responses[row]) for row in tree.alone))
+    return own + sum(packed_positions(prompts, responses, child) for child in tree.children)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows that run together after a node: their rest of the prompt and response (layout in the module docstring)."""
+
+    rows: Tensor  # [b] their indices in the batch
+    input_ids: Tensor  # [b, P + R - 1]
+    attention_mask: Tensor  # [b, P + R - 1]: 1 on real tokens
+    position_ids: Tensor  # [b, P + R - 1]: counted on from the node's end
+    response_width: int  # R: this group's longest response
+
+
+@dataclass(frozen=True)
+class PrefixNode:
+    """Tokens every row below reads next (computed once, as one row), what branches off, who goes on alone."""
+
+    token_ids: Tensor  # [1, L]; L = 0 at a root that shares nothing
+    children: tuple[PrefixNode, ...]
+    alone: RowGroup | None
 
 
 @dataclass(frozen=True)
 class PackedRows:
-    """Prompt/response rows packed for teacher forcing (layout in the module docstring)."""
+    """Prompt/response rows packed for teacher forcing: the targets, and the passes that predict them."""
 
-    input_ids: Tensor  # [B, P + R - 1]
-    attention_mask: Tensor  # [B, P + R - 1]: 1 on real tokens
-    position_ids: Tensor  # [B, P + R - 1]: counted from each row's first real token
     response_ids: Tensor  # [B, R], right-padded with 0
     mask: Tensor  # [B, R] bool: a real response token
-    # [1, L]: tokens every row's prompt starts with, computed once (`shared_prefix_length`); the
-    # rows above then hold only what follows them, and their positions count on from L
-    prefix_ids: Tensor | None = None
+    root: PrefixNode
 
-
-def shared_prefix_length(prompts: Sequence[list[int]]) -> int:
-    """How many leading tokens all `prompts` share, leaving each at least its last token of its own.
-
-    That last token is the position that predicts the first response token, so every row still
-    has a prompt after the prefix (G rollouts of one task share their whole prompt).
-    """
-    if len(prompts) < 2:
-        return 0
-    common = os.path.commonprefix([list(prompt) for prompt in prompts])
-    return max(0, min(len(common), min(len(prompt) for prompt in prompts) - 1))
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether any tokens are computed once for several rows."""
+        return self.root.token_ids.shape[1] > 0 or bool(self.root.children)
 
 
 def pack_rows(
     prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device, share_prefix: bool = False
 ) -> PackedRows:
-    """Left-pad the prompts and right-pad the responses so that every response starts in one column.
+    """Pack the rows for teacher forcing; with `share_prefix`, every prefix shared by rows is computed once.
 
-    With `share_prefix`, the prompts' common prefix is taken out and kept once (`prefix_ids`): the
-    forward pass computes it for one row and lets every row attend to its keys and values, which
-    is exact (each row sees the same tokens at the same positions) and costs the prefix once
-    instead of once per row: an agent's 24K-token prompt re-sent every turn, a group's G rollouts.
+    Without it, one group: prompts left-padded, responses right-padded, every response starting in
+    one column. With it, the prompts' `prefix_tree`: exact (each row sees the same tokens at the
+    same positions), and a prefix costs its length once instead of once per row.
     """
     for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         if response and not prompt:
             raise ValueError(f"row {row}: a response needs at least one prompt token to be predicted from")
-    shared = shared_prefix_length(prompts) if share_prefix else 0
-    if shared:
-        rows = pack_rows([prompt[shared:] for prompt in prompts], responses, device)
-        prefix = torch.tensor([list(prompts[0][:shared])], dtype=torch.long, device=device)
-        return dataclasses.replace(rows, prefix_ids=prefix)
-    prompt_width = max(len(prompt) for prompt in prompts)
+    tree = prefix_tree(prompts) if share_prefix else flat_tree(len(prompts))
     response_width = max(len(response) for response in responses)
-    ids, real, response_ids = [], [], []
-    for prompt, response in zip(prompts, responses):
-        left, right = prompt_width - len(prompt), response_width - len(response)
-        ids.append([0] * left + prompt + response + [0] * right)
-        real.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
-        response_ids.append(response + [0] * right)
-    attention = torch.tensor(real, device=device)[:, :-1]
     lengths = torch.tensor([len(response) for response in responses], device=device)
     return PackedRows(
+        response_ids=torch.tensor([response + [0] * (response_width - len(response)) for response in responses],
+                                  dtype=torch.long, device=device),  # fmt: skip
+        mask=torch.arange(response_width, device=device).unsqueeze(0) < lengths.unsqueeze(1),
+        root=_node(tree, prompts, responses, device),
+    )
+
+
+def _node(tree: PrefixTree, prompts: Sequence[list[int]], responses: Sequence[list[int]], device: torch.device) -> PrefixNode:
+    token_ids = torch.tensor([prompts[tree.members[0]][tree.start : tree.end]], dtype=torch.long, device=device)
+    children = tuple(_node(child, prompts, responses, device) for child in tree.children)
+    alone = _row_group(tree.alone, prompts, responses, tree.end, device) if tree.alone else None
+    return PrefixNode(token_ids.reshape(1, -1), children, alone)
+
+
+def _row_group(
+    rows: Sequence[int], prompts: Sequence[list[int]], responses: Sequence[list[int]], offset: int, device: torch.device
+) -> RowGroup:
+    """`rows` from prompt position `offset` on, left-padded so that their responses start in one column."""
+    rests = [prompts[row][offset:] for row in rows]
+    answers = [responses[row] for row in rows]
+    prompt_width, response_width = max(len(rest) for rest in rests), max(len(answer) for answer in answers)
+    ids, real = [], []
+    for rest, answer in zip(rests, answers):
+        left, right = prompt_width - len(rest), response_width - len(answer)
+        ids.append([0] * left + rest + answer + [0] * right)
+        real.append([0] * left + [1] * (len(rest) + len(answer)) + [0] * right)
+    attention = torch.tensor(real, device=device)[:, :-1]
+    return RowGroup(
+        rows=torch.tensor(list(rows), dtype=torch.long, device=device),
         input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, :-1],
         attention_mask=attention,
-        position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-        response_ids=torch.tensor(response_ids, dtype=torch.long, device=device),
-        mask=torch.arange(response_width, device=device).unsqueeze(0) < lengths.unsqueeze(1),
+        position_ids=(attention.cumsum(-1) - 1).clamp(min=0) + offset,
+        response_width=response_width,
     )
+
+
+def can_share_prefix(model: torch.nn.Module) -> bool:
+    """Whether `model` can run prefix trees: logits from its output layer, full attention, no per-layer checkpointing.
+
+    Sliding-window and recurrent layers keep other state than keys and values, and transformers'
+    gradient checkpointing drops the cache that carries a prefix into its rows.
+    """
+    if not logits_are_the_output_layer(model):
+        return False
+    # transformers 5.24 calls it activation checkpointing; earlier releases, gradient checkpointing
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing if checkpointing is not None else getattr(model, "is_gradient_checkpointing", False):
+        return False
+    layer_types = getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"]
+    return all(layer_type == "full_attention" for layer_type in layer_types)
 
 
 def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
@@ -102,31 +233,72 @@ def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
     if width == 0:
         # logits_to_keep=0 would mean "every position" to transformers, not "none".
         raise ValueError("no response token to score")
-    output = model(**_forward_inputs(model, rows), logits_to_keep=width)
+    if rows.shares_prefix:
+        raise ValueError("whole logits are computed for unshared rows only (pack_rows without share_prefix)")
+    group = rows.root.alone
+    assert group is not None  # a flat tree runs every row alone
+    output = model(input_ids=group.input_ids, attention_mask=group.attention_mask, position_ids=group.position_ids,
+                   use_cache=False, logits_to_keep=width)  # fmt: skip
     return _at_least_float32(output.logits)
 
 
-def _forward_inputs(model: torch.nn.Module, rows: PackedRows) -> dict[str, Any]:
-    """The keyword arguments of the forward pass over `rows`: with a shared prefix, its keys and values.
+def response_hidden_states(model: torch.nn.Module, rows: PackedRows) -> Tensor:
+    """[B, R, H] the decoder's last hidden states at the positions that predict the response tokens.
 
-    The prefix goes through the decoder once, as one row, and its cache is repeated for every row
-    (a differentiable copy: the gradient of each row's loss flows back into the one prefix pass).
-    Each row's attention mask covers the prefix, then its own tokens; positions count on from L.
+    Walks the prefix tree: a node's tokens go through the decoder once on top of its parent's
+    keys and values; its rows that go on alone run together on a copy of that cache, repeated
+    once per row (a differentiable copy: each row's gradient flows back into the node's one pass).
     """
-    if rows.prefix_ids is None:
-        return {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask, "position_ids": rows.position_ids,
-                "use_cache": False}  # fmt: skip
-    length, batch = rows.prefix_ids.shape[1], rows.input_ids.shape[0]
-    positions = torch.arange(length, device=rows.prefix_ids.device).unsqueeze(0)
+    width = rows.response_ids.shape[1]
     decoder = model.get_decoder()
-    output = decoder(input_ids=rows.prefix_ids, position_ids=positions, use_cache=True)
-    cache = output.cache if "cache" in output else output.past_key_values
-    cache.batch_repeat_interleave(batch)
-    prefix_mask = torch.ones(batch, length, dtype=rows.attention_mask.dtype, device=rows.attention_mask.device)
+    parts: list[tuple[Tensor, Tensor]] = []
+    _walk(decoder, rows.root, None, 0, width, parts)
+    if len(parts) == 1:
+        return parts[0][1]  # one group of every row, in order
+    first = parts[0][1]
+    hidden = first.new_zeros(rows.response_ids.shape[0], width, first.shape[-1])
+    return hidden.index_copy(0, torch.cat([index for index, _ in parts]), torch.cat([states for _, states in parts]))
+
+
+def _walk(
+    decoder: torch.nn.Module, node: PrefixNode, past: Cache | None, start: int, width: int, parts: list[tuple[Tensor, Tensor]]
+) -> None:
+    length = node.token_ids.shape[1]
+    if length:
+        positions = torch.arange(start, start + length, device=node.token_ids.device).unsqueeze(0)
+        output = decoder(input_ids=node.token_ids, position_ids=positions, use_cache=True,
+                         **{_cache_argument(decoder): _copy(past)})  # fmt: skip
+        past = output.cache if "cache" in output else output.past_key_values
+    for child in node.children:
+        _walk(decoder, child, past, start + length, width, parts)
+    group = node.alone
+    if group is None or group.response_width == 0:
+        return  # nothing of these rows is scored (a padded column of zeros is never read)
+    batch = group.input_ids.shape[0]
+    attention_mask = group.attention_mask
+    inputs: dict[str, Any] = {"use_cache": False}
+    if past is not None:
+        cache = _copy(past)
+        cache.batch_repeat_interleave(batch)
+        attention_mask = torch.cat([attention_mask.new_ones(batch, start + length), attention_mask], dim=1)
+        inputs = {"use_cache": True, _cache_argument(decoder): cache}
+    output = decoder(input_ids=group.input_ids, attention_mask=attention_mask, position_ids=group.position_ids, **inputs)
+    states = output.last_hidden_state[:, -group.response_width :, :]
+    parts.append((group.rows, F.pad(states, (0, 0, 0, width - group.response_width))))
+
+
+def _copy(cache: Cache | None) -> Cache | None:
+    """A cache that can grow without changing `cache`: its layers' tensors are shared, and replaced, not written, on update."""
+    if cache is None:
+        return None
+    duplicate = copy.copy(cache)
+    duplicate.layers = [copy.copy(layer) for layer in cache.layers]
+    return duplicate
+
+
+def _cache_argument(module: torch.nn.Module) -> str:
     # transformers 5.24 renamed `past_key_values` to `cache`; older releases know only the first
-    cache_argument = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-    return {"input_ids": rows.input_ids, "attention_mask": torch.cat([prefix_mask, rows.attention_mask], dim=1),
-            "position_ids": rows.position_ids + length, cache_argument: cache, "use_cache": True}  # fmt: skip
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _at_least_float32(values: Tensor) -> Tensor:
@@ -161,10 +333,12 @@ def response_scores(
         raise ValueError("no response token to score")
     if chunk_tokens < 1:
         raise ValueError("chunk_tokens must be at least 1")
+    if rows.shares_prefix and not can_share_prefix(model):
+        raise ValueError("this model cannot share prompt prefixes between rows (see can_share_prefix): pack them unshared")
     if not logits_are_the_output_layer(model):
         logits = response_logits(model, rows)
         return _scores_of_logits(logits, rows.response_ids, extra_ids)
-    hidden = model.get_decoder()(**_forward_inputs(model, rows)).last_hidden_state[:, -width:, :]
+    hidden = response_hidden_states(model, rows)
     output_layer = model.get_output_embeddings()
     batch = hidden.shape[0]
     flat_hidden = hidden.reshape(batch * width, hidden.shape[-1])

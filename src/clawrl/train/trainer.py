@@ -61,6 +61,19 @@ class TrainerLockedError(RuntimeError):
     """Another trainer already trains this run directory."""
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer in the backward pass (`TrainConfig.activation_checkpointing`).
+
+    Non-reentrant, so that gradients reach a LoRA adapter without the embeddings needing one;
+    transformers 5.24 renamed the method from gradient to activation checkpointing.
+    """
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def lora_config(config: TrainConfig) -> LoraConfig:
     targets: str | list[str] = config.lora_target_modules
     if targets != "all-linear":
@@ -87,6 +100,8 @@ class Trainer:
         dtype = resolve_dtype(engine_config.dtype, self.device)
         torch.manual_seed(config.train_seed)
         base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(base)
         self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
         # The frozen starting weights: the OPD teacher with --teacher base and the KL reference.
         # With LoRA they are the same model with its adapter switched off; full fine-tuning needs a copy.

@@ -37,7 +37,15 @@ from peft import PeftModel
 from torch import Tensor
 
 from clawrl.config import LossConfig
-from clawrl.engines.scoring import PackedRows, pack_rows, response_scores, shared_prefix_length
+from clawrl.engines.scoring import (
+    PackedRows,
+    can_share_prefix,
+    flat_tree,
+    pack_rows,
+    packed_positions,
+    prefix_tree,
+    response_scores,
+)
 from clawrl.train.losses import (
     aggregate,
     combined_advantage,
@@ -203,26 +211,25 @@ def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> T
     return torch.where(has_teacher, config.w_opd * teacher_term, without_teacher)
 
 
-SORT_PREFIX_TOKENS = 64  # with prefix sharing, examples are ordered by their first tokens first (see micro_batches)
-
-
 def micro_batches(
     examples: list[TrainingExample], size: int, max_tokens: int | None = None, share_prefix: bool = False
 ) -> Iterator[list[TrainingExample]]:
     """Chunks of at most `size` examples, ordered so that each chunk pads (and, sharing, repeats) little.
 
     Examples are sorted by length, so that a chunk pads as little as possible; with `share_prefix`,
-    by their first `SORT_PREFIX_TOKENS` tokens first, so that a session's turns and a group's
-    rollouts (which share those) fall into one chunk and their common prefix is computed once.
-    With `max_tokens`, a chunk also ends before its packed size (`packed_tokens`: what `pack_rows`
-    lays out, padding included) would pass it: a count alone lets four 24K-token agent prompts
-    into one forward pass as readily as four chat turns. An example over the budget on its own
-    still gets a chunk of its own (it was admitted by the context limit).
+    by their prompts' tokens first (lexicographically), which puts a session's turns, a group's
+    rollouts and everything sent with one system prompt next to each other, longest shared part
+    first, so that a chunk's prompts form a prefix tree with as much in common as the batch has.
+    The order changes which examples share a forward pass, never what the step trains on. With
+    `max_tokens`, a chunk also ends before its packed size (`packed_tokens`: what `pack_rows` lays
+    out, padding included) would pass it: a count alone lets four 24K-token agent prompts into one
+    forward pass as readily as four chat turns. An example over the budget on its own still gets
+    a chunk of its own (it was admitted by the context limit).
     """
 
     def order(example: TrainingExample) -> tuple[Any, ...]:
         lengths = (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids))
-        return (tuple(example.turn.prompt_token_ids[:SORT_PREFIX_TOKENS]), *lengths) if share_prefix else lengths
+        return (example.turn.prompt_token_ids, *lengths) if share_prefix else lengths
 
     chunk: list[TrainingExample] = []
     for example in sorted(examples, key=order):
@@ -236,11 +243,11 @@ def micro_batches(
 
 
 def packed_tokens(examples: Sequence[TrainingExample], share_prefix: bool) -> int:
-    """Token positions `pack_rows` lays out for `examples`: the shared prefix once, then rows × the widest rest."""
+    """Token positions `pack_rows` lays out for `examples`: each shared prefix once, then every row's padded rest."""
     prompts = [example.turn.prompt_token_ids for example in examples]
-    shared = shared_prefix_length(prompts) if share_prefix else 0
-    widest = max(len(prompt) - shared for prompt in prompts) + max(len(example.turn.response_token_ids) for example in examples)
-    return shared + len(examples) * widest
+    responses = [example.turn.response_token_ids for example in examples]
+    tree = prefix_tree(prompts) if share_prefix else flat_tree(len(examples))
+    return packed_positions(prompts, responses, tree)
 
 
 @dataclass
@@ -290,13 +297,15 @@ def update_step(
     Vocabulary-sized logits exist for `logit_chunk_tokens` response positions at a time
     (`engines.scoring.response_scores`), forward and backward; a micro-batch holds at most
     `micro_batch_size` examples and, when given, `micro_batch_tokens` packed tokens (`micro_batches`);
-    with `share_prefix`, the examples of a micro-batch that share a prompt prefix compute it once,
-    which changes the numbers by rounding only (`engines.scoring.pack_rows`).
+    with `share_prefix`, every prompt prefix that examples of a micro-batch share is computed once
+    (a prefix tree, `engines.scoring.pack_rows`), which changes the numbers by rounding only; a
+    model that cannot (`engines.scoring.can_share_prefix`) trains its examples unshared.
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
     started = time.perf_counter()
     device = next(model.parameters()).device
+    share_prefix = share_prefix and can_share_prefix(model)
     num_tokens = sum(len(example.turn.response_token_ids) for example in examples)
     weights = batch_weights(examples, config)
     weight_of = {id(example): weight for example, weight in zip(examples, weights)}  # micro_batches reorders them
