@@ -9,7 +9,6 @@ code under test works in float32 on left-padded batches with `logits_to_keep`, s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
