@@ -145,6 +145,20 @@ def test_samples_wait_for_the_judge_and_drop_failed_episodes_and_flat_steps(stor
     assert {sample.drop_reason for sample in training.samples_for(same).values()} == {"flat_group"}
 
 
+def test_a_step_longer_than_the_trainers_context_is_dropped_not_truncated(store: Store) -> None:
+    training = TrainingStore(store)
+    fits = play(store, "e1", "g", 1.0, steps=1) + play(store, "e2", "g", 0.0, steps=1, seed=1)
+    too_long = play(store, "e3", "h", 1.0, steps=1, seed=2) + play(store, "e4", "h", 0.0, steps=1, seed=3)
+    length = max(len(turn.prompt_token_ids) + len(turn.response_token_ids) for turn in map(store.turn, fits + too_long))
+    builder = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", 0.5, 0.0, max_context_tokens=length)
+    assert builder.build(limit=1) == 2  # group g: its steps fit exactly
+    builder.max_context_tokens = length - 1
+    assert builder.build() == 2  # group h: one token over
+    samples = training.samples_for(fits + too_long)
+    assert [(samples[turn_id].status, samples[turn_id].drop_reason) for turn_id in fits] == [("ready", None)] * 2
+    assert [(samples[turn_id].status, samples[turn_id].drop_reason) for turn_id in too_long] == [("dropped", "too_long")] * 2
+
+
 # --- the trainer --------------------------------------------------------------------------------
 
 

@@ -70,9 +70,18 @@ def group_ready(group: EpisodeGroup, judge_coef: float) -> bool:
 class EpisodeSampleBuilder:
     """Turns every complete, judged episode group into sample rows (one per step)."""
 
-    def __init__(self, episodes: EpisodeStore, training: TrainingStore, method: Method, gamma: float, judge_coef: float) -> None:
+    def __init__(
+        self,
+        episodes: EpisodeStore,
+        training: TrainingStore,
+        method: Method,
+        gamma: float,
+        judge_coef: float,
+        max_context_tokens: int | None = None,
+    ) -> None:
         self.episodes, self.training, self.method = episodes, training, method
         self.gamma, self.judge_coef = gamma, judge_coef
+        self.max_context_tokens = max_context_tokens  # a longer step is dropped as too_long, never truncated
 
     def build(self, limit: int = 16) -> int:
         """Give the steps of up to `limit` ready groups their samples; returns how many samples were written."""
@@ -101,11 +110,16 @@ class EpisodeSampleBuilder:
                     samples.append(_sample(turn.id, turn.policy_version, 0.0, "flat_group"))
                 elif not turn.trainable or not turn.response_token_ids:
                     samples.append(_sample(turn.id, turn.policy_version, advantage, "untrainable"))
+                elif self._too_long(len(turn.prompt_token_ids) + len(turn.response_token_ids)):
+                    samples.append(_sample(turn.id, turn.policy_version, advantage, "too_long"))
                 elif self.method == "opd":  # OPD learns from hints; an episode step's signal is its reward
                     samples.append(_sample(turn.id, turn.policy_version, advantage, "no_signal"))
                 else:
                     samples.append(_sample(turn.id, turn.policy_version, advantage, None))
         return samples
+
+    def _too_long(self, tokens: int) -> bool:
+        return self.max_context_tokens is not None and tokens > self.max_context_tokens
 
     def _rewards(self, played: PlayedEpisode) -> list[float]:
         outcome = played.episode.reward or 0.0

@@ -126,7 +126,8 @@ class Trainer:
             max_context_tokens=self.max_context_tokens,
         )
         self.episode_builder = EpisodeSampleBuilder(
-            EpisodeStore(store), self.training, self.method, config.episode_gamma, config.step_judge_coef
+            EpisodeStore(store), self.training, self.method, config.episode_gamma, config.step_judge_coef,
+            max_context_tokens=self.max_context_tokens,
         )
         self.head = 0  # the version the weights in memory are: the starting weights so far
         self.step = 0  # optimizer steps behind the weights in memory
