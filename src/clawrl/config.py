@@ -732,6 +732,9 @@ class RolloutConfig(_Settings):
     concurrency: int = Field(4, ge=1, description="Episodes running at a time (each in its own environment).")
     split: Literal["train", "eval"] = Field("train", description="Split the tasks are drawn from.")
     seed: int = Field(0, ge=0, description="Seed of the task draw and of the episodes (episode k gets seed + k).")
+    step_timeout_s: float = Field(
+        120.0, gt=0, description="Wall-clock limit of one environment step; past it the episode fails and its environment is closed."
+    )
     episode_timeout_s: float = Field(
         300.0, gt=0, description="Wall-clock limit of one episode; a slower one ends as failed."
     )

@@ -1,11 +1,13 @@
 """Running episodes: tasks drawn from a split, G episodes per task, C at a time.
 
 `plan_episodes` draws the tasks (seeded: the same flags give the same episodes) and gives episode
-k the seed `seed + k`. `run_rollouts` plays them with C workers, each owning one environment (an
-environment runs one episode at a time). An episode ends as *failed*, with the reason in
-`error`, when its environment or policy raises, when it runs past `episode_timeout_s`, or when the
-policy's message is not a well-formed assistant message; the worker then closes its environment
-(the next reset starts clean) and goes on, so one bad episode never stops the others. Failed
+k the seed `seed + k`. `run_rollouts` plays them with C workers on a pool of C environments
+(`pool.EnvPool`: an environment runs one episode at a time, leased for it, and goes back warm
+for the next episode's reset). An episode ends as *failed*, with the reason in `error`, when its
+environment or policy raises, when a step runs past `step_timeout_s` or the episode past
+`episode_timeout_s`, or when the policy's message is not a well-formed assistant message; its
+environment is then closed rather than reused (the next lease starts a fresh one) and the worker
+goes on, so one bad episode never stops the others. Failed
 episodes are kept out of training and out of `mean_reward`. A policy that is `Finishing` (the
 server-backed one) is told how each of its episodes ended, the failed ones too.
 
@@ -29,6 +31,7 @@ from pydantic import ValidationError
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import Finishing, Policy, make_policy
+from clawrl.envs.pool import EnvPool, Lease
 from clawrl.envs.protocol import Action, Environment
 from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
@@ -50,13 +53,13 @@ def plan_episodes(tasks: list[str], config: RolloutConfig) -> list[PlannedEpisod
     return [PlannedEpisode(task, config.seed + index, group, sizes[group]) for index, (task, group) in enumerate(planned)]
 
 
-async def run_episode(env: Environment, policy: Policy, planned: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
-    """Play one episode to its end; never raises for what goes wrong inside it (see the module doc)."""
+async def run_episode(lease: Lease, policy: Policy, planned: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
+    """Play one episode to its end on `lease`; never raises for what goes wrong inside it (see the module doc)."""
     record = EpisodeRecord(planned.task, planned.seed, planned.group)
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            await _play(env, policy, record)
+            await _play(lease, policy, record)
     except TimeoutError:
         record.failed, record.error = True, f"timeout: the episode ran past {timeout_s:g}s"
     except Exception as error:  # an environment or policy crash ends this episode only
@@ -65,8 +68,8 @@ async def run_episode(env: Environment, policy: Policy, planned: PlannedEpisode,
     return record
 
 
-async def _play(env: Environment, policy: Policy, record: EpisodeRecord) -> None:
-    observation = await env.reset(record.seed, record.task)
+async def _play(lease: Lease, policy: Policy, record: EpisodeRecord) -> None:
+    observation = await lease.reset(record.seed, record.task)
     record.messages = [message.to_openai() for message in observation.messages]
     tools = observation.tools
     while True:
@@ -78,7 +81,11 @@ async def _play(env: Environment, policy: Policy, record: EpisodeRecord) -> None
             record.failed, record.error = True, f"malformed action: {error.errors()[0]['msg']} at {error.errors()[0]['loc']}"
             return
         record.messages.append(action.to_message().to_openai())
-        result = await env.step(action)
+        try:
+            result = await lease.step(action)
+        except TimeoutError:
+            record.failed, record.error = True, f"timeout: a step ran past {lease.pool.step_timeout_s:g}s"
+            return
         record.steps += 1
         record.step_rewards.append(result.reward)
         record.messages.extend(message.to_openai() for message in result.observation.messages)
@@ -100,42 +107,38 @@ async def run_rollouts(
         queue.put_nowait(item)
     records: list[EpisodeRecord | None] = [None] * len(planned)
 
-    async def worker() -> None:
-        env = make_env()
-        try:
-            while not queue.empty():
-                index, episode = queue.get_nowait()
-                record = await _policy_episode(env, policy_for, episode, config.episode_timeout_s)
-                if record.failed:
-                    await _close_quietly(env)
-                records[index] = record
-                on_episode(record)
-        finally:
-            await _close_quietly(env)
+    workers = min(config.concurrency, len(planned))
+    # the episode timeout bounds a lease's silence too: a holder is never quiet longer than its episode
+    pool = EnvPool(make_env, workers, step_timeout_s=config.step_timeout_s, lease_timeout_s=config.episode_timeout_s + 60)
 
-    await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(planned)))))
+    async def worker() -> None:
+        while not queue.empty():
+            index, episode = queue.get_nowait()
+            lease = await pool.lease()
+            record = await _policy_episode(lease, policy_for, episode, config.episode_timeout_s)
+            await pool.release(lease, healthy=not record.failed)
+            records[index] = record
+            on_episode(record)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    finally:
+        await pool.close()
     return [record for record in records if record is not None]
 
 
-async def _policy_episode(env: Environment, policy_for: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
+async def _policy_episode(lease: Lease, policy_for: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
     try:
-        policy = await policy_for(env, episode)
+        policy = await policy_for(lease.env, episode)
     except Exception as error:
         return EpisodeRecord(episode.task, episode.seed, episode.group, failed=True, error=f"{type(error).__name__}: {error}")
-    record = await run_episode(env, policy, episode, timeout_s)
+    record = await run_episode(lease, policy, episode, timeout_s)
     if isinstance(policy, Finishing):
         try:
             await policy.finish(record)
         except Exception as error:  # the episode's result never reached its recipient: not a usable episode
             record.failed, record.error = True, f"recording the episode failed: {type(error).__name__}: {error}"
     return record
-
-
-async def _close_quietly(env: Environment) -> None:
-    try:
-        await env.close()
-    except Exception:  # a crashed environment may fail to close; the next reset rebuilds it
-        pass
 
 
 def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
