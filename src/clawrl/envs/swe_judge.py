@@ -18,8 +18,11 @@ the test runner's results could fake a pass.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import shlex
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,17 @@ _JUDGE_DIR = "/tmp/clawrl-judge"
 _TEST_FILE_GLOBS = ("**/tests/**", "**/test/**", "**/test_*.py", "**/*_test.py", "**/conftest.py")
 _CACHE_GLOBS = ("**/__pycache__/**", "**/*.pyc")
 _GIT = "git -c safe.directory='*' -c core.quotepath=off"
+_PATCH_FAILED, _TEST_PATCH_FAILED = 81, 82  # exit codes of the judge's script (the runner exits 0)
+# one command: unpack the judge's files (from stdin), apply both patches, run the tests
+_JUDGE_SCRIPT = f"""
+mkdir -p {_JUDGE_DIR} && base64 -d | tar -xz -C {_JUDGE_DIR} || exit 1
+cd {WORKDIR} || exit 1
+if [ -s {_JUDGE_DIR}/model.diff ]; then
+  {_GIT} apply --binary --whitespace=nowarn {_JUDGE_DIR}/model.diff || exit {_PATCH_FAILED}
+fi
+{_GIT} apply --whitespace=nowarn {_JUDGE_DIR}/test.diff || exit {_TEST_PATCH_FAILED}
+exec python3 -B {_JUDGE_DIR}/runner.py {_JUDGE_DIR}/results.jsonl --timeout-s {TEST_TIMEOUT_S:g} --ids-file {_JUDGE_DIR}/ids
+"""
 
 
 @dataclass
@@ -87,31 +101,34 @@ async def working_copy_patch(sandbox: Sandbox, instance: SWEInstance) -> tuple[s
 
 async def judge(instance: SWEInstance, checkout: Path, patch: str, limits: SandboxLimits) -> Verdict:
     """Apply `patch` and the hidden tests to a fresh copy of `checkout` and run FAIL_TO_PASS and PASS_TO_PASS."""
+    tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    files = {"model.diff": patch, "test.diff": instance.test_patch, "runner.py": RUNNER.read_text(),
+             "ids": "".join(f"{test}\n" for test in tests)}  # fmt: skip
     async with Sandbox(checkout, limits) as sandbox:
-        await sandbox.write_file(f"{_JUDGE_DIR}/model.diff", patch)
-        await sandbox.write_file(f"{_JUDGE_DIR}/test.diff", instance.test_patch)
-        await sandbox.write_file(f"{_JUDGE_DIR}/runner.py", RUNNER.read_text())
-        tests = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
-        await sandbox.write_file(f"{_JUDGE_DIR}/ids", "".join(f"{test}\n" for test in tests))
-        if patch.strip():
-            applied = await sandbox.run(f"{_GIT} apply --binary --whitespace=nowarn {_JUDGE_DIR}/model.diff")
-            if applied.exit_code != 0:
-                return Verdict(False, error="the patch does not apply: " + command_output("", applied.stderr, applied.exit_code, applied.timed_out, 500))
-        hidden = await sandbox.run(f"{_GIT} apply --whitespace=nowarn {_JUDGE_DIR}/test.diff")
-        if hidden.exit_code != 0:
-            return Verdict(True, error="the test patch does not apply: " + command_output("", hidden.stderr, hidden.exit_code, hidden.timed_out, 500))
-        run = await sandbox.run(
-            f"python3 -B {_JUDGE_DIR}/runner.py {_JUDGE_DIR}/results.jsonl --timeout-s {TEST_TIMEOUT_S:g} --ids-file {_JUDGE_DIR}/ids",
-            timeout_s=JUDGE_TIMEOUT_S, cwd=WORKDIR,
-        )  # fmt: skip
+        run = await sandbox.run(_JUDGE_SCRIPT, stdin=base64.b64encode(_tar_gz(files)).decode(), timeout_s=JUDGE_TIMEOUT_S)
         statuses = _statuses((await sandbox.run(f"cat {_JUDGE_DIR}/results.jsonl 2>/dev/null", cwd="/")).stdout)
-    error = None if run.exit_code == 0 else "the test run failed: " + command_output(run.stdout, run.stderr, run.exit_code, run.timed_out, 500)
+    problem = command_output("", run.stderr, run.exit_code, run.timed_out, 500)
+    if run.exit_code == _PATCH_FAILED:
+        return Verdict(False, error=f"the patch does not apply: {problem}")
+    if run.exit_code == _TEST_PATCH_FAILED:
+        return Verdict(True, error=f"the test patch does not apply: {problem}")
     return Verdict(
         True,
         {test: statuses.get(test, "missing") for test in instance.FAIL_TO_PASS},
         {test: statuses.get(test, "missing") for test in instance.PASS_TO_PASS},
-        error,
+        None if run.exit_code == 0 else f"the test run failed: {problem}",
     )
+
+
+def _tar_gz(files: dict[str, str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def _statuses(results: str) -> dict[str, str]:
