@@ -41,15 +41,16 @@ from clawrl.envs.swe_instances import SWEInstance, git_env
 from clawrl.envs.swe_mutations import Mutation, mutations
 
 GENERATOR_VERSION = 1  # bump when the instances change, so caches of the old set are not reused
-INSTANCES_PER_LIBRARY = 11
+INSTANCES_PER_LIBRARY = 9
 EVAL_PER_LIBRARY = 2
 OWNER = "clawrl-swe"
 INSTANCES_FILE = "instances.jsonl"
 LIBRARIES_DIR = Path(__file__).with_name("swe_libraries")
 RUNNER = Path(__file__).with_name("swe_runner.py")
 PROBE = Path(__file__).with_name("swe_probe.py")
-# the sandbox runs the host's /usr/bin/python3: generating with it makes both agree on every result
-SANDBOX_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").is_file() else sys.executable
+# the python3 the judge's sandbox finds on its PATH (it binds the host's /usr and /bin): generating
+# with the same interpreter makes both agree on every result
+SANDBOX_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
 _TEST_TIMEOUT_S = 2.0
 _GITIGNORE = "__pycache__/\n*.pyc\n"
 _ASSERTION_KINDS = {"assertEqual": "equal", "assertAlmostEqual": "almost_equal", "assertTrue": "true", "assertFalse": "false"}
@@ -124,7 +125,7 @@ def _library_instances(library: Library, seed: int, count: int, repos_dir: Path)
     with tempfile.TemporaryDirectory(prefix="clawrl-swe-") as scratch:
         work = Path(scratch) / "work"
         _write_tree(work, library.files)
-        if any(status != "passed" for status in run_tests(work).values()):
+        if any(status != "passed" for status in _run_tests(work).values()):
             raise RuntimeError(f"the {library.name} library's own tests do not all pass")
         candidates = [mutation for path in library.modules for mutation in mutations(path, library.files[path])]
         rng.shuffle(candidates)
@@ -144,7 +145,7 @@ def _bug(library: Library, mutation: Mutation, work: Path, rng: random.Random) -
     clean = library.files[mutation.path]
     (work / mutation.path).write_text(mutation.apply(clean))
     try:
-        statuses = run_tests(work)
+        statuses = _run_tests(work)
         failing = sorted(test for test, status in statuses.items() if status != "passed")
         if not failing:
             return None
@@ -157,14 +158,11 @@ def _bug(library: Library, mutation: Mutation, work: Path, rng: random.Random) -
     return Bug(mutation, failing, passing, [text for text, _name in symptoms], symptoms[0][1])
 
 
-def run_tests(work: Path, test_ids: list[str] | None = None) -> dict[str, str]:
-    """The status of each test (every test when none are named) of the repository at `work`, by the judge's harness."""
+def _run_tests(work: Path) -> dict[str, str]:
+    """The status of every test of the repository at `work`, by the judge's harness."""
     with tempfile.TemporaryDirectory(prefix="clawrl-swe-run-") as scratch:
-        results, command = Path(scratch) / "results.jsonl", [SANDBOX_PYTHON, "-B", str(RUNNER)]
-        command += [str(results), "--timeout-s", str(_TEST_TIMEOUT_S)]
-        if test_ids is not None:
-            (Path(scratch) / "ids").write_text("\n".join(test_ids) + "\n")
-            command += ["--ids-file", str(Path(scratch) / "ids")]
+        results = Path(scratch) / "results.jsonl"
+        command = [SANDBOX_PYTHON, "-B", str(RUNNER), str(results), "--timeout-s", str(_TEST_TIMEOUT_S)]
         subprocess.run(command, cwd=work, capture_output=True, timeout=120, check=True)
         lines = [json.loads(line) for line in results.read_text().splitlines()]
     return {line["test"]: line["status"] for line in lines}
@@ -185,7 +183,7 @@ def _symptoms(library: Library, failing: list[str], work: Path, rng: random.Rand
 def _assertions(library: Library, test_id: str) -> list[dict[str, Any]]:
     """The assertions of the test method `test_id` (`tests.test_x.Class.method`), for the probe."""
     module, class_name, method = test_id.rsplit(".", 2)
-    source = library.files[test_file(test_id)]
+    source = library.files[_test_file(test_id)]
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
@@ -240,7 +238,7 @@ def _called_name(call: str) -> str:
     return next((node.id for node in ast.walk(expression) if isinstance(node, ast.Name)), call)
 
 
-def issue_text(library: str, bug: Bug, rng: random.Random) -> str:
+def _issue_text(library: str, bug: Bug, rng: random.Random) -> str:
     title = rng.choice(_TITLES).format(name=bug.name, library=library)
     lines = [title, "", rng.choice(_OPENINGS).format(library=library), "", bug.symptoms[0]]
     if len(bug.symptoms) > 1:
@@ -249,7 +247,7 @@ def issue_text(library: str, bug: Bug, rng: random.Random) -> str:
     return "\n".join(lines + (["", closing] if closing else [])) + "\n"
 
 
-def test_file(test_id: str) -> str:
+def _test_file(test_id: str) -> str:
     """The file of a unittest id `tests.test_x.Class.method`: `tests/test_x.py`."""
     return test_id.rsplit(".", 2)[0].replace(".", "/") + ".py"
 
@@ -258,19 +256,19 @@ def _instance(library: Library, number: int, bug: Bug, repo: Path, scratch: Path
     instance_id = f"{OWNER}__{library.name}-{number}"
     path = bug.mutation.path
     buggy = bug.mutation.apply(library.files[path])
-    hidden = sorted({test_file(test) for test in bug.failing})
+    hidden = sorted({_test_file(test) for test in bug.failing})
     base_files = {name: text for name, text in library.files.items() if name not in hidden} | {path: buggy}
     base_commit = _commit(repo, base_files, f"{library.name}: the library and its tests", instance_id, scratch)
     rng = random.Random(instance_id)
     return SWEInstance(
         instance_id=instance_id, repo=f"{OWNER}/{library.name}", base_commit=base_commit,
-        problem_statement=issue_text(library.name, bug, rng), patch=file_diff(path, buggy, library.files[path]),
-        test_patch="".join(file_diff(name, None, library.files[name]) for name in hidden),
+        problem_statement=_issue_text(library.name, bug, rng), patch=_file_diff(path, buggy, library.files[path]),
+        test_patch="".join(_file_diff(name, None, library.files[name]) for name in hidden),
         FAIL_TO_PASS=bug.failing, PASS_TO_PASS=bug.passing, version=f"generator-{GENERATOR_VERSION}", split=split,
     )  # fmt: skip
 
 
-def file_diff(path: str, old: str | None, new: str) -> str:
+def _file_diff(path: str, old: str | None, new: str) -> str:
     """A git-style diff of one text file from `old` to `new` (a new file when `old` is None)."""
     header = f"diff --git a/{path} b/{path}\n" + ("new file mode 100644\n" if old is None else "")
     before = "/dev/null" if old is None else f"a/{path}"

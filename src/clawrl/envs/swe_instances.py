@@ -15,6 +15,7 @@ other branch or tag can show the fix. Checkouts are cached, keyed by the commit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -94,9 +95,8 @@ def checkout(instance: SWEInstance, repos_dir: Path, cache_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
         _fetch_commit(source.resolve(), instance.base_commit, staging)
-        staging.rename(target)
-    except OSError:  # another process made the same checkout first
-        pass
+        with contextlib.suppress(OSError):  # another process made the same checkout first
+            staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
