@@ -50,9 +50,9 @@ def instances(generated: Path) -> dict[str, SWEInstance]:
     return load_instances(generated / INSTANCES_FILE)
 
 
-def fix_lines(patch: str) -> list[str]:
-    """The lines a patch adds, as code (what an issue must not give away)."""
-    return [line[1:].strip() for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+def changed_lines(patch: str, sign: str) -> list[str]:
+    """The lines a patch adds (`+`) or removes (`-`), without the sign."""
+    return [line[1:] for line in patch.splitlines() if line.startswith(sign) and not line.startswith(sign * 3)]
 
 
 def test_the_generator_writes_at_least_50_reproducible_instances(generated: Path, instances: dict[str, SWEInstance], tmp_path: Path) -> None:
@@ -65,7 +65,8 @@ def test_the_generator_writes_at_least_50_reproducible_instances(generated: Path
         assert instance.patch.startswith("diff --git ") and "new file mode" in instance.test_patch
         # the issue shows the symptom (a call and what it gives), never the fix
         assert "should" in instance.problem_statement and "`" in instance.problem_statement
-        assert not any(line in instance.problem_statement for line in fix_lines(instance.patch)), instance.instance_id
+        fix = [line.strip() for line in changed_lines(instance.patch, "+")]
+        assert not any(line in instance.problem_statement for line in fix), instance.instance_id
         assert (generated / "repos" / instance.repo.replace("/", "__")).is_dir()
     # the same seed gives the same instances (commits and texts included), another seed others
     again = generate_instances(tmp_path / "again", seed=0, per_library=1)
@@ -106,10 +107,20 @@ def test_every_gold_patch_resolves_and_every_unpatched_repository_fails(instance
 
 
 @needs_sandbox
-def test_edits_are_judged_on_a_fresh_copy_and_test_changes_do_not_count(instances: dict[str, SWEInstance], cache_dir: Path) -> None:
-    instance = next(i for i in instances.values() if len(fix_lines(i.patch)) == 1)
-    path = instance.patch.split("\n", 1)[0].split(" b/", 1)[1]
-    removed = [line[1:] for line in instance.patch.splitlines() if line.startswith("-") and not line.startswith("---")]
+def test_edits_are_judged_on_a_fresh_copy_and_test_changes_do_not_count(
+    instances: dict[str, SWEInstance], generated: Path, cache_dir: Path
+) -> None:
+    def patched_file(instance: SWEInstance) -> str:
+        return instance.patch.split("\n", 1)[0].split(" b/", 1)[1]
+
+    def one_line_fix(instance: SWEInstance) -> bool:  # a line changed, which occurs once in its file
+        removed, added = changed_lines(instance.patch, "-"), changed_lines(instance.patch, "+")
+        text = (checkout(instance, generated / "repos", cache_dir) / patched_file(instance)).read_text()
+        return len(removed) == len(added) == 1 and text.count(removed[0] + "\n") == 1
+
+    instance = next(i for i in instances.values() if one_line_fix(i))
+    path = patched_file(instance)
+    (buggy_line,), (fixed_line,) = changed_lines(instance.patch, "-"), changed_lines(instance.patch, "+")
     hidden = [line[len("+++ b/"):] for line in instance.test_patch.splitlines() if line.startswith("+++ b/")]
     passing_tests = "import unittest\n\nclass Test(unittest.TestCase):\n    def test_ok(self):\n        pass\n"
 
@@ -123,15 +134,14 @@ def test_edits_are_judged_on_a_fresh_copy_and_test_changes_do_not_count(instance
         await env.close()
         return result
 
-    fixed = asyncio.run(play(call("edit_file", path=path, old=removed[0], new=fix_lines(instance.patch)[0].join(
-        removed[0].split(removed[0].strip()))), call("submit")))  # the fixed line, with the file's indentation
+    fixed = asyncio.run(play(call("edit_file", path=path, old=f"{buggy_line}\n", new=f"{fixed_line}\n"), call("submit")))
     assert fixed.done and fixed.reward == 1.0 and fixed.info["tests_passed_share"] == 1.0
     # writing the hidden test files (to tests that pass) and breaking the code elsewhere: neither helps
     cheat = " && ".join(f"mkdir -p $(dirname {name}) && printf %s {json.dumps(passing_tests)} > {name}" for name in hidden)
     cheated = asyncio.run(play(call("shell", command=cheat), call("shell", command=f"echo 'raise ImportError' >> {path}"), call("submit")))
     assert cheated.done and cheated.reward == 0.0 and cheated.info["fail_to_pass_passed"] == 0
     assert cheated.info["pass_to_pass_passed"] < cheated.info["pass_to_pass_total"]
-    work = checkout(instance, Path(), cache_dir)  # cached: the image the sandbox wrote over is untouched
+    work = checkout(instance, generated / "repos", cache_dir)  # the image the sandboxes wrote over is untouched
     assert "raise ImportError" not in (work / path).read_text() and not any((work / name).exists() for name in hidden)
     # a model that answers without a tool call is judged too
     gave_up = asyncio.run(play(Action(content="I cannot fix this.")))
