@@ -136,11 +136,15 @@ def test_edits_are_judged_on_a_fresh_copy_and_test_changes_do_not_count(
 
     fixed = asyncio.run(play(call("edit_file", path=path, old=f"{buggy_line}\n", new=f"{fixed_line}\n"), call("submit")))
     assert fixed.done and fixed.reward == 1.0 and fixed.info["tests_passed_share"] == 1.0
-    # writing the hidden test files (to tests that pass) and breaking the code elsewhere: neither helps
+    # writing the hidden test files (with tests that pass) is left out of the diff: nothing changes
     cheat = " && ".join(f"mkdir -p $(dirname {name}) && printf %s {json.dumps(passing_tests)} > {name}" for name in hidden)
-    cheated = asyncio.run(play(call("shell", command=cheat), call("shell", command=f"echo 'raise ImportError' >> {path}"), call("submit")))
-    assert cheated.done and cheated.reward == 0.0 and cheated.info["fail_to_pass_passed"] == 0
-    assert cheated.info["pass_to_pass_passed"] < cheated.info["pass_to_pass_total"]
+    cheated = asyncio.run(play(call("shell", command=cheat), call("submit")))
+    assert cheated.reward == 0.0 and cheated.info["patch_lines"] == 0 and "judge_error" not in cheated.info
+    assert cheated.info["fail_to_pass_passed"] == 0 and cheated.info["fail_to_pass_total"] == len(instance.FAIL_TO_PASS)
+    # a wrong change to the code is applied and judged: not resolved, and it breaks what passed
+    broken = asyncio.run(play(call("shell", command=f"echo 'raise ImportError' >> {path}"), call("submit")))
+    assert broken.reward == 0.0 and broken.info["patch_applied"] and broken.info["patch_lines"] > 0
+    assert broken.info["pass_to_pass_passed"] < broken.info["pass_to_pass_total"]
     work = checkout(instance, generated / "repos", cache_dir)  # the image the sandboxes wrote over is untouched
     assert "raise ImportError" not in (work / path).read_text() and not any((work / name).exists() for name in hidden)
     # a model that answers without a tool call is judged too
