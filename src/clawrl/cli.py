@@ -462,13 +462,16 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
 
 
 def _environment_or_exit(config: EnvConfig) -> Any:
-    """The environment class `--env` names (and its tasks directory, when given), or exit with the
-    error that lists the names."""
+    """The environment class `--env` names (and its tasks directory or instances file, when given), or
+    exit with the error that lists the names."""
     from clawrl.envs.registry import environment_class
 
     if config.terminal_tasks_dir is not None and not config.terminal_tasks_dir.is_dir():
         raise StartupError(f"--terminal-tasks-dir {config.terminal_tasks_dir}: no such directory",
                            "give a directory of terminal task folders, or leave it unset for the built-in tasks")
+    if config.swe_instances is not None and not config.swe_instances.is_file():
+        raise StartupError(f"--swe-instances {config.swe_instances}: no such file",
+                           "give a JSON Lines file of SWE instances, or leave it unset for the built-in instances")
     try:
         return environment_class(config.env)
     except ValueError as error:

@@ -652,7 +652,7 @@ class EnvConfig(_Settings):
 
     model_config = SettingsConfigDict(env_prefix="CLAWRL_ENV_")
 
-    env: str = Field("toolcall", description="Environment to run: `toolcall` or `terminal` (`clawrl envs list`).")
+    env: str = Field("toolcall", description="Environment to run: `toolcall`, `terminal` or `swe` (`clawrl envs list`).")
     max_steps: int = Field(
         8, ge=1, description="Actions per episode; the episode ends (and is scored) at the limit."
     )
@@ -680,6 +680,17 @@ class EnvConfig(_Settings):
         description="Comma-separated task-id prefixes: only tasks whose folder name starts with one are used (a micro "
         "split, e.g. `files-mkdir_write,permissions`); empty: every task.",
     )
+    swe_instances: Path | None = Field(
+        None,
+        description="A JSON Lines file of SWE instances in SWE-bench's schema whose repositories are local git "
+        "directories (--swe-repos-dir); unset: the built-in generated instances, written once under --cache-dir.",
+    )
+    swe_repos_dir: Path | None = Field(
+        None,
+        description="Directory of the SWE instances' repositories, one git directory per repo, named owner__name; "
+        "unset: `repos/` beside --swe-instances.",
+    )
+    swe_seed: int = Field(0, ge=0, description="Seed of the built-in SWE instance generator.")
     cache_dir: Path = Field(
         Path.home() / ".cache" / "clawrl", description="Where generated tasks are written (once per generator seed)."
     )

@@ -6,8 +6,9 @@ other. Two are built in:
 
 - `oracle` knows the task's reference solution (an environment's `reference_solution`): with a
   `python` tool it runs the solution program, then answers `\\boxed{<its output>}`; with a `shell`
-  tool it runs solve.sh through the shell, then calls `finish`. It should score 1 everywhere;
-  when it does not, the task or the environment is broken.
+  tool it runs the reference script through the shell (terminal: solve.sh; SWE: applying the gold
+  patch), then calls the tool that ends the episode (`finish`, or `submit` where that is offered).
+  It should score 1 everywhere; when it does not, the task or the environment is broken.
 - `random` makes well-formed but aimless moves: each step it calls one offered tool with random
   arguments of the right types, or answers a random number without a tool call.
 
@@ -86,7 +87,7 @@ class OraclePolicy:
                 # a quoted heredoc: the script reaches bash unexpanded, whatever it contains
                 command = f"bash <<'CLAWRL_SOLUTION'\n{self.reference.rstrip()}\nCLAWRL_SOLUTION"
                 return _tool_call("shell", {"command": command}, "call_oracle")
-            return _tool_call("finish", {}, "call_finish")
+            return _tool_call("submit" if "submit" in names else "finish", {}, "call_finish")
         raise ValueError(f"the oracle knows no way to use the tools {sorted(names)}")
 
 

@@ -6,13 +6,15 @@ from typing import Any
 
 from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Environment
+from clawrl.envs.swe import SWEEnv
 from clawrl.envs.terminal import TerminalEnv
 from clawrl.envs.toolcall import ToolCallEnv
 
-ENVIRONMENTS: dict[str, type[ToolCallEnv] | type[TerminalEnv]] = {family.name: family for family in (ToolCallEnv, TerminalEnv)}
+Family = type[ToolCallEnv] | type[TerminalEnv] | type[SWEEnv]
+ENVIRONMENTS: dict[str, Family] = {family.name: family for family in (ToolCallEnv, TerminalEnv, SWEEnv)}
 
 
-def environment_class(name: str) -> type[ToolCallEnv] | type[TerminalEnv]:
+def environment_class(name: str) -> Family:
     """The environment class `name` names; ValueError, listing the names, for an unknown one."""
     if name not in ENVIRONMENTS:
         raise ValueError(f"no environment {name!r}; the environments are {', '.join(ENVIRONMENTS)}")

@@ -42,7 +42,7 @@ SYSTEM_PROMPT = (
     "/workspace and the shell keeps its state between calls. There is no network. When the task is done, call "
     "`finish`."
 )
-_SHELL_PARAMETERS = {
+SHELL_PARAMETERS = {
     "type": "object",
     "properties": {"command": {"type": "string", "description": "A bash command line."}},
     "required": ["command"],
@@ -132,16 +132,14 @@ class TerminalEnv(ToolEnvironment):
         self._shell = await self._sandbox.shell()
         opening = [ChatMessage(role="system", content=SYSTEM_PROMPT), ChatMessage(role="user", content=self._task.instruction)]
         tools = [
-            Tool("shell", "Run a bash command in the task's terminal and see its output.", _SHELL_PARAMETERS, self._run_shell),
+            Tool("shell", "Run a bash command in the task's terminal and see its output.", SHELL_PARAMETERS, self._run_shell),
             Tool("finish", "Say that the task is done; it is then checked.", _FINISH_PARAMETERS, self._finish, ends_episode=True),
         ]
         return opening, tools
 
     async def _run_shell(self, arguments: dict[str, Any]) -> str:
         assert self._shell is not None
-        result = await self._shell.run(arguments["command"])
-        output = command_output(result.stdout, result.stderr, result.exit_code, result.timed_out, self.config.tool_output_chars)
-        return output + ("\n[the shell was restarted: its state is lost]" if result.timed_out else "")
+        return await shell_answer(self._shell, arguments["command"], self.config.tool_output_chars)
 
     async def _finish(self, _arguments: dict[str, Any]) -> str:
         return "finished; the task is being checked"
@@ -161,6 +159,13 @@ class TerminalEnv(ToolEnvironment):
             output = command_output(result.stdout, result.stderr, result.exit_code, result.timed_out, 500)
             info["verifier_error"] = f"test.sh wrote no reward to {REWARD_FILE}: {output}"
         return Outcome(reward, info)
+
+
+async def shell_answer(shell: ShellSession, command: str, output_chars: int) -> str:
+    """What the `shell` tool answers: the command's output, and a note when its timeout restarted the shell."""
+    result = await shell.run(command)
+    output = command_output(result.stdout, result.stderr, result.exit_code, result.timed_out, output_chars)
+    return output + ("\n[the shell was restarted: its state is lost]" if result.timed_out else "")
 
 
 def _tar_gz_of(directory: Path) -> bytes:
