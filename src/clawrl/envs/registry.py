@@ -8,11 +8,14 @@ from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Environment
 from clawrl.envs.terminal import TerminalEnv
 from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.web.env import WebEnv
 
-ENVIRONMENTS: dict[str, type[ToolCallEnv] | type[TerminalEnv]] = {family.name: family for family in (ToolCallEnv, TerminalEnv)}
+ENVIRONMENTS: dict[str, type[ToolCallEnv] | type[TerminalEnv] | type[WebEnv]] = {
+    family.name: family for family in (ToolCallEnv, TerminalEnv, WebEnv)
+}
 
 
-def environment_class(name: str) -> type[ToolCallEnv] | type[TerminalEnv]:
+def environment_class(name: str) -> type[ToolCallEnv] | type[TerminalEnv] | type[WebEnv]:
     """The environment class `name` names; ValueError, listing the names, for an unknown one."""
     if name not in ENVIRONMENTS:
         raise ValueError(f"no environment {name!r}; the environments are {', '.join(ENVIRONMENTS)}")
