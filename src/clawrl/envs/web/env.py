@@ -28,6 +28,8 @@ import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from clawrl.config import EnvConfig
 from clawrl.envs.episode import Outcome, Tool, ToolEnvironment
 from clawrl.envs.protocol import Action, ChatMessage, Split
@@ -70,11 +72,13 @@ core.EPISODE_MAX_TIME = 24 * 3600 * 1000;
 core.startEpisodeReal();
 return core.getUtterance();
 """
-_TASK_STATUS = """
-if (typeof WOB_DONE_GLOBAL !== "undefined") {
-  return {over: WOB_DONE_GLOBAL, reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON};
-}
-return {over: window.clawrlResult !== undefined, submitted: window.clawrlResult || null};
+# the listing and the task's status in one request (each WebDriver request costs tens of ms)
+_OBSERVE = f"""
+var page = (function () {{ {SNAPSHOT_JS} }}).apply(null, arguments);
+if (typeof WOB_DONE_GLOBAL !== "undefined") {{
+  return {{page: page, status: {{over: WOB_DONE_GLOBAL, reward: WOB_RAW_REWARD_GLOBAL, reason: WOB_REWARD_REASON}}}};
+}}
+return {{page: page, status: {{over: window.clawrlResult !== undefined, submitted: window.clawrlResult || null}}}};
 """
 # finds the option of a <select> whose text is arguments[1]; a string says why there is none
 _FIND_OPTION = """
@@ -101,6 +105,7 @@ class WebEnv(ToolEnvironment):
         self._browser: Browser | None = None
         self._task: WebTask | None = None
         self._next_id = 1  # the id the next element seen for the first time gets, in this episode
+        self._status = TaskStatus()  # as of the latest listing, which every action is answered with
 
     async def tasks(self, split: Split) -> list[str]:
         return [task.id for task in self._tasks.values() if task.split == split]
@@ -163,13 +168,14 @@ class WebEnv(ToolEnvironment):
         return tools
 
     async def _listing(self) -> str:
-        snapshot = PageSnapshot.model_validate(await self._page().execute(SNAPSHOT_JS, self._next_id))
-        self._next_id = snapshot.next_id
-        return render(snapshot)
+        """The page's listing; the task's status is read with it."""
+        observed = _Observed.model_validate(await self._page().execute(_OBSERVE, self._next_id))
+        self._next_id, self._status = observed.page.next_id, observed.status
+        return render(observed.page)
 
     async def _act(self, done: str, action: Callable[[], Awaitable[None]]) -> str:
         """Run one page action unless the task is over; what it did (or why not) and the page after it."""
-        if await self._task_over():
+        if self._status.over:
             return "error: the task is already over; nothing was done"
         try:
             await action()
@@ -210,19 +216,30 @@ class WebEnv(ToolEnvironment):
     async def _missing(self, element_id: int) -> str:
         return f"error: there is no element [{element_id}] on the page\n\n{await self._listing()}"
 
-    async def _status(self) -> dict[str, Any]:
-        return dict(await self._page().execute(_TASK_STATUS))
-
     async def _task_over(self) -> bool:
-        return bool((await self._status())["over"])
+        return self._status.over
 
     async def _outcome(self, final: Action) -> Outcome:
         assert self._task is not None
-        status = await self._status()
-        if not status["over"]:
+        status = self._status
+        if not status.over:
             return Outcome(0.0, {"task_over": False})
         if self._task.is_form:
-            reward, wrong = form_reward(form_task(self._task.family, self._task.id).expected, status["submitted"])
+            reward, wrong = form_reward(form_task(self._task.family, self._task.id).expected, status.submitted or {})
             return Outcome(reward, {"task_over": True, "wrong_fields": wrong})
-        raw = float(status["reward"])
-        return Outcome(max(raw, 0.0), {"task_over": True, "miniwob_reward": raw, "miniwob_reason": status["reason"]})
+        raw = status.reward or 0.0
+        return Outcome(max(raw, 0.0), {"task_over": True, "miniwob_reward": raw, "miniwob_reason": status.reason})
+
+
+class TaskStatus(BaseModel):
+    """Whether the page's task is over, and with what: MiniWoB's raw reward, or the fields a form submitted."""
+
+    over: bool = False
+    reward: float | None = None
+    reason: str | None = None
+    submitted: dict[str, str] | None = None
+
+
+class _Observed(BaseModel):
+    page: PageSnapshot
+    status: TaskStatus
