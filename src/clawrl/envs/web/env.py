@@ -92,6 +92,20 @@ return "it has no option " + JSON.stringify(arguments[1]);
 """
 
 
+class TaskStatus(BaseModel):
+    """Whether the page's task is over, and with what: MiniWoB's raw reward, or the fields a form submitted."""
+
+    over: bool = False
+    reward: float | None = None
+    reason: str | None = None
+    submitted: dict[str, str] | None = None
+
+
+class _Observed(BaseModel):
+    page: PageSnapshot
+    status: TaskStatus
+
+
 class WebEnv(ToolEnvironment):
     """MiniWoB++ pages and our forms in a sandboxed headless Chromium."""
 
@@ -203,7 +217,7 @@ class WebEnv(ToolEnvironment):
         option = await self._page().execute(_FIND_OPTION, arguments["element"], arguments["option"])
         if isinstance(option, str):
             return f"error: cannot select in [{arguments['element']}]: {option}\n\n{await self._listing()}"
-        return await self._act(f"selected {arguments['option']!r} in [{arguments['element']}]", lambda: self._page().click(option))
+        return await self._act(f"selected {arguments['option']!r} in [{arguments['element']}]", lambda: self._page().choose(option))
 
     async def _key(self, arguments: dict[str, Any]) -> str:
         if arguments["name"] not in KEYS:
@@ -229,17 +243,3 @@ class WebEnv(ToolEnvironment):
             return Outcome(reward, {"task_over": True, "wrong_fields": wrong})
         raw = status.reward or 0.0
         return Outcome(max(raw, 0.0), {"task_over": True, "miniwob_reward": raw, "miniwob_reason": status.reason})
-
-
-class TaskStatus(BaseModel):
-    """Whether the page's task is over, and with what: MiniWoB's raw reward, or the fields a form submitted."""
-
-    over: bool = False
-    reward: float | None = None
-    reason: str | None = None
-    submitted: dict[str, str] | None = None
-
-
-class _Observed(BaseModel):
-    page: PageSnapshot
-    status: TaskStatus
