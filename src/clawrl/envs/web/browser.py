@@ -126,6 +126,9 @@ class Browser:
     @classmethod
     async def start(cls, image: Path, timeout_s: float, limits: SandboxLimits = BROWSER_LIMITS) -> Browser:
         """A sandbox over `image`, chromedriver and Chromium in it; `timeout_s` bounds every request."""
+        missing = browser_unavailable()
+        if missing is not None:
+            raise BrowserError(f"no browser here: {missing}")
         sandbox = Sandbox(image, limits)
         try:
             await sandbox.start()

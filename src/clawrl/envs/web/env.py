@@ -18,7 +18,7 @@ its last page), when the model answers without a tool call, or at the step limit
 MiniWoB's own raw reward, negative values counted as 0 (1 for success, a fraction for the
 partial credit some pages give), or the form's check (forms.py); 0 when the task never ended.
 
-The browser lives across episodes: a reset opens a fresh page in it, about ten times cheaper
+The browser lives across episodes: a reset opens a fresh page in it, about seven times cheaper
 than starting one; `close()` kills it. A reset that finds the browser dead starts a new one.
 """
 
@@ -217,7 +217,8 @@ class WebEnv(ToolEnvironment):
         option = await self._page().execute(_FIND_OPTION, arguments["element"], arguments["option"])
         if isinstance(option, str):
             return f"error: cannot select in [{arguments['element']}]: {option}\n\n{await self._listing()}"
-        return await self._act(f"selected {arguments['option']!r} in [{arguments['element']}]", lambda: self._page().choose(option))
+        done = f"selected {arguments['option']!r} in [{arguments['element']}]"
+        return await self._act(done, lambda: self._page().choose(option))
 
     async def _key(self, arguments: dict[str, Any]) -> str:
         if arguments["name"] not in KEYS:
