@@ -31,9 +31,11 @@ demo: $(STAMP)
 	$(BIN)/clawrl demo
 
 # The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw (quick once
-# there; without the npm registry it says why and the test skips).
+# there; without the npm registry it says why and the test skips), and Debian's Chromium for the
+# web environment's tests (as root with apt-get; elsewhere they skip).
 test: $(DEV_STAMP) vllm
 	bash scripts/install-openclaw.sh
+	bash scripts/install-chromium.sh
 	$(BIN)/pytest -q
 
 clean:

@@ -35,7 +35,7 @@ def test_envs_list(tmp_path: Path) -> None:
     result = clawrl("envs", "list", "--json", "--cache-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     listed = json.loads(result.stdout)
-    assert [item["name"] for item in listed] == ["toolcall", "terminal", "swe"]
+    assert [item["name"] for item in listed] == ["toolcall", "terminal", "swe", "web"]
     assert all(item["train_tasks"] > 0 and item["eval_tasks"] > 0 for item in listed)
 
 

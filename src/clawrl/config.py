@@ -652,7 +652,7 @@ class EnvConfig(_Settings):
 
     model_config = SettingsConfigDict(env_prefix="CLAWRL_ENV_")
 
-    env: str = Field("toolcall", description="Environment to run: `toolcall`, `terminal` or `swe` (`clawrl envs list`).")
+    env: str = Field("toolcall", description="Environment to run: `toolcall`, `terminal`, `swe` or `web` (`clawrl envs list`).")
     max_steps: int = Field(
         8, ge=1, description="Actions per episode; the episode ends (and is scored) at the limit."
     )
@@ -691,12 +691,21 @@ class EnvConfig(_Settings):
         "unset: `repos/` beside --swe-instances.",
     )
     swe_seed: int = Field(0, ge=0, description="Seed of the built-in SWE instance generator.")
+    web_families: str = Field(
+        "",
+        description="Comma-separated web task families (e.g. `click-button,enter-text,shipping`; `clawrl envs list` "
+        "counts them): a micro split; empty: every family.",
+    )
+    web_screenshots: bool = Field(
+        False, description="Offer the web family's `screenshot` tool (the page as a PNG data URL) besides the text."
+    )
     cache_dir: Path = Field(
-        Path.home() / ".cache" / "clawrl", description="Where generated tasks are written (once per generator seed)."
+        Path.home() / ".cache" / "clawrl",
+        description="Where generated tasks and the web pages are written (once per generator seed or version).",
     )
 
 
-    @field_validator("toolcall_kinds", "toolcall_levels", "terminal_task_prefixes")
+    @field_validator("toolcall_kinds", "toolcall_levels", "terminal_task_prefixes", "web_families")
     @classmethod
     def _comma_list(cls, value: str) -> str:
         items = [item.strip() for item in value.split(",") if item.strip()]
@@ -715,6 +724,9 @@ class EnvConfig(_Settings):
 
     def terminal_prefix_list(self) -> list[str]:
         return [prefix for prefix in self.terminal_task_prefixes.split(",") if prefix]
+
+    def web_family_list(self) -> list[str]:
+        return [family for family in self.web_families.split(",") if family]
 
 
 class RolloutConfig(_Settings):

@@ -5,8 +5,8 @@ whether calling it ends the episode), how an episode opens, and how its outcome 
 base class does the rest the same way for all of them: each call of an action is answered in
 order by a `tool` message; a call it cannot run (unknown tool, arguments that are not a JSON
 object, a missing or mistyped argument) gets an error message in-band and costs the step; an
-answer without tool calls, an ending tool, or the step limit ends the episode and asks the family
-for the outcome reward.
+answer without tool calls, an ending tool, a task that ended by itself (`_task_over`), or the step
+limit ends the episode and asks the family for the outcome reward.
 """
 
 from __future__ import annotations
@@ -95,6 +95,12 @@ class ToolEnvironment(Environment):
     async def _outcome(self, final: Action) -> Outcome:
         """Score the finished episode; `final` is its last action."""
 
+    async def _task_over(self) -> bool:
+        """Whether the task has ended by itself during the step (a web page that ends its own
+        task); the step then ends the episode. The families whose tasks end only through the
+        model's moves keep this answer."""
+        return False
+
     # --- the protocol ---
 
     async def reset(self, seed: int, task: str | None = None) -> Observation:
@@ -110,6 +116,7 @@ class ToolEnvironment(Environment):
         self._state.step_count += 1
         replies = [await self._answer(call) for call in action.tool_calls]
         ending = not action.tool_calls or any(self._ends(call) for call in action.tool_calls)
+        ending = ending or await self._task_over()
         truncated = not ending and self._state.step_count >= self.max_steps
         if not (ending or truncated):
             return StepResult(observation=Observation(messages=replies))

@@ -7,7 +7,8 @@ other. Two are built in:
 - `oracle` knows the task's reference solution (an environment's `reference_solution`): with a
   `python` tool it runs the solution program, then answers `\\boxed{<its output>}`; with a `shell`
   tool it runs the reference script through the shell (terminal: solve.sh; SWE: applying the gold
-  patch), then calls the tool that ends the episode (`finish`, or `submit` where that is offered).
+  patch), then calls the tool that ends the episode (`finish`, or `submit` where that is offered);
+  with a browser's `click` tool it plays the web task family's scripted solver (`web/oracle.py`).
   It should score 1 everywhere; when it does not, the task or the environment is broken.
 - `random` makes well-formed but aimless moves: each step it calls one offered tool with random
   arguments of the right types, or answers a random number without a tool call.
@@ -24,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from clawrl.envs.protocol import Environment
 from clawrl.envs.records import EpisodeRecord
+from clawrl.envs.web.oracle import oracle_reply
 from clawrl.types import Message, ToolSpec
 
 Policy = Callable[[list[Message], list[ToolSpec]], Awaitable[Message]]
@@ -88,6 +90,8 @@ class OraclePolicy:
                 command = f"bash <<'CLAWRL_SOLUTION'\n{self.reference.rstrip()}\nCLAWRL_SOLUTION"
                 return _tool_call("shell", {"command": command}, "call_oracle")
             return _tool_call("submit" if "submit" in names else "finish", {}, "call_finish")
+        if "click" in names:  # a browser: the reference is the task's family, whose solver reads the page
+            return oracle_reply(self.reference, messages)
         raise ValueError(f"the oracle knows no way to use the tools {sorted(names)}")
 
 

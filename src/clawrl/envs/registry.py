@@ -9,9 +9,10 @@ from clawrl.envs.protocol import Environment
 from clawrl.envs.swe import SWEEnv
 from clawrl.envs.terminal import TerminalEnv
 from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.web.env import WebEnv
 
-Family = type[ToolCallEnv] | type[TerminalEnv] | type[SWEEnv]
-ENVIRONMENTS: dict[str, Family] = {family.name: family for family in (ToolCallEnv, TerminalEnv, SWEEnv)}
+Family = type[ToolCallEnv] | type[TerminalEnv] | type[SWEEnv] | type[WebEnv]
+ENVIRONMENTS: dict[str, Family] = {family.name: family for family in (ToolCallEnv, TerminalEnv, SWEEnv, WebEnv)}
 
 
 def environment_class(name: str) -> Family:

@@ -417,6 +417,15 @@ class Sandbox:
             error = (await self._init.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"sandbox failed to start: {error or f'exit status {self._init.returncode}'}")
 
+    @property
+    def host_root(self) -> Path:
+        """The sandbox's root directory as the host reaches it while the sandbox runs: /proc/PID/root
+        of the process holding its namespaces. A Unix socket created inside is reachable there,
+        where the network namespace keeps every TCP connection from the host out."""
+        self._check_running()
+        assert self._init is not None
+        return Path(f"/proc/{self._init.pid}/root")
+
     def _check_running(self) -> None:
         if self._init is None or self._init.returncode is not None or not self._ns_fds:
             raise SandboxError("sandbox is not running (call start(), or it has been closed)")
