@@ -5,9 +5,14 @@ overhead, and episodes and steps per minute of each family with the oracle polic
 - **A command**: the same trivial command run on the host with `subprocess`, through
   `Sandbox.run` (a fork that enters the namespaces, rlimits, a pid namespace of its own) and
   through a persistent `ShellSession`: the difference is what the sandbox adds to a tool step.
-- **Rollouts**: `clawrl rollout --policy oracle`'s own code path (`envs.rollout.play`) per family
-  at each `--concurrency`; the oracle never fails, so every figure is the environments' cost and
-  none is the model's.
+- **Rollouts**: `clawrl rollout --policy oracle`'s own code path (`envs.rollout.play`, on the
+  environment pool) per family at each `--concurrency`; the oracle never fails, so every figure is
+  the environments' cost and none is the model's.
+- **Footprint**: `--hold` environments of each family open at once, each in an episode with one
+  oracle step taken (so its sandbox, shell or browser is up): the memory they take together, read
+  as the drop of the machine's available memory, per environment. With the rollouts' episodes per
+  minute this says how many of a family one machine holds: memory bounds the count, the cores
+  bound the throughput.
 
     python benchmarks/envs.py --repeats 30 --episodes 24 --concurrency 1,2,4
 
@@ -28,6 +33,8 @@ from typing import Any
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import make_policy
+from clawrl.envs.protocol import Action
+from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import play
 from clawrl.envs.sandbox import Sandbox, sandbox_available
 from machine import machine  # benchmarks/machine.py, beside this script
@@ -92,6 +99,34 @@ async def rollouts(family: str, episodes: int, concurrency: int) -> dict[str, An
             "episodes_per_min": summary["episodes_per_min"], "steps_per_min": round(60 * steps / summary["elapsed_s"], 1)}
 
 
+def available_mib() -> float:
+    """The machine's available memory (MemAvailable), in MiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+async def footprint(family: str, hold: int) -> dict[str, Any]:
+    """Memory per open environment of `family`, `hold` of them in an episode at once."""
+    env_config = EnvConfig(env=family)
+    envs = [make_environment(env_config) for _ in range(hold)]
+    tasks = await envs[0].tasks("train")
+    before = available_mib()
+    try:
+        for index, env in enumerate(envs):
+            observation = await env.reset(index, tasks[index % len(tasks)])
+            policy = await make_policy("oracle", env, tasks[index % len(tasks)], index)
+            messages = [message.to_openai() for message in observation.messages]
+            await env.step(Action.model_validate(await policy(messages, observation.tools)))
+        await asyncio.sleep(1.0)  # let the processes settle
+        taken = before - available_mib()
+    finally:
+        for env in envs:
+            await env.close()
+    return {"family": family, "held": hold, "mib_per_env": round(taken / hold, 1)}
+
+
 def print_tables(results: dict[str, Any]) -> None:
     print("\n| sandbox | median (ms) | p90 (ms) |\n|---|---:|---:|")
     for name, figures in results["lifecycle"].items():
@@ -104,6 +139,9 @@ def print_tables(results: dict[str, Any]) -> None:
     for row in results["rollouts"]:
         print(f"| {row['family']} | {row['concurrency']} | {row['episodes']} | {row['failed']} | {row['mean_reward']} | "
               f"{row['episodes_per_min']} | {row['steps_per_min']} |")
+    print("\n| family | environments held | memory per environment (MiB) |\n|---|---:|---:|")
+    for row in results["footprint"]:
+        print(f"| {row['family']} | {row['held']} | {row['mib_per_env']} |")
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +151,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "commands": await command_costs(args.repeats),
         "rollouts": [await rollouts(family, args.episodes, level)
                      for family in args.families.split(",") for level in levels],
+        "footprint": [await footprint(family, args.hold) for family in args.families.split(",")],
     }
 
 
@@ -121,12 +160,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timings per sandbox operation and command")
     parser.add_argument("--episodes", type=int, default=24, help="oracle episodes per family and concurrency")
     parser.add_argument("--concurrency", default="1,2,4", help="episodes at a time, comma-separated")
-    parser.add_argument("--families", default="toolcall,terminal", help="environments, comma-separated")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 repeats, 2 episodes, concurrency 1,2")
+    parser.add_argument("--families", default="toolcall,terminal,swe,web", help="environments, comma-separated")
+    parser.add_argument("--hold", type=int, default=8, help="environments of a family held open at once for the footprint")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 3 repeats, 2 episodes, concurrency 1,2, 2 held")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/envs.json"))
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.episodes, args.concurrency = 3, 2, "1,2"
+        args.repeats, args.episodes, args.concurrency, args.hold = 3, 2, "1,2", 2
     reason = sandbox_available()
     if reason is not None:
         raise SystemExit(f"sandboxes cannot start here: {reason}")

@@ -20,7 +20,8 @@ UNAVAILABLE = sandbox_available()
 @pytest.mark.skipif(UNAVAILABLE is not None, reason=f"sandboxes cannot start here: {UNAVAILABLE}")
 def test_the_environment_benchmark_measures_the_sandbox_and_both_families(tmp_path: Path) -> None:
     out = tmp_path / "envs.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "envs.py"), "--quick", "--out", str(out)],
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "envs.py"), "--quick", "--families", "toolcall,terminal",
+                             "--out", str(out)],
                             capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     written = json.loads(out.read_text())
@@ -31,6 +32,8 @@ def test_the_environment_benchmark_measures_the_sandbox_and_both_families(tmp_pa
         ("toolcall", 1), ("toolcall", 2), ("terminal", 1), ("terminal", 2)}
     assert all(row["failed"] == 0 and row["mean_reward"] == 1.0 for row in written["rollouts"])
     assert "| toolcall | 2 |" in result.stdout
+    assert [row["family"] for row in written["footprint"]] == ["toolcall", "terminal"]
+    assert all(row["held"] == 2 for row in written["footprint"])
 
 
 def load_envs_learn() -> Any:
