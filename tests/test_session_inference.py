@@ -114,3 +114,34 @@ def test_two_empty_answers_in_a_row_continue_the_newest(tmp_path: Path) -> None:
     identity = resolve_session(store, None, fourth, "main")
     assert (identity.session_id, identity.continues_turn_id) == ("s1", "t3")
     assert identity.next_state == [user("last try")]
+
+
+def system(text: str) -> dict[str, Any]:
+    return {"role": "system", "content": text}
+
+
+def test_a_retry_of_an_empty_answer_without_echoing_it_continues_that_turn(tmp_path: Path) -> None:
+    """OpenClaw, given an empty answer (EOS first), drops it and asks again with a note of its own
+    and a fresh context message (seen in CI): that request continues the empty turn, whose next
+    state is what the retry added, instead of starting a session of its own."""
+    store = Store.for_run_dir(tmp_path)
+    asked = [system("You are an agent."), user("[Wed 12:51] Plan a day in Lyon for me."), user("<context 1>")]
+    record(store, "t1", "s1", asked, "")
+    note = user("[Wed 12:51] The previous attempt did not produce a user-visible answer. Reply to the user.")
+    retry = [system("You are an agent."), user("[Wed 12:51] Plan a day in Lyon for me."), note, user("<context 2>")]
+    identity = resolve_session(store, None, retry, "main")
+    assert (identity.session_id, identity.id_source, identity.continues_turn_id) == ("s1", "inferred", "t1")
+    assert identity.next_state == [note, user("<context 2>")]
+    assert resolve_session(store, None, retry, "side").id_source == "new"  # a side turn never continues one
+
+
+def test_only_a_recent_empty_answer_that_ended_its_session_is_retried(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("hello there")], "Hi!")  # answered: a retry of it would echo it
+    record(store, "t2", "s2", [user("what time is it")], "")
+    record(store, "t3", "s2", [user("what time is it"), user("well?")], "It is noon.")  # the session went on
+    record(store, "t4", "s3", [user("a question")], "")
+    for request in ([user("hello there"), user("more")], [user("what time is it"), user("again")],
+                    [user("a different question"), user("more")], [user("a question")]):  # fmt: skip
+        assert resolve_session(store, None, request, "main").id_source == "new", request
+    assert resolve_session(store, None, [user("a question"), user("hello?")], "main").continues_turn_id == "t4"

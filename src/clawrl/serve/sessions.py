@@ -11,6 +11,7 @@ The newest matching turn wins; its next state is whatever the request adds after
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from clawrl.store import Store
 from clawrl.types import Message, SessionIdSource, Turn, TurnKind
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
+# How recent an empty answer must be for a request without an echo to be taken as its retry
+RETRY_WINDOW_S = 600.0
 
 # Requests that agents make for themselves rather than for their user, recognised by their system
 # prompt whatever --side-turn-system-regex says (a client's X-Turn-Type or turn_type still
@@ -115,7 +118,31 @@ def resolve_session(
                 continues_turn_id=candidate.id if next_state else None,
                 next_state=next_state or None,
             )
-    return SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+    retried = _retried_empty_answer(store, messages) if kind == "main" else None
+    return retried or SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+
+
+def _retried_empty_answer(store: Store, messages: list[Message]) -> SessionIdentity | None:
+    """A request that retries a turn which answered with nothing, without echoing the empty answer.
+
+    An agent that got no visible answer may drop it and ask again, adding a message of its own
+    (OpenClaw: "The previous attempt did not produce a user-visible answer ..."). No echo finds
+    such a request, so it would start a session of its own and leave the empty turn without the
+    next state that says it failed. It continues the newest recent empty turn, the newest main
+    turn of its session, whose conversation the request keeps up to its first new message; what
+    the request adds is that turn's next state.
+    """
+    for turn in store.recent_empty_answers(time.time() - RETRY_WINDOW_S):
+        newest = store.last_main_turn(turn.session_id)
+        if newest is None or newest.id != turn.id:
+            continue  # the session went on: a retry continues the latest turn only
+        known = set(turn.message_hashes)
+        added = [position for position, message in enumerate(messages)
+                 if message["role"] not in ("system", "developer") and message_hash(message) not in known]  # fmt: skip
+        if added and _follows_conversation(messages[: added[0]], turn):
+            next_state = [messages[position] for position in added]
+            return SessionIdentity(turn.session_id, "inferred", continues_turn_id=turn.id, next_state=next_state)
+    return None
 
 
 def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, position: int) -> tuple[Turn, int]:

@@ -150,6 +150,19 @@ class Store:
             )
             return [records.turn(row) for row in db.scalars(query)]
 
+    def recent_empty_answers(self, since: float, limit: int = 16) -> list[Turn]:
+        """Main turns of open sessions answered with nothing (no text, no tool call) since `since`, newest first."""
+        with self.read() as db:
+            query = (
+                select(TurnRow)
+                .join(SessionRow, SessionRow.id == TurnRow.session_id)
+                .where(TurnRow.kind == "main", ~SessionRow.done, TurnRow.created_at >= since,
+                       func.length(func.trim(TurnRow.response_text)) == 0, TurnRow.finish_reason != "tool_calls")
+                .order_by(TurnRow.created_at.desc())
+                .limit(limit)
+            )  # fmt: skip
+            return [records.turn(row) for row in db.scalars(query)]
+
     def last_main_turn(self, session_id: str) -> Turn | None:
         with self.read() as db:
             query = (
