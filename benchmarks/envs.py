@@ -9,8 +9,9 @@ overhead, and episodes and steps per minute of each family with the oracle polic
   environment pool) per family at each `--concurrency`; the oracle never fails, so every figure is
   the environments' cost and none is the model's.
 - **Footprint**: `--hold` environments of each family open at once, each in an episode with one
-  oracle step taken (so its sandbox, shell or browser is up): the memory they take together, read
-  as the drop of the machine's available memory, per environment. With the rollouts' episodes per
+  oracle step taken (so its sandbox, shell or browser is up): the memory of every process they run
+  (the proportional set size of this process's descendants, so shared libraries count once), per
+  environment. With the rollouts' episodes per
   minute this says how many of a family one machine holds: memory bounds the count, the cores
   bound the throughput.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -99,12 +101,35 @@ async def rollouts(family: str, episodes: int, concurrency: int) -> dict[str, An
             "episodes_per_min": summary["episodes_per_min"], "steps_per_min": round(60 * steps / summary["elapsed_s"], 1)}
 
 
-def available_mib() -> float:
-    """The machine's available memory (MemAvailable), in MiB."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (its children, theirs, ...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the parent is the 4th field, after the command name in parentheses (which may hold spaces)
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the process ended while we looked
+            parents.setdefault(parent, []).append(int(entry.name))
+    found, frontier = [], [root]
+    while frontier:
+        children = parents.get(frontier.pop(), [])
+        found += children
+        frontier += children
+    return found
+
+
+def pss_mib(pids: list[int]) -> float:
+    """Proportional set size of `pids` together (shared pages split among their users), in MiB."""
+    total_kib = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total_kib += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+    return total_kib / 1024
 
 
 async def footprint(family: str, hold: int) -> dict[str, Any]:
@@ -112,7 +137,6 @@ async def footprint(family: str, hold: int) -> dict[str, Any]:
     env_config = EnvConfig(env=family)
     envs = [make_environment(env_config) for _ in range(hold)]
     tasks = await envs[0].tasks("train")
-    before = available_mib()
     try:
         for index, env in enumerate(envs):
             observation = await env.reset(index, tasks[index % len(tasks)])
@@ -120,7 +144,7 @@ async def footprint(family: str, hold: int) -> dict[str, Any]:
             messages = [message.to_openai() for message in observation.messages]
             await env.step(Action.model_validate(await policy(messages, observation.tools)))
         await asyncio.sleep(1.0)  # let the processes settle
-        taken = before - available_mib()
+        taken = pss_mib(descendants(os.getpid()))  # the sandboxes and what runs in them are this process's
     finally:
         for env in envs:
             await env.close()
