@@ -19,10 +19,8 @@ the test runner's results could fake a pass.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import shlex
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from typing import Any
 from clawrl.envs.episode import command_output
 from clawrl.envs.sandbox import WORKDIR, Sandbox, SandboxLimits
 from clawrl.envs.swe_instances import SWEInstance
+from clawrl.envs.terminal_tasks import tar_gz
 
 RUNNER = Path(__file__).with_name("swe_runner.py")
 TEST_TIMEOUT_S = 10.0
@@ -105,7 +104,7 @@ async def judge(instance: SWEInstance, checkout: Path, patch: str, limits: Sandb
     files = {"model.diff": patch, "test.diff": instance.test_patch, "runner.py": RUNNER.read_text(),
              "ids": "".join(f"{test}\n" for test in tests)}  # fmt: skip
     async with Sandbox(checkout, limits) as sandbox:
-        run = await sandbox.run(_JUDGE_SCRIPT, stdin=base64.b64encode(_tar_gz(files)).decode(), timeout_s=JUDGE_TIMEOUT_S)
+        run = await sandbox.run(_JUDGE_SCRIPT, stdin=base64.b64encode(tar_gz(files)).decode(), timeout_s=JUDGE_TIMEOUT_S)
         statuses = _statuses((await sandbox.run(f"cat {_JUDGE_DIR}/results.jsonl 2>/dev/null", cwd="/")).stdout)
     problem = command_output("", run.stderr, run.exit_code, run.timed_out, 500)
     if run.exit_code == _PATCH_FAILED:
@@ -118,17 +117,6 @@ async def judge(instance: SWEInstance, checkout: Path, patch: str, limits: Sandb
         {test: statuses.get(test, "missing") for test in instance.PASS_TO_PASS},
         None if run.exit_code == 0 else f"the test run failed: {problem}",
     )
-
-
-def _tar_gz(files: dict[str, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, text in files.items():
-            data = text.encode()
-            member = tarfile.TarInfo(name)
-            member.size = len(data)
-            archive.addfile(member, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def _statuses(results: str) -> dict[str, str]:

@@ -187,7 +187,7 @@ def _lines(rng: random.Random, words: Sequence[str], count: int) -> list[str]:
     return [f"{rng.choice(words)}-{rng.randint(10, 99)}" for _ in range(count)]
 
 
-def _tar_gz(members: dict[str, str]) -> bytes:
+def tar_gz(members: dict[str, str]) -> bytes:
     """A gzipped tar of text files, with fixed times so that the bytes are reproducible."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
@@ -374,7 +374,7 @@ def _extract_tarball(rng: random.Random, words: Sequence[str]) -> TaskSpec:
         f"Extract the archive `bundle.tar.gz` into a new directory `{target}/`, so that its files are directly in "
         f"`{target}/`.",
         [_file_equals(f"{target}/{name}", text) for name, text in members.items()],
-        f"mkdir -p {target}\ntar -xzf bundle.tar.gz -C {target}", {"bundle.tar.gz": _tar_gz(members)},
+        f"mkdir -p {target}\ntar -xzf bundle.tar.gz -C {target}", {"bundle.tar.gz": tar_gz(members)},
     )
 
 
@@ -393,7 +393,7 @@ def _archive_manifest(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     return TaskSpec(
         "Write the paths of the files in `release.tar.gz`, sorted alphabetically, one per line, to `manifest.txt`.",
         [_file_equals("manifest.txt", "\n".join(sorted(members)))], "tar -tzf release.tar.gz | sort > manifest.txt",
-        {"release.tar.gz": _tar_gz(members)},
+        {"release.tar.gz": tar_gz(members)},
     )
 
 
