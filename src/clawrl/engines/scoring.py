@@ -67,11 +67,10 @@ def prefix_tree(prompts: Sequence[Sequence[int]], min_shared: int = MIN_SHARED_T
     Every row keeps at least its last prompt token of its own: that position predicts the first
     response token, so it must be in the row's own pass (a group's rollouts share all but it).
     """
-    rows = tuple(range(len(prompts)))
     if len(prompts) < 2:
-        return PrefixTree(0, 0, rows, (), rows)
+        return flat_tree(len(prompts))
     heads = [list(prompt[:-1]) for prompt in prompts]
-    return _branch(heads, tuple(sorted(rows, key=heads.__getitem__)), 0, min_shared)
+    return _branch(heads, tuple(sorted(range(len(prompts)), key=heads.__getitem__)), 0, min_shared)
 
 
 def _branch(heads: list[list[int]], rows: tuple[int, ...], start: int, min_shared: int) -> PrefixTree:
@@ -98,7 +97,7 @@ def _branch(heads: list[list[int]], rows: tuple[int, ...], start: int, min_share
     return PrefixTree(start, end, rows, tuple(children), tuple(sorted(alone)))
 
 
-def _close(heads, run: list[int], end: int, min_shared: int, children: list[PrefixTree], alone: list[int]) -> None:
+def _close(heads: list[list[int]], run: list[int], end: int, min_shared: int, children: list[PrefixTree], alone: list[int]) -> None:
     if len(run) > 1:
         children.append(_branch(heads, tuple(run), end, min_shared))
     else:
@@ -253,10 +252,11 @@ def response_hidden_states(model: torch.nn.Module, rows: PackedRows) -> Tensor:
     decoder = model.get_decoder()
     parts: list[tuple[Tensor, Tensor]] = []
     _walk(decoder, rows.root, None, 0, width, parts)
-    if len(parts) == 1:
-        return parts[0][1]  # one group of every row, in order
+    batch = rows.response_ids.shape[0]
+    if len(parts) == 1 and parts[0][0].numel() == batch:
+        return parts[0][1]  # one group of every row, in order (a group's rows are sorted)
     first = parts[0][1]
-    hidden = first.new_zeros(rows.response_ids.shape[0], width, first.shape[-1])
+    hidden = first.new_zeros(batch, width, first.shape[-1])
     return hidden.index_copy(0, torch.cat([index for index, _ in parts]), torch.cat([states for _, states in parts]))
 
 

@@ -15,7 +15,8 @@ What the pool guarantees:
 - **Leases with heartbeats**: a lease is alive while its holder beats (`Lease.heartbeat`; every
   step beats). One not heard from for `lease_timeout_s` is taken back and its environment
   closed, so a holder that died (a client gone, a worker cancelled) does not keep capacity.
-- **Idle reaping**: a warm environment unused for `idle_s` is closed.
+- **Idle reaping**: a warm environment unused for `idle_s` is closed. Expiry and idleness are
+  checked (`reap`) whenever a lease is asked for.
 - **Step timeouts**: `Lease.step` gives up after `step_timeout_s`; the episode is then failed
   and its environment closed on release.
 
@@ -173,12 +174,6 @@ class EnvPool:
         if idle or lost:
             async with self._returned:
                 self._returned.notify_all()
-
-    async def reap_forever(self) -> None:
-        """`reap` every quarter of the shorter timeout, until cancelled."""
-        while True:
-            await asyncio.sleep(max(0.05, min(self.idle_s, self.lease_timeout_s) / 4))
-            await self.reap()
 
     async def close(self) -> None:
         """Close every environment, leased or warm; later leases fail."""
