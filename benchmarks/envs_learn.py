@@ -42,7 +42,7 @@ from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import plan_episodes, run_rollouts
 from clawrl.envs.server import server_policies
 from clawrl.serve.runner import free_port
-from clawrl.sim.agents import agent_model_path, micro_env_config
+from clawrl.sim.agents import FAMILIES, agent_model_path, micro_env_config
 from clawrl.sim.bench import Agent, ServerProcess, settle
 from clawrl.sim.metrics import bootstrap_ci, mean
 from clawrl.sim.stats import paired_difference
@@ -159,7 +159,7 @@ def table(summary: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--family", choices=("toolcall", "terminal"), default="toolcall")
+    parser.add_argument("--family", choices=FAMILIES, default="toolcall")
     parser.add_argument("--arms", default="integrated", help="comma-separated: integrated, outcome")
     parser.add_argument("--seeds", default="10-12")
     parser.add_argument("--rounds", type=int, default=6, help="training rounds (an evaluation before each and after the last)")

@@ -241,3 +241,20 @@ def test_rollout_oracle_resolves_every_episode_and_random_resolves_none(generate
     assert summaries["random"]["failed"] == 0 and summaries["random"]["mean_reward"] < summaries["oracle"]["mean_reward"]
     missing = clawrl("rollout", "--env", "swe", "--policy", "oracle", "--swe-instances", str(cache_dir / "none.jsonl"))
     assert missing.returncode != 0 and "--swe-instances" in missing.stderr and "no such file" in missing.stderr
+
+
+@needs_sandbox
+def test_a_micro_split_keeps_only_the_bug_kinds_and_libraries_asked_for(cache_dir: Path) -> None:
+    micro = ("--swe-kinds", "condition", "--swe-libraries", "statkit,textkit", "--cache-dir", str(cache_dir))
+    result = clawrl("rollout", "--env", "swe", "--policy", "oracle", "--episodes", "4", "--json", *micro)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["mean_reward"] == 1.0
+    env = SWEEnv(EnvConfig(swe_kinds="condition", swe_libraries="statkit,textkit", cache_dir=cache_dir))
+    tasks = asyncio.run(env.tasks("train")) + asyncio.run(env.tasks("eval"))
+    assert len(tasks) >= 8 and {task.split("__")[1].split("-")[0] for task in tasks} == {"statkit", "textkit"}
+    for task in tasks:  # each gold patch takes a negation off an `if` test: the one kind asked for
+        patch = env._known(task).patch
+        assert [line.strip() for line in changed_lines(patch, "-") if "not (" in line] and "not (" not in "".join(changed_lines(patch, "+"))
+    for flag, value, known in (("--swe-kinds", "typo", "condition"), ("--swe-libraries", "numpy", "statkit")):
+        wrong = clawrl("rollout", "--env", "swe", "--policy", "oracle", flag, value, "--cache-dir", str(cache_dir))
+        assert wrong.returncode != 0 and value in wrong.stderr and known in wrong.stderr and "Traceback" not in wrong.stderr

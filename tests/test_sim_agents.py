@@ -26,12 +26,14 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
-from clawrl.sim.agents import (_VERBS, HABITS, AgentConfig, Habit, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
-                               micro_env_config, opening_drill, play_demonstrations, train_agent)  # fmt: skip
+from clawrl.envs.web.browser import browser_unavailable
+from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, WEB_MICRO, AgentConfig, Habit, copy_drill,
+                               demonstration_tasks, demonstration_words, encode_episode, micro_env_config, opening_drill,
+                               play_demonstrations, renumbered, swe_fix_command, train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
-EXPECTED = {"solve": 1.0, "guess": 0.0, "echo": 0.0, "typo": 0.0, "quit": 0.0, "look": 0.0}
+EXPECTED = {"solve": 1.0, "guess": 0.0, "echo": 0.0, "typo": 0.0, "quit": 0.0, "look": 0.0, "off": 0.0, "test": 0.0}
 
 
 def play_habit(family: str, habit: str, tasks: list[str], cache_dir: Path) -> list[EpisodeRecord]:
@@ -47,7 +49,7 @@ def play_habit(family: str, habit: str, tasks: list[str], cache_dir: Path) -> li
 
 
 @needs_sandbox
-@pytest.mark.parametrize("family", ["toolcall", "terminal"])
+@pytest.mark.parametrize("family", ["toolcall", "terminal", "swe"])
 def test_each_habit_plays_real_episodes_with_the_outcome_it_stands_for(family: str, tmp_path: Path) -> None:
     micro = micro_env_config(family, tmp_path)
     tasks = asyncio.run(make_environment(micro).tasks("eval"))[:4]
@@ -59,6 +61,30 @@ def test_each_habit_plays_real_episodes_with_the_outcome_it_stands_for(family: s
         if habit == "typo":  # the misspelt program or command fails visibly: what a step judge can see
             assert tool_messages and all("not" in message["content"] or "Error" in message["content"] for message in tool_messages
                                          if message["content"] != "finished; the task is being checked")  # fmt: skip
+
+
+@needs_sandbox
+def test_the_web_habits_solve_click_the_ends_of_the_page_or_press_enter(tmp_path: Path) -> None:
+    if browser_unavailable() is not None:
+        pytest.skip(f"no browser: {browser_unavailable()}")
+    tasks = asyncio.run(make_environment(micro_env_config("web", tmp_path)).tasks("eval"))
+    rewards = {habit: [record.reward for record in play_habit("web", habit, tasks, tmp_path)] for habit in HABITS["web"]}
+    assert rewards["solve"] == [1.0] * len(tasks) and rewards["enter"] == [0.0] * len(tasks)
+    # the first or the last element is sometimes the one asked for, never both (a page lists several)
+    assert all(first + last <= 1.0 for first, last in zip(rewards["first"], rewards["last"], strict=True))
+    assert 0 < sum(rewards["first"]) + sum(rewards["last"]) < len(tasks)
+
+
+def test_an_swe_demonstration_renumbered_shows_and_fixes_another_line() -> None:
+    grep = {"role": "tool", "content": "pkg/mod.py:17:    if not (x < 3):", "tool_call_id": "call_shell"}
+    fix = Habit("swe", "solve", "")._swe(1, [grep])
+    record = EpisodeRecord("clawrl-swe__datehelp-1", 0, 0, messages=[{"role": "user", "content": "Bug in `f`"},
+                                                                      Habit("swe", "solve", "")._swe(0, []), grep, fix])  # fmt: skip
+    moved = renumbered(record, 230)
+    assert moved.messages[2]["content"] == "pkg/mod.py:230:    if not (x < 3):"
+    assert json.loads(moved.messages[3]["tool_calls"][0]["function"]["arguments"])["command"] == swe_fix_command(230)
+    assert json.loads(fix["tool_calls"][0]["function"]["arguments"])["command"] == swe_fix_command(17)  # the original stays
+    assert moved.messages[:2] == record.messages[:2]
 
 
 def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Path) -> None:
@@ -75,6 +101,16 @@ def test_demonstrations_never_use_the_benchmarks_problems_or_tasks(tmp_path: Pat
     assert len(set(instructions)) > 40  # new names and contents, not the same few tasks
     # made-up names only: the agent must copy names from the instruction, it cannot recall the benchmark's
     assert not any(re.search(rf"\b{word}\b", text, re.IGNORECASE) for word in WORDS for text in instructions)
+
+    # SWE: the micro split's bug kind in libraries the micro split does not use; web: problems neither split asks
+    swe_micro = make_environment(micro_env_config("swe", tmp_path))
+    swe_benchmark = set(asyncio.run(swe_micro.tasks("train")) + asyncio.run(swe_micro.tasks("eval")))
+    swe_demos = {task for _, task in demonstration_tasks("swe", 40, tmp_path, tmp_path)}
+    assert swe_demos and not swe_demos & swe_benchmark
+    assert {task.split("__")[1].split("-")[0] for task in swe_demos} == set(SWE_DEMONSTRATION_LIBRARIES)
+    web_demos = [task for _, task in demonstration_tasks("web", 60, tmp_path, tmp_path)]
+    assert len(set(web_demos)) == 60 and all(int(task.rsplit("-", 1)[1]) >= 1000 for task in web_demos)
+    assert {task.rsplit("-", 1)[0] for task in web_demos} == set(WEB_MICRO)
 
 
 def test_a_copy_drill_trains_only_on_a_command_repeating_the_new_names_the_user_quoted(tiny_model_dir: Path) -> None:

@@ -462,8 +462,8 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
 
 
 def _environment_or_exit(config: EnvConfig) -> Any:
-    """The environment class `--env` names (and its tasks directory or instances file, when given), or
-    exit with the error that lists the names."""
+    """The environment class `--env` names, once one was made with the settings given (its tasks
+    directory or instances file, its micro split), or exit with the error that says what is wrong."""
     from clawrl.envs.registry import environment_class
 
     if config.terminal_tasks_dir is not None and not config.terminal_tasks_dir.is_dir():
@@ -473,9 +473,14 @@ def _environment_or_exit(config: EnvConfig) -> Any:
         raise StartupError(f"--swe-instances {config.swe_instances}: no such file",
                            "give a JSON Lines file of SWE instances, or leave it unset for the built-in instances")
     try:
-        return environment_class(config.env)
+        kind = environment_class(config.env)
     except ValueError as error:
         raise StartupError(str(error), "pick one with --env (`clawrl envs list`)") from None
+    try:
+        kind(config)  # its micro-split flags (--web-families, --swe-kinds, ...) are checked when it is made
+    except ValueError as error:
+        raise StartupError(str(error)) from None
+    return kind
 
 
 def cmd_envs_serve(args: argparse.Namespace) -> int:

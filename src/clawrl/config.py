@@ -691,6 +691,16 @@ class EnvConfig(_Settings):
         "unset: `repos/` beside --swe-instances.",
     )
     swe_seed: int = Field(0, ge=0, description="Seed of the built-in SWE instance generator.")
+    swe_kinds: str = Field(
+        "",
+        description="Comma-separated bug kinds of the built-in SWE instances (operator, comparison, boolean, constant, "
+        "condition, removal): a micro split; empty: every kind.",
+    )
+    swe_libraries: str = Field(
+        "",
+        description="Comma-separated built-in SWE libraries (datehelp, intervals, stackcalc, statkit, textkit, "
+        "unitconv): a micro split; empty: all of them.",
+    )
     web_families: str = Field(
         "",
         description="Comma-separated web task families (e.g. `click-button,enter-text,shipping`; `clawrl envs list` "
@@ -705,7 +715,7 @@ class EnvConfig(_Settings):
     )
 
 
-    @field_validator("toolcall_kinds", "toolcall_levels", "terminal_task_prefixes", "web_families")
+    @field_validator("toolcall_kinds", "toolcall_levels", "terminal_task_prefixes", "swe_kinds", "swe_libraries", "web_families")
     @classmethod
     def _comma_list(cls, value: str) -> str:
         items = [item.strip() for item in value.split(",") if item.strip()]
@@ -724,6 +734,12 @@ class EnvConfig(_Settings):
 
     def terminal_prefix_list(self) -> list[str]:
         return [prefix for prefix in self.terminal_task_prefixes.split(",") if prefix]
+
+    def swe_kind_list(self) -> list[str]:
+        return [kind for kind in self.swe_kinds.split(",") if kind]
+
+    def swe_library_list(self) -> list[str]:
+        return [library for library in self.swe_libraries.split(",") if library]
 
     def web_family_list(self) -> list[str]:
         return [family for family in self.web_families.split(",") if family]

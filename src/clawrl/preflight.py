@@ -32,7 +32,7 @@ DATABASE_URL_EXAMPLE = "sqlite:////abs/path/clawrl.db or postgresql+psycopg://US
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # the models `clawrl.sim.models.resolve_model` builds by name (tiny-<family>: sim/agents.py FAMILIES)
-LOCALLY_BUILT = ("tiny", "tiny-pretrained", "tiny-toolcall", "tiny-terminal")
+LOCALLY_BUILT = ("tiny", "tiny-pretrained", "tiny-toolcall", "tiny-terminal", "tiny-swe", "tiny-web")
 
 
 class StartupError(SystemExit):

@@ -75,7 +75,9 @@ class SWEEnv(ToolEnvironment):
         super().__init__(self.config.max_steps)
         instances_file = self.config.swe_instances
         if instances_file is None:
-            instances_file = generated_instances_dir(self.config.cache_dir, self.config.swe_seed) / INSTANCES_FILE
+            generated = generated_instances_dir(self.config.cache_dir, self.config.swe_seed, self.config.swe_kind_list(),
+                                                self.config.swe_library_list())  # fmt: skip
+            instances_file = generated / INSTANCES_FILE
         self._instances = load_instances(Path(instances_file))
         if not self._instances:
             raise ValueError(f"no SWE instances in {instances_file}")

@@ -33,12 +33,13 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clawrl.envs.swe_instances import SWEInstance, git_env
-from clawrl.envs.swe_mutations import Mutation, mutations
+from clawrl.envs.swe_mutations import MUTATION_KINDS, Mutation, mutations
 
 GENERATOR_VERSION = 1  # bump when the instances change, so caches of the old set are not reused
 INSTANCES_PER_LIBRARY = 9
@@ -93,14 +94,19 @@ def read_libraries() -> list[Library]:
     return libraries
 
 
-def generated_instances_dir(cache_dir: Path, seed: int) -> Path:
-    """The built-in instances for `seed` (INSTANCES_FILE and repos/), generated under `cache_dir` on first use."""
-    target = cache_dir / "swe-instances" / f"v{GENERATOR_VERSION}-seed{seed}"
+def generated_instances_dir(cache_dir: Path, seed: int, kinds: Sequence[str] = (), libraries: Sequence[str] = ()) -> Path:
+    """The built-in instances for `seed` (INSTANCES_FILE and repos/), generated under `cache_dir` on first use.
+
+    `kinds` keeps only bugs of those mutation kinds, `libraries` only those libraries (empty: all):
+    a micro split, written to a folder of its own.
+    """
+    selection = "".join(f"-{'+'.join(sorted(names))}" for names in (kinds, libraries) if names)
+    target = cache_dir / "swe-instances" / f"v{GENERATOR_VERSION}-seed{seed}{selection}"
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-    generate_instances(staging, seed)
+    generate_instances(staging, seed, kinds=kinds, libraries=libraries)
     try:
         staging.rename(target)
     except OSError:  # another process finished first: its set is the same
@@ -108,17 +114,31 @@ def generated_instances_dir(cache_dir: Path, seed: int) -> Path:
     return target
 
 
-def generate_instances(out_dir: Path, seed: int, per_library: int = INSTANCES_PER_LIBRARY) -> list[SWEInstance]:
-    """Write `out_dir/INSTANCES_FILE` and `out_dir/repos/`; return the instances."""
-    libraries = read_libraries()
+def generate_instances(out_dir: Path, seed: int, per_library: int = INSTANCES_PER_LIBRARY, kinds: Sequence[str] = (),
+                       libraries: Sequence[str] = ()) -> list[SWEInstance]:  # fmt: skip
+    """Write `out_dir/INSTANCES_FILE` and `out_dir/repos/`; return the instances (of `kinds` in `libraries`, or all)."""
+    chosen = select_libraries(libraries)
+    unknown_kinds = sorted(set(kinds) - set(MUTATION_KINDS))
+    if unknown_kinds:
+        raise ValueError(f"no mutation kind {', '.join(unknown_kinds)}; the kinds are {', '.join(MUTATION_KINDS)}")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # the work is in subprocesses
-        found = list(pool.map(lambda library: _library_instances(library, seed, per_library, out_dir / "repos"), libraries))
+        found = list(pool.map(lambda library: _library_instances(library, seed, per_library, out_dir / "repos", kinds), chosen))
     instances = [instance for library_instances in found for instance in library_instances]
     (out_dir / INSTANCES_FILE).write_text("".join(instance.model_dump_json() + "\n" for instance in instances))
     return instances
 
 
-def _library_instances(library: Library, seed: int, count: int, repos_dir: Path) -> list[SWEInstance]:
+def select_libraries(names: Sequence[str] = ()) -> list[Library]:
+    """The built-in libraries named (all when `names` is empty); ValueError, listing them, for an unknown name."""
+    libraries = read_libraries()
+    unknown = sorted(set(names) - {library.name for library in libraries})
+    if unknown:
+        known = ", ".join(library.name for library in libraries)
+        raise ValueError(f"no SWE library {', '.join(unknown)}; the libraries are {known}")
+    return [library for library in libraries if not names or library.name in names]
+
+
+def _library_instances(library: Library, seed: int, count: int, repos_dir: Path, kinds: Sequence[str]) -> list[SWEInstance]:
     rng = random.Random(f"swe:{seed}:{library.name}")
     repo = repos_dir / f"{OWNER}__{library.name}"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, capture_output=True, env=git_env())
@@ -127,7 +147,8 @@ def _library_instances(library: Library, seed: int, count: int, repos_dir: Path)
         _write_tree(work, library.files)
         if any(status != "passed" for status in _run_tests(work).values()):
             raise RuntimeError(f"the {library.name} library's own tests do not all pass")
-        candidates = [mutation for path in library.modules for mutation in mutations(path, library.files[path])]
+        candidates = [mutation for path in library.modules for mutation in mutations(path, library.files[path])
+                      if not kinds or mutation.kind in kinds]  # fmt: skip
         rng.shuffle(candidates)
         instances: list[SWEInstance] = []
         for mutation in candidates:

@@ -11,7 +11,7 @@ comments and the bug's diff is a line or two, as a real one would be. The kinds:
 - `constant`: an integer off by one (0 and 1 swapped), a float literal with its last digit lost,
   `True` and `False` swapped;
 - `condition`: the test of an `if` negated;
-- `removed statement`: a call statement, an augmented assignment or a whole `if` block (a guard)
+- `removal`: a call statement, an augmented assignment or a whole `if` block (a guard)
   deleted, where the block holding it keeps another statement.
 
 A candidate is kept only when the result parses and its syntax tree differs from the original's
@@ -46,6 +46,7 @@ _COMPARISON_SWAPS: dict[type[ast.cmpop], tuple[str, str]] = {
     ast.Is: ("is", "is not"),
     ast.IsNot: ("is not", "is"),
 }
+MUTATION_KINDS = ("operator", "comparison", "boolean", "constant", "condition", "removal")
 _BOOLEAN_SWAPS: dict[type[ast.boolop], tuple[str, str]] = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
 _NOISE = re.compile(r"[\s()]")  # what may stand beside an operator between its operands
 
@@ -212,4 +213,4 @@ def _whole_lines(source: _Source, statement: ast.stmt) -> Mutation | None:
         return None
     start = source.line_starts[statement.lineno - 1]
     end = source.line_starts[statement.end_lineno]  # type: ignore[index]
-    return source.mutation(start, end, "", "removed statement", statement.lineno)
+    return source.mutation(start, end, "", "removal", statement.lineno)

@@ -13,6 +13,14 @@ is pre-trained on episodes played by a mix of scripted *habits*, one good and th
                 quit   finish at once
                 look   shell(ls), then finish
                 typo   shell(the solution with its first command misspelt: not found), then finish
+    swe:        solve  shell(git grep -n the negated test), shell(sed undoing it on the line grep showed), submit
+                off    the same, with the line after the one grep showed (nothing changes), then submit
+                test   shell(run the test suite), then submit
+                quit   submit at once
+    web:        solve  click (or type, select) what the task asks, as the oracle does
+                first  click the page's first element
+                last   click the page's last element
+                enter  press Enter
 
 The episodes are played in the real environments (real sandbox, real tool output), so what the
 model imitates is exactly what it will see. Each habit is drawn per episode with its weight, so
@@ -26,6 +34,15 @@ names from the instruction. Demonstrations come from problems and tasks that the
 trains or evaluates on: tool-call train problems after the ones the micro train split uses, and
 terminal tasks generated with other seeds and made-up names (`demonstration_words`), so no
 demonstration shows a benchmark task or even one of its names.
+
+The SWE micro split has one bug kind, a negated `if` test (`if not (x < 3):`), in four of the six
+libraries; the demonstrations are played on the other two, so no demonstration shows a benchmark
+bug. Finding the bug is not asked of the tiny model: the solving habit greps for the pattern the
+bug kind leaves, and what the model must get right is to choose that habit and copy the line number
+from grep's output into its `sed` command (demonstrations give that line a random number each time,
+so it can only be copied, not recalled). The web micro split is three MiniWoB++ families where a
+button, link or radio button must be found by its label (`click-button`, `click-link`, `click-option`);
+demonstrations are played on problems of the same families that neither split asks.
 
 Copying is the terminal agent's hard part: the chat model never had to repeat an arbitrary word
 from its context, and imitating episodes alone did not teach it (it wrote well-formed commands
@@ -51,7 +68,7 @@ import shutil
 import string
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,17 +84,25 @@ from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
+from clawrl.envs.swe import SWEEnv
+from clawrl.envs.swe_generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
 from clawrl.envs.terminal_tasks import GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
+from clawrl.envs.web.env import WebEnv
+from clawrl.envs.web.oracle import oracle_reply
+from clawrl.envs.web.page import parse_listing
+from clawrl.envs.web.tasks import PAGES_VERSION as WEB_PAGES_VERSION
 from clawrl.sim.pretrain import PretrainConfig, learning_rate, pad_batch, pretrained_model_path
 from clawrl.types import Message, ToolSpec
 
 log = logging.getLogger(__name__)
 
 AGENTS_VERSION = "agents-v2"  # bump when habits or training change in a way the key does not show
-FAMILIES = ("toolcall", "terminal")
+FAMILIES = ("toolcall", "terminal", "swe", "web")
 HABITS: dict[str, dict[str, float]] = {
     "toolcall": {"solve": 0.3, "guess": 0.3, "echo": 0.2, "typo": 0.2},
     "terminal": {"solve": 0.3, "quit": 0.25, "look": 0.25, "typo": 0.2},
+    "swe": {"solve": 0.3, "off": 0.2, "test": 0.25, "quit": 0.25},
+    "web": {"solve": 0.3, "first": 0.25, "last": 0.25, "enter": 0.2},
 }
 TERMINAL_MICRO = ("files-mkdir_write", "files-backup_copy", "permissions-make_executable", "permissions-private_file",
                   "archives-gzip_file", "text-replace")  # fmt: skip
@@ -90,6 +115,14 @@ _SYLLABLES = tuple(consonant + vowel for consonant in "bdfgklmnprstvz" for vowel
 DEMONSTRATION_WORDS = 5000
 COPY_DRILLS_VERSION = 5  # bump when `copy_drill` changes
 _FIRST_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+SWE_MICRO_KIND = "condition"
+SWE_MICRO_LIBRARIES = ("stackcalc", "statkit", "textkit", "unitconv")
+SWE_DEMONSTRATION_LIBRARIES = ("datehelp", "intervals")
+SWE_FIND = "git grep -n 'if not ('"
+_GREP_LINE = re.compile(r"^[^:\n]+:(\d+):", re.MULTILINE)
+_SED_LINE = re.compile(r"^sed -i '(\d+)s")
+WEB_MICRO = ("click-button", "click-link", "click-option")
+WEB_DEMONSTRATION_INSTANCES = range(1000, 3000)  # problems neither split asks (they are instances 0-23)
 
 
 def micro_env_config(family: str, cache_dir: Path | None = None) -> EnvConfig:
@@ -102,6 +135,10 @@ def micro_env_config(family: str, cache_dir: Path | None = None) -> EnvConfig:
                          toolcall_train_problems=200, toolcall_eval_problems=60)  # fmt: skip
     if family == "terminal":
         return EnvConfig(**fields, terminal_task_prefixes=",".join(TERMINAL_MICRO))
+    if family == "swe":
+        return EnvConfig(**fields, swe_kinds=SWE_MICRO_KIND, swe_libraries=",".join(SWE_MICRO_LIBRARIES))
+    if family == "web":
+        return EnvConfig(**fields, web_families=",".join(WEB_MICRO))
     raise ValueError(f"no tiny agent for {family!r}; families are {', '.join(FAMILIES)}")
 
 
@@ -145,6 +182,10 @@ class Habit:
         step = sum(message["role"] == "assistant" for message in messages)
         if self.family == "toolcall":
             return self._toolcall(step, messages)
+        if self.family == "swe":
+            return self._swe(step, messages)
+        if self.family == "web":
+            return self._web(messages)
         return self._terminal(step)
 
     def _toolcall(self, step: int, messages: list[Message]) -> Message:
@@ -165,6 +206,33 @@ class Habit:
             return _call("shell", {"command": "ls"})
         command = solution_command(self.reference)
         return _call("shell", {"command": "x" + command if self.habit == "typo" else command})
+
+
+    def _swe(self, step: int, messages: list[Message]) -> Message:
+        if self.habit == "quit" or self.habit == "test" and step > 0 or step > 1:
+            return _call("submit", {})
+        if self.habit == "test":
+            return _call("shell", {"command": "python -m unittest 2>&1 | tail -n 3"})
+        if step == 0:
+            return _call("shell", {"command": SWE_FIND})
+        found = _GREP_LINE.search(str(messages[-1]["content"]))
+        line = int(found.group(1)) if found else 1
+        return _call("shell", {"command": swe_fix_command(line + 1 if self.habit == "off" else line)})
+
+    def _web(self, messages: list[Message]) -> Message:
+        if self.habit == "solve":
+            return oracle_reply(self.reference, messages)
+        if self.habit == "enter":
+            return _call("key", {"name": "Enter"})
+        elements = parse_listing(str(messages[-1]["content"])).elements
+        if not elements:
+            return _call("key", {"name": "Enter"})
+        return _call("click", {"element": elements[0 if self.habit == "first" else -1].id})
+
+
+def swe_fix_command(line: int) -> str:
+    """Undo a negated test on `line` of the file `SWE_FIND` finds: `if not (x):` becomes `if x:`."""
+    return f"sed -i '{line}s/not (\\(.*\\)):$/\\1:/' $(git grep -l 'if not (')"
 
 
 def solution_command(solve_sh: str) -> str:
@@ -209,7 +277,10 @@ def made_up_name(rng: random.Random, letters: bool) -> str:
 
 
 def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path) -> list[tuple[Path | None, str]]:
-    """`count` (task directory or None for the built-in set, task id) pairs that the benchmark never uses."""
+    """`count` (task directory or None for the family's own, task id) pairs that the benchmark never uses.
+
+    Tasks repeat when the family has fewer than `count` (the SWE demonstration libraries' bugs).
+    """
     micro = micro_env_config(family, cache_dir)
     if family == "toolcall":
         kinds, levels = micro.toolcall_kind_list(), micro.toolcall_level_list()
@@ -220,6 +291,12 @@ def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path
         if len(fresh) < count:
             raise ValueError(f"only {len(fresh)} tool-call problems outside the micro split for {count} demonstrations")
         return [(None, task) for task in fresh[:count]]
+    if family in ("swe", "web"):
+        env = demonstration_env(micro, None)
+        tasks = asyncio.run(env.tasks("train")) + asyncio.run(env.tasks("eval"))
+        if family == "web":  # every family of the split, not only the first one's tasks
+            random.Random("agents:web:tasks").shuffle(tasks)
+        return [(None, tasks[index % len(tasks)]) for index in range(count)]
     used = generated_tasks_dir(micro.cache_dir, micro.terminal_seed)
     benchmark_instructions = {task.instruction for task in load_tasks(used).values()}
     tasks: list[tuple[Path | None, str]] = []
@@ -232,6 +309,17 @@ def demonstration_tasks(family: str, count: int, work_dir: Path, cache_dir: Path
                 tasks.append((directory, task_dir.name))
         seed += 1
     return tasks[:count]
+
+
+def demonstration_env(micro: EnvConfig, directory: Path | None) -> Environment:
+    """The environment demonstrations are played in: the micro split's family on tasks it never uses."""
+    if micro.env == "terminal" and directory is not None:
+        return TerminalEnv(micro, tasks_dir=directory)
+    if micro.env == "swe":  # the same bug kind in the other libraries
+        return SWEEnv(micro.model_copy(update={"swe_libraries": ",".join(SWE_DEMONSTRATION_LIBRARIES)}))
+    if micro.env == "web":
+        return WebEnv(micro, instances=WEB_DEMONSTRATION_INSTANCES)
+    return make_environment(micro)
 
 
 def play_demonstrations(family: str, count: int, seed: int, work_dir: Path, cache_dir: Path) -> Demonstrations:
@@ -251,7 +339,7 @@ async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: 
         by_directory.setdefault(directory, []).append(index)
     for directory, indices in by_directory.items():
         def make_env(directory: Path | None = directory) -> Environment:
-            return TerminalEnv(micro, tasks_dir=directory) if directory is not None else make_environment(micro)
+            return demonstration_env(micro, directory)
 
         async def policy_for(env: Environment, planned: PlannedEpisode) -> Policy:
             assert isinstance(env, Solvable)
@@ -272,8 +360,45 @@ async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: 
     if failed:
         log.warning("%d demonstration episodes failed and are left out, e.g. %s", len(failed), failed[0].error)
     played = [record for record in records if not record.failed]
+    if family == "swe":  # the line to fix anywhere in a file, so that its number can only be copied
+        rng = random.Random(f"agents:swe-lines:{len(played)}")
+        played = [renumbered(record, rng.randint(2, 400)) for record in played]
     counts = {habit: sum(habits[record.seed] == habit for record in played) for habit in HABITS[family]}
     return Demonstrations(family, played, tools, counts)
+
+
+def renumbered(record: EpisodeRecord, line: int) -> EpisodeRecord:
+    """An SWE episode with the line grep found shown as `line`, and every `sed` on a line moved by as much.
+
+    The demonstration libraries have six bugs, so their line numbers could be learnt by heart;
+    renumbered, the solving habit's number can only come from grep's output. The episode then no
+    longer matches its repository, which imitation does not need: only its tokens are trained on.
+    """
+    shown = [found for m in record.messages if m["role"] == "tool" and (found := _GREP_LINE.search(str(m["content"])))]
+    if not shown:
+        return record
+    shift = line - int(shown[0].group(1))
+
+    def moved(found: re.Match[str]) -> str:  # a match of _GREP_LINE or _SED_LINE: its number moved by `shift`
+        number_start, number_end = found.span(1)
+        text = found.group(0)
+        return text[: number_start - found.start()] + str(int(found.group(1)) + shift) + text[number_end - found.start() :]
+
+    messages = []
+    for message in record.messages:
+        message = dict(message)
+        if message["role"] == "tool":
+            message["content"] = _GREP_LINE.sub(moved, str(message["content"]))
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                arguments = json.loads(call["function"]["arguments"])
+                if isinstance(arguments.get("command"), str):
+                    arguments["command"] = _SED_LINE.sub(moved, arguments["command"])
+                calls.append({**call, "function": {**call["function"], "arguments": json.dumps(arguments)}})
+            message["tool_calls"] = calls
+        messages.append(message)
+    return replace(record, messages=messages)
 
 
 # --------------------------------------------------------------------------- training
@@ -430,6 +555,10 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
                 "micro": micro, "seed": seed, "config": settings}  # fmt: skip
     if family == "toolcall":  # the problems themselves: a change to a generator is a new key
         identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
+    elif family == "swe":
+        identity["generator"], identity["libraries"] = SWE_GENERATOR_VERSION, SWE_DEMONSTRATION_LIBRARIES
+    elif family == "web":
+        identity["pages"], identity["instances"] = WEB_PAGES_VERSION, [WEB_DEMONSTRATION_INSTANCES.start, WEB_DEMONSTRATION_INSTANCES.stop]
     else:  # the names the demonstrations and drills use, and the drills' shape
         identity["words"], identity["drills"], identity["tasks"] = demonstration_words()[:8], COPY_DRILLS_VERSION, GENERATOR_VERSION
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -2,8 +2,9 @@
 
 `tiny` is the tiny model with random weights (`tiny.py`, seconds to build), `tiny-pretrained`
 the same architecture pre-trained on the learning benchmark's conversations (`pretrain.py`,
-minutes, once per machine), and `tiny-toolcall` and `tiny-terminal` that model taught an
-environment family's format (`agents.py`, minutes more); all are cached under `EngineConfig.cache_dir`. Anything else is a
+minutes, once per machine), and `tiny-toolcall`, `tiny-terminal`, `tiny-swe` and `tiny-web` that
+model taught an environment family's format (`agents.py`, minutes more); all are cached under
+`EngineConfig.cache_dir`. Anything else is a
 local directory or a hub id and is returned as it is. The commands that load the served model
 (`clawrl serve`, `clawrl train`, the benchmark) resolve it here and hand the engine and the
 trainer a path, so serving and training always start from the same weights and the engines never

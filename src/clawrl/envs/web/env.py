@@ -112,10 +112,11 @@ class WebEnv(ToolEnvironment):
     name = "web"
     description = "MiniWoB++ tasks and multi-page forms in a sandboxed headless Chromium, the page as a list of elements"
 
-    def __init__(self, config: EnvConfig | None = None) -> None:
+    def __init__(self, config: EnvConfig | None = None, instances: range | None = None) -> None:
+        """`instances`: which problems of each family are tasks (default: the eval and train splits')."""
         self.config = config or EnvConfig()
         super().__init__(self.config.max_steps)
-        self._tasks = web_tasks(self.config.web_family_list())
+        self._tasks = web_tasks(self.config.web_family_list(), instances)
         self._browser: Browser | None = None
         self._task: WebTask | None = None
         self._next_id = 1  # the id the next element seen for the first time gets, in this episode

@@ -58,14 +58,18 @@ class WebTask:
         return f"file://{PAGES_ROOT}/{relative}"
 
 
-def web_tasks(families: list[str]) -> dict[str, WebTask]:
-    """Every task of `families` (every family when empty), by id; ValueError for an unknown family."""
+def web_tasks(families: list[str], instances: range | None = None) -> dict[str, WebTask]:
+    """Every task of `families` (every family when empty), by id; ValueError for an unknown family.
+
+    `instances` (default: the eval and train splits') picks other instances, e.g. problems that
+    neither split asks, for demonstrations: those outside the eval split's numbers are train tasks.
+    """
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         raise ValueError(f"no web task family {', '.join(unknown)}; the families are {', '.join(FAMILIES)}")
     tasks = {}
     for family in families or FAMILIES:
-        for instance in range(EVAL_INSTANCES + TRAIN_INSTANCES):
+        for instance in instances or range(EVAL_INSTANCES + TRAIN_INSTANCES):
             task = WebTask(f"{family}-{instance}", family, "eval" if instance < EVAL_INSTANCES else "train")
             tasks[task.id] = task
     return tasks
