@@ -181,6 +181,9 @@ def test_training_imitates_only_the_assistant_tokens_of_played_episodes(tiny_mod
     losses = train_agent(tiny_model_dir, demonstrations, tmp_path / "agent", seed=0, config=AgentConfig(steps=3, batch_size=4))
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
     AutoModelForCausalLM.from_pretrained(tmp_path / "agent")  # a model directory like any other
+    # episodes cut before their first reply would teach nothing (a loss of 0/0): the build says so instead
+    with pytest.raises(ValueError, match="no assistant token within max_tokens=64"):
+        train_agent(tiny_model_dir, demonstrations, tmp_path / "cut", seed=0, config=AgentConfig(steps=1, max_tokens=64))
 
 
 @needs_sandbox

@@ -83,9 +83,9 @@ from clawrl.envs.protocol import Environment
 from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
-from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
 from clawrl.envs.swe import SWEEnv
 from clawrl.envs.swe_generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
+from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
 from clawrl.envs.terminal_tasks import GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
 from clawrl.envs.web.env import WebEnv
 from clawrl.envs.web.oracle import oracle_reply
@@ -119,6 +119,7 @@ SWE_MICRO_KIND = "condition"
 SWE_MICRO_LIBRARIES = ("stackcalc", "statkit", "textkit", "unitconv")
 SWE_DEMONSTRATION_LIBRARIES = ("datehelp", "intervals")
 SWE_FIND = "git grep -n 'if not ('"
+SWE_DEMONSTRATION_LINES = (2, 99)  # where a demonstration's bug is shown: anywhere in a module of a hundred lines
 _GREP_LINE = re.compile(r"^[^:\n]+:(\d+):", re.MULTILINE)
 _SED_LINE = re.compile(r"^sed -i '(\d+)s")
 WEB_MICRO = ("click-button", "click-link", "click-option")
@@ -151,12 +152,17 @@ class AgentConfig:
     batch_size: int = 16
     lr: float = 1e-3
     warmup_steps: int = 20
-    max_tokens: int = 640
+    max_tokens: int = 640  # an episode's tokens trained on; longer ones are cut (SWE and web prompts: `agent_config`)
     threads: int = 2
     copy_steps: int = 2000  # terminal only: steps on copy drills alone before the episodes (see `copy_drill`)
     copy_drills: int = 16  # terminal only: copy drills per step, beside the episodes, so copying is kept
     copy_batch_size: int = 32  # copy drills per step of the first phase
     copy_openings: int = 8  # terminal only: opening drills per step, beside the episodes (see `opening_drill`)
+
+
+def agent_config(family: str) -> AgentConfig:
+    """The family's default build: SWE and web prompts (tools, issue or page) are about 1,000 tokens."""
+    return AgentConfig(max_tokens=1536) if family in ("swe", "web") else AgentConfig()
 
 
 # --------------------------------------------------------------------------- habits
@@ -207,7 +213,6 @@ class Habit:
         command = solution_command(self.reference)
         return _call("shell", {"command": "x" + command if self.habit == "typo" else command})
 
-
     def _swe(self, step: int, messages: list[Message]) -> Message:
         if self.habit == "quit" or self.habit == "test" and step > 0 or step > 1:
             return _call("submit", {})
@@ -231,8 +236,11 @@ class Habit:
 
 
 def swe_fix_command(line: int) -> str:
-    """Undo a negated test on `line` of the file `SWE_FIND` finds: `if not (x):` becomes `if x:`."""
-    return f"sed -i '{line}s/not (\\(.*\\)):$/\\1:/' $(git grep -l 'if not (')"
+    """Undo a negated test on `line` of the file `SWE_FIND` finds: `if not (x):` becomes `if (x):`.
+
+    As short as it can be: a tiny model sampling a long command gets one of its tokens wrong too often.
+    """
+    return f"sed -i '{line}s/not //' $(git grep -l 'if not (')"
 
 
 def solution_command(solve_sh: str) -> str:
@@ -362,7 +370,7 @@ async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: 
     played = [record for record in records if not record.failed]
     if family == "swe":  # the line to fix anywhere in a file, so that its number can only be copied
         rng = random.Random(f"agents:swe-lines:{len(played)}")
-        played = [renumbered(record, rng.randint(2, 400)) for record in played]
+        played = [renumbered(record, rng.randint(*SWE_DEMONSTRATION_LINES)) for record in played]
     counts = {habit: sum(habits[record.seed] == habit for record in played) for habit in HABITS[family]}
     return Demonstrations(family, played, tools, counts)
 
@@ -483,6 +491,9 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     rows = [encode_episode(tokenizer, record.messages, demonstrations.tools, config.max_tokens) for record in demonstrations.episodes]
+    cut_off = sum(all(label == -100 for label in labels) for _ids, labels in rows)
+    if cut_off:  # a batch of such rows has no token to learn from: its loss is 0/0
+        raise ValueError(f"{cut_off} of {len(rows)} demonstrations have no assistant token within max_tokens={config.max_tokens}")
     copies = demonstrations.family == "terminal"
     rng = random.Random(seed)
 
@@ -557,6 +568,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
         identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
     elif family == "swe":
         identity["generator"], identity["libraries"] = SWE_GENERATOR_VERSION, SWE_DEMONSTRATION_LIBRARIES
+        identity["fix"], identity["lines"] = swe_fix_command(1), SWE_DEMONSTRATION_LINES
     elif family == "web":
         identity["pages"], identity["instances"] = WEB_PAGES_VERSION, [WEB_DEMONSTRATION_INSTANCES.start, WEB_DEMONSTRATION_INSTANCES.stop]
     else:  # the names the demonstrations and drills use, and the drills' shape
@@ -564,10 +576,11 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def agent_model_path(cache_dir: Path, family: str, seed: int = 0, config: AgentConfig = AgentConfig()) -> Path:
+def agent_model_path(cache_dir: Path, family: str, seed: int = 0, config: AgentConfig | None = None) -> Path:
     """The cached tiny agent of `family`, built first when missing (minutes: the base model, then the agent)."""
     if family not in FAMILIES:
         raise ValueError(f"no tiny agent for {family!r}; families are {', '.join(FAMILIES)}")
+    config = config or agent_config(family)
     base_dir = pretrained_model_path(cache_dir, seed)
     target = Path(cache_dir) / f"tiny-{family}-seed{seed}-{agent_key(family, base_dir, seed, config)}"
     if target.is_dir():
