@@ -119,7 +119,7 @@ SWE_MICRO_KIND = "condition"
 SWE_MICRO_LIBRARIES = ("stackcalc", "statkit", "textkit", "unitconv")
 SWE_DEMONSTRATION_LIBRARIES = ("datehelp", "intervals")
 SWE_FIND = "git grep -n 'if not ('"
-SWE_DEMONSTRATION_LINES = (2, 99)  # where a demonstration's bug is shown: anywhere in a module of a hundred lines
+SWE_DEMONSTRATION_LINES = (2, 199)  # where a demonstration's bug is shown, drawn anew each time it is trained on
 _GREP_LINE = re.compile(r"^[^:\n]+:(\d+):", re.MULTILINE)
 _SED_LINE = re.compile(r"^sed -i '(\d+)s")
 WEB_MICRO = ("click-button", "click-link", "click-option")
@@ -368,9 +368,6 @@ async def _play(micro: EnvConfig, tasks: list[tuple[Path | None, str]], habits: 
     if failed:
         log.warning("%d demonstration episodes failed and are left out, e.g. %s", len(failed), failed[0].error)
     played = [record for record in records if not record.failed]
-    if family == "swe":  # the line to fix anywhere in a file, so that its number can only be copied
-        rng = random.Random(f"agents:swe-lines:{len(played)}")
-        played = [renumbered(record, rng.randint(*SWE_DEMONSTRATION_LINES)) for record in played]
     counts = {habit: sum(habits[record.seed] == habit for record in played) for habit in HABITS[family]}
     return Demonstrations(family, played, tools, counts)
 
@@ -379,8 +376,9 @@ def renumbered(record: EpisodeRecord, line: int) -> EpisodeRecord:
     """An SWE episode with the line grep found shown as `line`, and every `sed` on a line moved by as much.
 
     The demonstration libraries have six bugs, so their line numbers could be learnt by heart;
-    renumbered, the solving habit's number can only come from grep's output. The episode then no
-    longer matches its repository, which imitation does not need: only its tokens are trained on.
+    renumbered anew every time it is trained on, the solving habit's number can only come from
+    grep's output. The episode then no longer matches its repository, which imitation does not
+    need: only its tokens are trained on.
     """
     shown = [found for m in record.messages if m["role"] == "tool" and (found := _GREP_LINE.search(str(m["content"])))]
     if not shown:
@@ -516,8 +514,17 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
                 drill_losses = _train(model, config, config.copy_steps, lambda: model(**drills(config.copy_batch_size)).loss)
                 log.info("tiny agent: copy drills, final loss %.3f", sum(drill_losses[-20:]) / len(drill_losses[-20:]))
 
+            def episode_batch() -> dict[str, torch.Tensor]:
+                if demonstrations.family != "swe":
+                    return pad_batch(rng.sample(rows, config.batch_size), tokenizer.pad_token_id)
+                # a new line number every time an episode is used (`renumbered`), so that it can only be copied
+                records = [renumbered(record, rng.randint(*SWE_DEMONSTRATION_LINES))
+                           for record in rng.sample(demonstrations.episodes, config.batch_size)]  # fmt: skip
+                encoded = [encode_episode(tokenizer, record.messages, demonstrations.tools, config.max_tokens) for record in records]
+                return pad_batch(encoded, tokenizer.pad_token_id)
+
             def episode_loss() -> torch.Tensor:
-                loss = model(**pad_batch(rng.sample(rows, config.batch_size), tokenizer.pad_token_id)).loss
+                loss = model(**episode_batch()).loss
                 losses.append(loss.item())
                 if copies and config.copy_drills:
                     loss = loss + model(**drills(config.copy_drills)).loss
@@ -568,7 +575,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
         identity["problems"] = [problem(task).question for task in problem_ids("train", 8, ["arithmetic", "units"], [1, 2])]
     elif family == "swe":
         identity["generator"], identity["libraries"] = SWE_GENERATOR_VERSION, SWE_DEMONSTRATION_LIBRARIES
-        identity["fix"], identity["lines"] = swe_fix_command(1), SWE_DEMONSTRATION_LINES
+        identity["fix"], identity["lines"], identity["renumbered"] = swe_fix_command(1), SWE_DEMONSTRATION_LINES, "every use"
     elif family == "web":
         identity["pages"], identity["instances"] = WEB_PAGES_VERSION, [WEB_DEMONSTRATION_INSTANCES.start, WEB_DEMONSTRATION_INSTANCES.stop]
     else:  # the names the demonstrations and drills use, and the drills' shape
