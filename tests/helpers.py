@@ -11,7 +11,7 @@ never from one another.
   (`run_cli`);
 * `PostgresServer`: a real PostgreSQL server for the store's PostgreSQL tests;
 * policy versions to load into an engine (`save_lora_adapter`, `save_perturbed_weights`);
-* `require_vllm`: skip (or, under CI, fail) where vLLM is not installed.
+* `require_vllm`, `require_chromium`: skip (or, under CI, fail) where vLLM or the browser is missing.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
 from clawrl.engines.remote import RemoteEngineError
 from clawrl.engines.vllm import find_vllm_python
+from clawrl.envs.web.browser import browser_unavailable
 from clawrl.judge.worker import build_worker
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.serve.runner import ServerThread, free_port
@@ -473,6 +474,16 @@ def require_vllm() -> None:
         if os.environ.get("CLAWRL_REQUIRE_VLLM") == "1":
             pytest.fail(f"vLLM is not installed ({reason}); CLAWRL_REQUIRE_VLLM=1 says it must run here")
         pytest.skip(f"vLLM is not installed: {reason}")
+
+
+def require_chromium() -> None:
+    """Skip the calling test where Chromium, chromedriver or the sandbox are missing (`make test`
+    installs Chromium); under CI (`CLAWRL_REQUIRE_CHROMIUM=1`) fail instead."""
+    reason = browser_unavailable()
+    if reason is not None:
+        if os.environ.get("CLAWRL_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(f"no browser ({reason}); CLAWRL_REQUIRE_CHROMIUM=1 says it must run here")
+        pytest.skip(f"no browser: {reason}")
 
 
 @asynccontextmanager

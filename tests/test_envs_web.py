@@ -26,23 +26,17 @@ from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import make_policy
 from clawrl.envs.protocol import Action, StepResult
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
-from clawrl.envs.web.browser import browser_unavailable
 from clawrl.envs.web.env import WebEnv
 from clawrl.envs.web.page import parse_listing
 from clawrl.envs.web.tasks import FAMILIES, pages_dir
+from tests.helpers import require_chromium
 
 T = TypeVar("T")
-REASON = browser_unavailable()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium() -> None:
-    """Skip where Chromium, chromedriver or the sandbox are missing; under CI
-    (`CLAWRL_REQUIRE_CHROMIUM=1`, `make test` installs Chromium there) fail instead."""
-    if REASON is not None:
-        if os.environ.get("CLAWRL_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(f"no browser ({REASON}); CLAWRL_REQUIRE_CHROMIUM=1 says it must run here")
-        pytest.skip(f"no browser: {REASON}")
+    require_chromium()
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
-from clawrl.envs.web.browser import browser_unavailable
 from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, WEB_MICRO, AgentConfig, Habit, copy_drill,
                                demonstration_tasks, demonstration_words, encode_episode, micro_env_config, opening_drill,
                                play_demonstrations, renumbered, swe_fix_command, train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
+from tests.helpers import require_chromium
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 EXPECTED = {"solve": 1.0, "guess": 0.0, "echo": 0.0, "typo": 0.0, "quit": 0.0, "look": 0.0, "off": 0.0, "test": 0.0}
@@ -65,8 +65,7 @@ def test_each_habit_plays_real_episodes_with_the_outcome_it_stands_for(family: s
 
 @needs_sandbox
 def test_the_web_habits_solve_click_the_ends_of_the_page_or_press_enter(tmp_path: Path) -> None:
-    if browser_unavailable() is not None:
-        pytest.skip(f"no browser: {browser_unavailable()}")
+    require_chromium()
     tasks = asyncio.run(make_environment(micro_env_config("web", tmp_path)).tasks("eval"))
     rewards = {habit: [record.reward for record in play_habit("web", habit, tasks, tmp_path)] for habit in HABITS["web"]}
     assert rewards["solve"] == [1.0] * len(tasks) and rewards["enter"] == [0.0] * len(tasks)

@@ -120,8 +120,8 @@ SWE_MICRO_LIBRARIES = ("stackcalc", "statkit", "textkit", "unitconv")
 SWE_DEMONSTRATION_LIBRARIES = ("datehelp", "intervals")
 SWE_FIND = "git grep -n 'if not ('"
 SWE_DEMONSTRATION_LINES = (2, 199)  # where a demonstration's bug is shown, drawn anew each time it is trained on
-_GREP_LINE = re.compile(r"^[^:\n]+:(\d+):", re.MULTILINE)
-_SED_LINE = re.compile(r"^sed -i '(\d+)s")
+_GREP_LINE = re.compile(r"^([^:\n]+:)(\d+)(?=:)", re.MULTILINE)  # path: then the line number
+_SED_LINE = re.compile(r"^(sed -i ')(\d+)(?=s)")
 WEB_MICRO = ("click-button", "click-link", "click-option")
 WEB_DEMONSTRATION_INSTANCES = range(1000, 3000)  # problems neither split asks (they are instances 0-23)
 
@@ -214,14 +214,14 @@ class Habit:
         return _call("shell", {"command": "x" + command if self.habit == "typo" else command})
 
     def _swe(self, step: int, messages: list[Message]) -> Message:
-        if self.habit == "quit" or self.habit == "test" and step > 0 or step > 1:
+        if self.habit == "quit" or (self.habit == "test" and step > 0) or step > 1:
             return _call("submit", {})
         if self.habit == "test":
             return _call("shell", {"command": "python -m unittest 2>&1 | tail -n 3"})
         if step == 0:
             return _call("shell", {"command": SWE_FIND})
         found = _GREP_LINE.search(str(messages[-1]["content"]))
-        line = int(found.group(1)) if found else 1
+        line = int(found.group(2)) if found else 1
         return _call("shell", {"command": swe_fix_command(line + 1 if self.habit == "off" else line)})
 
     def _web(self, messages: list[Message]) -> Message:
@@ -383,12 +383,10 @@ def renumbered(record: EpisodeRecord, line: int) -> EpisodeRecord:
     shown = [found for m in record.messages if m["role"] == "tool" and (found := _GREP_LINE.search(str(m["content"])))]
     if not shown:
         return record
-    shift = line - int(shown[0].group(1))
+    shift = line - int(shown[0].group(2))
 
-    def moved(found: re.Match[str]) -> str:  # a match of _GREP_LINE or _SED_LINE: its number moved by `shift`
-        number_start, number_end = found.span(1)
-        text = found.group(0)
-        return text[: number_start - found.start()] + str(int(found.group(1)) + shift) + text[number_end - found.start() :]
+    def moved(found: re.Match[str]) -> str:  # a match of _GREP_LINE or _SED_LINE, its number moved by `shift`
+        return f"{found.group(1)}{int(found.group(2)) + shift}"
 
     messages = []
     for message in record.messages:
