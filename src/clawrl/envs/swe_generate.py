@@ -121,8 +121,11 @@ def generate_instances(out_dir: Path, seed: int, per_library: int = INSTANCES_PE
     unknown_kinds = sorted(set(kinds) - set(MUTATION_KINDS))
     if unknown_kinds:
         raise ValueError(f"no mutation kind {', '.join(unknown_kinds)}; the kinds are {', '.join(MUTATION_KINDS)}")
+    # Python 3.11's parser is not thread-safe (cpython gh-106905: "AST constructor recursion depth
+    # mismatch"), so all parsing happens here, before the threads that run the tests start.
+    plans = [(library, _candidates(library, kinds), _library_assertions(library)) for library in chosen]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # the work is in subprocesses
-        found = list(pool.map(lambda library: _library_instances(library, seed, per_library, out_dir / "repos", kinds), chosen))
+        found = list(pool.map(lambda plan: _library_instances(*plan, seed, per_library, out_dir / "repos"), plans))
     instances = [instance for library_instances in found for instance in library_instances]
     (out_dir / INSTANCES_FILE).write_text("".join(instance.model_dump_json() + "\n" for instance in instances))
     return instances
@@ -138,7 +141,14 @@ def select_libraries(names: Sequence[str] = ()) -> list[Library]:
     return [library for library in libraries if not names or library.name in names]
 
 
-def _library_instances(library: Library, seed: int, count: int, repos_dir: Path, kinds: Sequence[str]) -> list[SWEInstance]:
+def _candidates(library: Library, kinds: Sequence[str]) -> list[Mutation]:
+    """Every mutation of the library's modules (of `kinds`, or all) that changes what the code does."""
+    return [mutation for path in library.modules for mutation in mutations(path, library.files[path])
+            if not kinds or mutation.kind in kinds]  # fmt: skip
+
+
+def _library_instances(library: Library, candidates: list[Mutation], assertions: dict[str, list[dict[str, Any]]],
+                       seed: int, count: int, repos_dir: Path) -> list[SWEInstance]:  # fmt: skip
     rng = random.Random(f"swe:{seed}:{library.name}")
     repo = repos_dir / f"{OWNER}__{library.name}"
     subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, capture_output=True, env=git_env())
@@ -147,21 +157,21 @@ def _library_instances(library: Library, seed: int, count: int, repos_dir: Path,
         _write_tree(work, library.files)
         if any(status != "passed" for status in _run_tests(work).values()):
             raise RuntimeError(f"the {library.name} library's own tests do not all pass")
-        candidates = [mutation for path in library.modules for mutation in mutations(path, library.files[path])
-                      if not kinds or mutation.kind in kinds]  # fmt: skip
+        candidates = list(candidates)
         rng.shuffle(candidates)
         instances: list[SWEInstance] = []
         for mutation in candidates:
             if len(instances) == count:
                 break
-            bug = _bug(library, mutation, work, rng)
+            bug = _bug(library, mutation, assertions, work, rng)
             if bug is not None:
                 split = "eval" if len(instances) < EVAL_PER_LIBRARY else "train"
                 instances.append(_instance(library, len(instances) + 1, bug, repo, Path(scratch), split))
     return instances
 
 
-def _bug(library: Library, mutation: Mutation, work: Path, rng: random.Random) -> Bug | None:
+def _bug(library: Library, mutation: Mutation, assertions: dict[str, list[dict[str, Any]]], work: Path,
+         rng: random.Random) -> Bug | None:  # fmt: skip
     """The mutant as a bug, or None when no test notices it or no symptom can be shown."""
     clean = library.files[mutation.path]
     (work / mutation.path).write_text(mutation.apply(clean))
@@ -170,7 +180,7 @@ def _bug(library: Library, mutation: Mutation, work: Path, rng: random.Random) -
         failing = sorted(test for test, status in statuses.items() if status != "passed")
         if not failing:
             return None
-        symptoms = _symptoms(library, failing, work, rng)
+        symptoms = _symptoms([assertion for test in failing for assertion in assertions[test]], work, rng)
     finally:
         (work / mutation.path).write_text(clean)
     if not symptoms:
@@ -189,39 +199,43 @@ def _run_tests(work: Path) -> dict[str, str]:
     return {line["test"]: line["status"] for line in lines}
 
 
-def _symptoms(library: Library, failing: list[str], work: Path, rng: random.Random) -> list[tuple[str, str]]:
+def _symptoms(assertions: list[dict[str, Any]], work: Path, rng: random.Random) -> list[tuple[str, str]]:
     """Up to two sentences `call returns X, but it should return Y`, with the name each one calls."""
-    assertions = [assertion for test in failing for assertion in _assertions(library, test)]
     if not assertions:
         return []
     probe = subprocess.run([SANDBOX_PYTHON, "-B", str(PROBE)], cwd=work, input=json.dumps(assertions),
                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     broken = [(assertion, outcome) for assertion, outcome in zip(assertions, json.loads(probe.stdout)) if not outcome["holds"]]
     chosen = rng.sample(broken, min(2, len(broken)))
-    return [(_symptom(assertion, outcome), _called_name(assertion["call"])) for assertion, outcome in chosen]
+    return [(_symptom(assertion, outcome), assertion["calls"]) for assertion, outcome in chosen]
 
 
-def _assertions(library: Library, test_id: str) -> list[dict[str, Any]]:
-    """The assertions of the test method `test_id` (`tests.test_x.Class.method`), for the probe."""
-    module, class_name, method = test_id.rsplit(".", 2)
-    source = library.files[_test_file(test_id)]
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == method:
-                    found += [a for statement in item.body if (a := _assertion(statement, source, module))]
+def _library_assertions(library: Library) -> dict[str, list[dict[str, Any]]]:
+    """Each test method's assertions as probe requests, by unittest id (`tests.test_x.Class.method`)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path, source in library.files.items():
+        if not (path.startswith("tests/") and path.endswith(".py")):
+            continue
+        module = path.removesuffix(".py").replace("/", ".")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef):
+                        requests = [a for statement in item.body if (a := _assertion(statement, source, module))]
+                        found.setdefault(f"{module}.{node.name}.{item.name}", []).extend(requests)
     return found
 
 
 def _assertion(statement: ast.stmt, source: str, module: str) -> dict[str, Any] | None:
-    """`self.assertEqual(call, expected)` and the like, or `with self.assertRaises(E): call`, as a probe request."""
+    """`self.assertEqual(call, expected)` and the like, or `with self.assertRaises(E): call`, as a probe request
+    (with `calls`, the name the call calls, which the probe ignores)."""
     text = lambda node: ast.get_source_segment(source, node)  # noqa: E731
     if isinstance(statement, ast.With) and len(statement.items) == 1 and len(statement.body) == 1:
         manager, body = statement.items[0].context_expr, statement.body[0]
         if isinstance(manager, ast.Call) and isinstance(manager.func, ast.Attribute) and manager.func.attr == "assertRaises":
             if isinstance(body, ast.Expr) and manager.args:
-                return {"module": module, "kind": "raises", "call": text(body.value), "expected": text(manager.args[0])}
+                call = text(body.value)
+                return {"module": module, "kind": "raises", "call": call, "expected": text(manager.args[0]), "calls": _called_name(call)}
         return None
     if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
         return None
@@ -230,7 +244,9 @@ def _assertion(statement: ast.stmt, source: str, module: str) -> dict[str, Any] 
         return None
     places = next((k.value.value for k in call.keywords if k.arg == "places" and isinstance(k.value, ast.Constant)), 7)
     expected = text(call.args[1]) if len(call.args) > 1 else None
-    return {"module": module, "kind": _ASSERTION_KINDS[call.func.attr], "call": text(call.args[0]), "expected": expected, "places": places}
+    called = text(call.args[0])
+    return {"module": module, "kind": _ASSERTION_KINDS[call.func.attr], "call": called, "expected": expected, "places": places,
+            "calls": _called_name(called)}  # fmt: skip
 
 
 def _symptom(assertion: dict[str, Any], outcome: dict[str, Any]) -> str:
