@@ -73,11 +73,12 @@ def test_task_prefixes_make_a_micro_split(tasks_dir: Path, tmp_path: Path) -> No
     micro = EnvConfig(terminal_task_prefixes="files-mkdir_write,permissions")
     env = TerminalEnv(micro, tasks_dir=tasks_dir)
     evaluation, train = asyncio.run(env.tasks("eval")), asyncio.run(env.tasks("train"))
-    assert evaluation == ["files-mkdir_write-0", "permissions-make_executable-0", "permissions-private_file-0",
-                          "permissions-read_only_dir-0", "permissions-script_modes-0"]  # fmt: skip
-    assert len(train) == 2 * len(evaluation) and all(task.startswith(("files-mkdir_write", "permissions")) for task in train)
+    templates = ["files-mkdir_write", "permissions-make_executable", "permissions-private_file",
+                 "permissions-read_only_dir", "permissions-script_modes"]  # fmt: skip
+    assert evaluation == [f"{template}-{variant}" for template in templates for variant in range(3)]
+    assert train == [f"{template}-{variant}" for template in templates for variant in range(3, 6)]
     written = generate_tasks(tmp_path / "some", seed=0, with_git=HAS_GIT, prefixes=("files-mkdir_write",))
-    assert [path.name for path in written] == ["files-mkdir_write-0", "files-mkdir_write-1", "files-mkdir_write-2"]
+    assert [path.name for path in written] == [f"files-mkdir_write-{variant}" for variant in range(6)]
     assert digest(written[0]) == digest(tasks_dir / "files-mkdir_write-0")  # the same task as in the whole set
 
 

@@ -10,8 +10,9 @@ Each task is a folder any Harbor-style runner can read:
     <task-id>/solution/solve.sh      the reference solution (run in /workspace)
 
 Categories: files, text, permissions, archives and git. Every template is played in `VARIANTS`
-variants with different names and contents; variant 0 of each template is the eval split, the
-others train, so eval asks for the same skills on material the model has not seen. Git tasks are
+variants with different names and contents; the first `EVAL_VARIANTS` of each template are the
+eval split, the others train, so eval asks for the same skills on material the model has not seen
+(several variants per template, so that an eval measures the skill rather than one set of names). Git tasks are
 generated only when git is installed (the sandbox sees the host's /usr, and preparing a
 repository needs git here): on a machine without git the other tasks are the same ones.
 
@@ -36,8 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GENERATOR_VERSION = 2  # bump when the tasks change, so caches of the old set are not reused
-VARIANTS = 3
+GENERATOR_VERSION = 3  # bump when the tasks change, so caches of the old set are not reused
+VARIANTS = 6
+EVAL_VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
 WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
           "lumen", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sierra", "tundra", "umber", "violet")
@@ -97,7 +99,7 @@ def generate_tasks(
         for variant in range(VARIANTS):
             rng = random.Random(f"terminal:{seed}:{name}:{variant}")
             task_dir = out_dir / f"{category}-{name}-{variant}"
-            _write_task(task_dir, template(rng, words), category, "eval" if variant == 0 else "train", seed)
+            _write_task(task_dir, template(rng, words), category, "eval" if variant < EVAL_VARIANTS else "train", seed)
             written.append(task_dir)
     return written
 
