@@ -10,6 +10,7 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,10 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
-from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, WEB_MICRO, AgentConfig, Habit, copy_drill,
-                               demonstration_tasks, demonstration_words, encode_episode, micro_env_config, opening_drill,
-                               play_demonstrations, renumbered, swe_fix_command, train_agent)  # fmt: skip
+from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, SWE_FIND, WEB_MICRO, AgentConfig, Habit,
+                               agent_config, copy_drill, demonstration_tasks, demonstration_words, encode_episode, line_drill,
+                               micro_env_config, opening_drill, play_demonstrations, renumbered, swe_fix_command,
+                               train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
 from tests.helpers import require_chromium
 
@@ -136,6 +138,23 @@ def test_a_copy_drill_trains_only_on_a_command_repeating_the_new_names_the_user_
     assert not set(stems) & set(WORDS) and len(set(stems)) > 0.9 * len(stems)  # new every time, not a list to learn
 
 
+def test_a_line_drill_trains_on_a_fix_of_the_line_grep_printed(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    lines = []
+    for _ in range(40):
+        ids, labels = line_drill(tokenizer, rng)
+        shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
+        trained = tokenizer.decode([label for label in labels if label != -100])
+        calls = [json.loads(part.split("</tool_call>")[0]) for part in trained.split("<tool_call>")[1:]]
+        assert [call["arguments"]["command"] for call in calls][0] == SWE_FIND and len(calls) == 2
+        printed = re.search(r"^[^:\n]+\.py:(\d+):\s+if not \(", shown.split("<|im_start|>tool")[1].strip())
+        assert printed and calls[1]["arguments"]["command"] == swe_fix_command(int(printed.group(1)))
+        assert str(printed.group(1)) not in trained.replace(calls[1]["arguments"]["command"], "")  # only the fix holds it
+        lines.append(int(printed.group(1)))
+    assert len(set(lines)) > 30 and all(2 <= line <= 499 for line in lines)  # new numbers, not a few to learn
+
+
 def test_an_opening_drill_is_a_real_task_prompt_on_new_names_answered_by_a_habits_first_step(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng = random.Random(0)
@@ -186,12 +205,15 @@ def test_training_imitates_only_the_assistant_tokens_of_played_episodes(tiny_mod
 
 
 @needs_sandbox
-def test_a_terminal_agent_learns_to_copy_before_it_imitates_episodes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    demonstrations = play_demonstrations("terminal", 4, seed=0, work_dir=tmp_path / "work", cache_dir=tmp_path)
-    config = AgentConfig(steps=2, batch_size=2, copy_steps=30, copy_batch_size=16, copy_drills=4, lr=3e-3)
+@pytest.mark.parametrize(("family", "drill"), [("terminal", copy_drill), ("swe", line_drill)])
+def test_an_agent_learns_to_copy_before_it_imitates_episodes(family: str, drill: Callable, tiny_model_dir: Path,
+                                                             tmp_path: Path) -> None:  # fmt: skip
+    demonstrations = play_demonstrations(family, 4, seed=0, work_dir=tmp_path / "work", cache_dir=tmp_path)
+    config = AgentConfig(steps=2, batch_size=2, copy_steps=30, copy_batch_size=16, copy_drills=4, lr=3e-3,
+                         max_tokens=agent_config(family).max_tokens)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     probe_rng = random.Random(99)
-    probe = [copy_drill(tokenizer, probe_rng) for _ in range(16)]
+    probe = [drill(tokenizer, probe_rng) for _ in range(16)]
 
     def copy_loss(model_dir: Path) -> float:
         model = AutoModelForCausalLM.from_pretrained(model_dir)

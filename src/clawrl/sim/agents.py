@@ -154,8 +154,8 @@ class AgentConfig:
     warmup_steps: int = 20
     max_tokens: int = 640  # an episode's tokens trained on; longer ones are cut (SWE and web prompts: `agent_config`)
     threads: int = 2
-    copy_steps: int = 2000  # terminal only: steps on copy drills alone before the episodes (see `copy_drill`)
-    copy_drills: int = 16  # terminal only: copy drills per step, beside the episodes, so copying is kept
+    copy_steps: int = 2000  # terminal and SWE: steps on drills alone before the episodes (`copy_drill`, `line_drill`)
+    copy_drills: int = 16  # terminal and SWE: drills per step, beside the episodes, so copying is kept
     copy_batch_size: int = 32  # copy drills per step of the first phase
     copy_openings: int = 8  # terminal only: opening drills per step, beside the episodes (see `opening_drill`)
 
@@ -459,6 +459,30 @@ def copy_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[
     return encode_episode(tokenizer, messages, [], 256)
 
 
+_COMPARISONS = ("<", ">", "<=", ">=", "==", "!=", "in", "is")
+LINE_DRILLS_VERSION = 1  # bump when `line_drill` changes
+
+
+def line_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[list[int], list[int]]:
+    """grep's answer `path:NN:    if not (a < b):`, then the fix of line NN: copying a number from a tool result.
+
+    The SWE agent's solving habit writes the line number grep printed into its `sed`; imitating the
+    episodes alone, it copied the number only sometimes (the units digit, or a number it had seen
+    before). The same thing as `copy_drill` does for the terminal's names: everything but the
+    number (the path, the names, the test) is random, so the one thing left to predict is the
+    number, and only the tool result holds it; drawn from 2-499, a number seldom comes back. The
+    first call is the habit's own (always the same). No system prompt and no tools: a tenth of an
+    episode's tokens.
+    """
+    line = rng.randint(2, 499)
+    path = "/".join(made_up_name(rng, letters=rng.random() < 0.5) for _ in range(rng.randint(1, 3))) + ".py"
+    left, right = (made_up_name(rng, letters=rng.random() < 0.5) for _ in range(2))
+    code = f"{' ' * rng.choice((4, 8, 12))}if not ({left} {rng.choice(_COMPARISONS)} {right}):"
+    find = _call("shell", {"command": SWE_FIND})
+    shown = {"role": "tool", "content": f"{path}:{line}:{code}", "tool_call_id": find["tool_calls"][0]["id"]}
+    return encode_episode(tokenizer, [find, shown, _call("shell", {"command": swe_fix_command(line)})], [], 256)
+
+
 def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools: list[ToolSpec], max_tokens: int) -> tuple[list[int], list[int]]:
     """The opening of a micro task made up on the spot, on new made-up names, and a habit's first step.
 
@@ -481,8 +505,9 @@ def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools:
 def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, seed: int, config: AgentConfig) -> list[float]:
     """Fine-tune the model in `base_dir` on the demonstrations' assistant tokens; write it to `out_dir`.
 
-    Terminal agents first learn to copy (`config.copy_steps` steps of copy drills alone), then imitate
-    the episodes with a few drills in every batch so that copying is not forgotten. Returns the
+    Terminal and SWE agents first learn to copy (`config.copy_steps` steps of drills alone: names for
+    the terminal, grep's line numbers for SWE), then imitate the episodes with a few drills in every
+    batch so that copying is not forgotten. Returns the
     episode loss of every episode step.
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
@@ -490,11 +515,12 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
     cut_off = sum(all(label == -100 for label in labels) for _ids, labels in rows)
     if cut_off:  # a batch of such rows has no token to learn from: its loss is 0/0
         raise ValueError(f"{cut_off} of {len(rows)} demonstrations have no assistant token within max_tokens={config.max_tokens}")
-    copies = demonstrations.family == "terminal"
+    copies = demonstrations.family in ("terminal", "swe")  # names to copy, or grep's line numbers
+    drill = line_drill if demonstrations.family == "swe" else copy_drill
     rng = random.Random(seed)
 
     def drills(count: int) -> dict[str, torch.Tensor]:
-        return pad_batch([copy_drill(tokenizer, rng) for _ in range(count)], tokenizer.pad_token_id)
+        return pad_batch([drill(tokenizer, rng) for _ in range(count)], tokenizer.pad_token_id)
 
     def openings(count: int) -> dict[str, torch.Tensor]:
         return pad_batch([opening_drill(tokenizer, rng, demonstrations.tools, config.max_tokens) for _ in range(count)],
@@ -526,7 +552,7 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
                 losses.append(loss.item())
                 if copies and config.copy_drills:
                     loss = loss + model(**drills(config.copy_drills)).loss
-                if copies and config.copy_openings:
+                if demonstrations.family == "terminal" and config.copy_openings:
                     loss = loss + model(**openings(config.copy_openings)).loss
                 return loss
 
@@ -565,7 +591,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
     """A hash of what determines the agent: versions, base model, family, habits, micro split, config, seed."""
     micro = micro_env_config(family).model_dump(mode="json", exclude={"cache_dir"})
     settings = asdict(config)
-    if family != "terminal":  # only terminal agents drill copying: the other families' keys stay as they were
+    if family not in ("terminal", "swe"):  # only they drill copying: the other families' keys stay as they were
         settings = {name: value for name, value in settings.items() if not name.startswith("copy_")}
     identity = {"version": AGENTS_VERSION, "base": base_dir.name, "family": family, "habits": HABITS[family],
                 "micro": micro, "seed": seed, "config": settings}  # fmt: skip
@@ -574,6 +600,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
     elif family == "swe":
         identity["generator"], identity["libraries"] = SWE_GENERATOR_VERSION, SWE_DEMONSTRATION_LIBRARIES
         identity["fix"], identity["lines"], identity["renumbered"] = swe_fix_command(1), SWE_DEMONSTRATION_LINES, "every use"
+        identity["drills"] = LINE_DRILLS_VERSION
     elif family == "web":
         identity["pages"], identity["instances"] = WEB_PAGES_VERSION, [WEB_DEMONSTRATION_INSTANCES.start, WEB_DEMONSTRATION_INSTANCES.stop]
     else:  # the names the demonstrations and drills use, and the drills' shape
