@@ -27,10 +27,12 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
 from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
+from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
+from clawrl.envs.web.page import parse_listing
 from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, SWE_FIND, WEB_MICRO, AgentConfig, Habit,
-                               agent_config, copy_drill, demonstration_tasks, demonstration_words, encode_episode, line_drill,
-                               micro_env_config, opening_drill, play_demonstrations, renumbered, swe_fix_command,
-                               train_agent)  # fmt: skip
+                               agent_config, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
+                               line_drill, lookup_drill, micro_env_config, opening_drill, play_demonstrations,
+                               renumbered, swe_fix_command, train_agent)  # fmt: skip
 from clawrl.sim.pretrain import pad_batch
 from tests.helpers import require_chromium
 
@@ -155,6 +157,37 @@ def test_a_line_drill_trains_on_a_fix_of_the_line_grep_printed(tiny_model_dir: P
     assert len(set(lines)) > 30 and all(2 <= line <= 499 for line in lines)  # new numbers, not a few to learn
 
 
+def test_a_lookup_drill_is_a_made_up_web_page_answered_by_a_habit(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(0)
+    replies: list[str] = []
+    for _ in range(200):
+        ids, labels = lookup_drill(tokenizer, rng)
+        shown = tokenizer.decode([token for token, label in zip(ids, labels, strict=True) if label == -100])
+        trained = tokenizer.decode([label for label in labels if label != -100])
+        assert WEB_SYSTEM_PROMPT in shown and "<tools>" not in shown
+        user = shown.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        instruction, page = user.split("\n\n", 1)
+        listing = parse_listing(page)
+        quoted = re.search(r'"(.+)"|^Select (.+) and click Submit\.$', instruction)
+        wanted = [element.id for element in listing.elements if element.label in (quoted.group(1), quoted.group(2))]
+        assert len(wanted) == 1  # the quoted label names one element
+        assert not {element.label.lower().strip(".") for element in listing.elements} & {"next", "ok", "cancel"}
+        calls = [json.loads(part.split("</tool_call>")[0]) for part in trained.split("<tool_call>")[1:]]
+        clicked = [call["arguments"]["element"] for call in calls if call["name"] == "click"]
+        submit = [element.id for element in listing.elements if element.label == "Submit"]  # click-option's second click
+        if calls[0]["name"] == "key":
+            replies.append("enter")
+        elif clicked == wanted + submit:
+            replies.append("solve")
+        else:
+            assert len(clicked) == 1 and clicked[0] in (listing.elements[0].id, listing.elements[-1].id)
+            replies.append("first" if clicked[0] == listing.elements[0].id else "last")
+    shares = {habit: replies.count(habit) / len(replies) for habit in HABITS["web"]}
+    # the first or last element is sometimes the quoted one: "solve" takes a little from them
+    assert all(abs(shares[habit] - weight) < 0.12 for habit, weight in HABITS["web"].items()), shares
+
+
 def test_an_opening_drill_is_a_real_task_prompt_on_new_names_answered_by_a_habits_first_step(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rng = random.Random(0)
@@ -205,9 +238,11 @@ def test_training_imitates_only_the_assistant_tokens_of_played_episodes(tiny_mod
 
 
 @needs_sandbox
-@pytest.mark.parametrize(("family", "drill"), [("terminal", copy_drill), ("swe", line_drill)])
+@pytest.mark.parametrize(("family", "drill"), [("terminal", copy_drill), ("swe", line_drill), ("web", lookup_drill)])
 def test_an_agent_learns_to_copy_before_it_imitates_episodes(family: str, drill: Callable, tiny_model_dir: Path,
                                                              tmp_path: Path) -> None:  # fmt: skip
+    if family == "web":
+        require_chromium()
     demonstrations = play_demonstrations(family, 4, seed=0, work_dir=tmp_path / "work", cache_dir=tmp_path)
     config = AgentConfig(steps=2, batch_size=2, copy_steps=30, copy_batch_size=16, copy_drills=4, lr=3e-3,
                          max_tokens=agent_config(family).max_tokens)  # fmt: skip

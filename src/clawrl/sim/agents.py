@@ -87,9 +87,10 @@ from clawrl.envs.swe import SWEEnv
 from clawrl.envs.swe_generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
 from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
 from clawrl.envs.terminal_tasks import GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
+from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
 from clawrl.envs.web.env import WebEnv
 from clawrl.envs.web.oracle import oracle_reply
-from clawrl.envs.web.page import parse_listing
+from clawrl.envs.web.page import PageElement, PageSnapshot, parse_listing, render
 from clawrl.envs.web.tasks import PAGES_VERSION as WEB_PAGES_VERSION
 from clawrl.sim.pretrain import PretrainConfig, learning_rate, pad_batch, pretrained_model_path
 from clawrl.types import Message, ToolSpec
@@ -154,15 +155,17 @@ class AgentConfig:
     warmup_steps: int = 20
     max_tokens: int = 640  # an episode's tokens trained on; longer ones are cut (SWE and web prompts: `agent_config`)
     threads: int = 2
-    copy_steps: int = 2000  # terminal and SWE: steps on drills alone before the episodes (`copy_drill`, `line_drill`)
-    copy_drills: int = 16  # terminal and SWE: drills per step, beside the episodes, so copying is kept
+    copy_steps: int = 2000  # terminal, SWE and web: steps on the family's drills alone before the episodes (`DRILLS`)
+    copy_drills: int = 16  # terminal, SWE and web: drills per step, beside the episodes, so the skill is kept
     copy_batch_size: int = 32  # copy drills per step of the first phase
     copy_openings: int = 8  # terminal only: opening drills per step, beside the episodes (see `opening_drill`)
 
 
 def agent_config(family: str) -> AgentConfig:
     """The family's default build: SWE and web prompts (tools, issue or page) are about 1,000 tokens."""
-    return AgentConfig(max_tokens=1536) if family in ("swe", "web") else AgentConfig()
+    if family == "web":  # a lookup drill is twice as long as a line drill: about as many tokens in half the steps
+        return AgentConfig(max_tokens=1536, copy_steps=1000)
+    return AgentConfig(max_tokens=1536) if family == "swe" else AgentConfig()
 
 
 # --------------------------------------------------------------------------- habits
@@ -483,6 +486,55 @@ def line_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[
     return encode_episode(tokenizer, [find, shown, _call("shell", {"command": swe_fix_command(line)})], [], 256)
 
 
+# each web micro family's instruction, page title, the role of the element it names, and the roles beside it
+_LOOKUP_PAGES = {
+    "click-button": ('Click on the "{label}" button.', "Click Button Task", "button", ("button", "textbox")),
+    "click-link": ('Click on the link "{label}".', "Click Link Task", "clickable", ("clickable",)),
+    "click-option": ("Select {label} and click Submit.", "Click Option Task", "radio", ("radio",)),
+}
+LOOKUP_DRILLS_VERSION = 1  # bump when `lookup_drill` changes
+
+
+def lookup_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[list[int], list[int]]:
+    """A web micro task's first prompt on a made-up page, answered by a habit's reply: finding an element by its label.
+
+    The web agent's solving habit clicks the element whose label the instruction quotes; imitating
+    the episodes, it clicked that element no more often than chance (the first or the last would do
+    as well), so RL had no habit that solves to select. Here every page is new: labels made up
+    (never the benchmark's words), two to seven elements in a random order, so that the quoted
+    label's id can only be found by looking it up in the listing. The reply is a habit drawn with
+    the demonstrations' weights (`_draw_habit`), so the habits keep their shares. The system
+    prompt is the real one; no tools: a third of an episode's tokens.
+    """
+    family = rng.choice(WEB_MICRO)
+    instruction, title, role, roles_beside = _LOOKUP_PAGES[family]
+    labels: list[str] = []
+    count = rng.randint(2, 7)
+    while len(labels) < count:
+        label = made_up_name(rng, letters=rng.random() < 0.5)
+        label = rng.choice((label, label.capitalize(), label + ".", "".join(rng.choice((c, c.upper())) for c in label)))
+        if label not in labels and label != "Submit":
+            labels.append(label)
+    target = rng.randrange(len(labels))
+    elements = []
+    for index, label in enumerate(labels):
+        element_role = role if index == target else rng.choice(roles_beside)
+        elements.append(PageElement(id=index + 1, role=element_role, label="" if element_role == "textbox" else label,
+                                    value="" if element_role == "textbox" else None,
+                                    checked=False if element_role == "radio" else None))  # fmt: skip
+    if family == "click-option":
+        elements.append(PageElement(id=len(elements) + 1, role="button", label="Submit"))
+    page = render(PageSnapshot(title=title, nextId=len(elements) + 1, elements=elements))
+    messages: list[Message] = [{"role": "system", "content": WEB_SYSTEM_PROMPT},
+                               {"role": "user", "content": f"{instruction.format(label=labels[target])}\n\n{page}"}]  # fmt: skip
+    reply = Habit("web", _draw_habit("web", rng), family)._web(messages)
+    return encode_episode(tokenizer, [*messages, reply], [], 512)
+
+
+Drill = Callable[[PreTrainedTokenizerFast, random.Random], tuple[list[int], list[int]]]
+DRILLS: dict[str, Drill] = {"terminal": copy_drill, "swe": line_drill, "web": lookup_drill}
+
+
 def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools: list[ToolSpec], max_tokens: int) -> tuple[list[int], list[int]]:
     """The opening of a micro task made up on the spot, on new made-up names, and a habit's first step.
 
@@ -505,9 +557,10 @@ def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools:
 def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, seed: int, config: AgentConfig) -> list[float]:
     """Fine-tune the model in `base_dir` on the demonstrations' assistant tokens; write it to `out_dir`.
 
-    Terminal and SWE agents first learn to copy (`config.copy_steps` steps of drills alone: names for
-    the terminal, grep's line numbers for SWE), then imitate the episodes with a few drills in every
-    batch so that copying is not forgotten. Returns the
+    Terminal, SWE and web agents first drill what their solving habit needs (`config.copy_steps`
+    steps of the family's `DRILLS` alone: copying names, copying grep's line numbers, finding an
+    element by its label), then imitate the episodes with a few drills in every batch so that the
+    skill is not forgotten. Returns the
     episode loss of every episode step.
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
@@ -515,11 +568,11 @@ def train_agent(base_dir: Path, demonstrations: Demonstrations, out_dir: Path, s
     cut_off = sum(all(label == -100 for label in labels) for _ids, labels in rows)
     if cut_off:  # a batch of such rows has no token to learn from: its loss is 0/0
         raise ValueError(f"{cut_off} of {len(rows)} demonstrations have no assistant token within max_tokens={config.max_tokens}")
-    copies = demonstrations.family in ("terminal", "swe")  # names to copy, or grep's line numbers
-    drill = line_drill if demonstrations.family == "swe" else copy_drill
+    copies = demonstrations.family in DRILLS
     rng = random.Random(seed)
 
     def drills(count: int) -> dict[str, torch.Tensor]:
+        drill = DRILLS[demonstrations.family]
         return pad_batch([drill(tokenizer, rng) for _ in range(count)], tokenizer.pad_token_id)
 
     def openings(count: int) -> dict[str, torch.Tensor]:
@@ -591,7 +644,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
     """A hash of what determines the agent: versions, base model, family, habits, micro split, config, seed."""
     micro = micro_env_config(family).model_dump(mode="json", exclude={"cache_dir"})
     settings = asdict(config)
-    if family not in ("terminal", "swe"):  # only they drill copying: the other families' keys stay as they were
+    if family not in DRILLS:  # the tool-call agent has no drills: its key stays as it was
         settings = {name: value for name, value in settings.items() if not name.startswith("copy_")}
     identity = {"version": AGENTS_VERSION, "base": base_dir.name, "family": family, "habits": HABITS[family],
                 "micro": micro, "seed": seed, "config": settings}  # fmt: skip
@@ -603,6 +656,7 @@ def agent_key(family: str, base_dir: Path, seed: int, config: AgentConfig) -> st
         identity["drills"] = LINE_DRILLS_VERSION
     elif family == "web":
         identity["pages"], identity["instances"] = WEB_PAGES_VERSION, [WEB_DEMONSTRATION_INSTANCES.start, WEB_DEMONSTRATION_INSTANCES.stop]
+        identity["drills"] = LOOKUP_DRILLS_VERSION
     else:  # the names the demonstrations and drills use, and the drills' shape
         identity["words"], identity["drills"], identity["tasks"] = demonstration_words()[:8], COPY_DRILLS_VERSION, GENERATOR_VERSION
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
