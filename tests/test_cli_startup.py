@@ -98,6 +98,8 @@ MISTAKES: dict[str, Callable[[Setup], Mistake]] = {
         ["dashboard", "--dashboard-port", str(s.port), "--run-dir", str(s.store())], [f"port {s.port}", "--dashboard-port"]),
     "envs serve on a taken port": lambda s: Mistake(
         ["envs", "serve", "--env", "toolcall", "--port", str(s.port)], [f"port {s.port}", "--port"]),
+    "envs serve with no room for an episode": lambda s: Mistake(
+        ["envs", "serve", "--env", "toolcall", "--max-episodes", "0", "--port", str(closed_port())], ["--max-episodes 0", "above 0"]),
     "host that is not this machine's": lambda s: Mistake(
         [*SERVE, "--host", "203.0.113.7", "--port", str(closed_port()), "--run-dir", str(s.tmp / "run")],
         ["203.0.113.7 is not an address of this machine", "--host"]),

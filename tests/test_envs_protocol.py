@@ -122,6 +122,54 @@ def test_an_episode_nobody_touches_is_closed_and_a_used_one_is_kept() -> None:
         wait_until(left_closed, 10, "the idle episode to be closed", every=0.1)
 
 
+class CountedToolCallEnv(ToolCallEnv):
+    """The tool-call environment, counting how many were made and closed, and hanging on the answer "hang"."""
+
+    made: list["CountedToolCallEnv"] = []
+
+    def __init__(self, config: EnvConfig) -> None:
+        super().__init__(config)
+        self.closed = False
+        CountedToolCallEnv.made.append(self)
+
+    async def step(self, action: Action) -> Any:
+        if action.content == "hang":
+            await asyncio.sleep(60)
+        return await super().step(action)
+
+    async def close(self) -> None:
+        self.closed = True
+        await super().close()
+
+
+def test_finished_episodes_leave_their_environment_warm_and_a_hung_one_is_closed() -> None:
+    config = EnvConfig(toolcall_train_problems=20, toolcall_eval_problems=5, max_steps=3)
+    CountedToolCallEnv.made = []
+    app = create_env_app(lambda: CountedToolCallEnv(config), "math", max_episodes=2, step_timeout_s=0.5)
+    for url in _serve(app):
+        tasks = httpx.get(f"{url}/tasks").json()["tasks"]
+        for index, task in enumerate(tasks[:3]):  # one after another: one environment, reset each time
+            httpx.post(f"{url}/reset", json={"episode_id": f"seq-{index}", "task": task}).raise_for_status()
+            ended = httpx.post(f"{url}/step", json={"action": answer(task), "episode_id": f"seq-{index}"}).json()
+            assert ended["done"] is True and ended["reward"] == 1.0
+        assert len(CountedToolCallEnv.made) == 2  # the one answering /tasks, and the one that played all three
+        counts = httpx.get(f"{url}/metadata").json()["environments"]
+        assert (counts["started"], counts["reused"], counts["running"], counts["warm"]) == (1, 2, 0, 1)
+        # a finished episode still answers /state, and refuses another step
+        state = httpx.get(f"{url}/state", params={"episode_id": "seq-0"}).json()
+        assert state == {"episode_id": "seq-0", "step_count": 1, "task": tasks[0], "done": True, "reward": 1.0}
+        assert httpx.post(f"{url}/step", json={"action": answer(tasks[0]), "episode_id": "seq-0"}).status_code == 409
+
+        httpx.post(f"{url}/reset", json={"episode_id": "stuck"}).raise_for_status()
+        hung = httpx.post(f"{url}/step", json={"action": {"content": "hang"}, "episode_id": "stuck"}, timeout=30)
+        assert hung.status_code == 500 and "did not answer in time" in hung.json()["error"]["message"]
+        assert CountedToolCallEnv.made[1].closed  # the warm environment it had is gone, not given to the next episode
+        assert httpx.get(f"{url}/state", params={"episode_id": "stuck"}).status_code == 404
+        httpx.post(f"{url}/reset", json={"episode_id": "after"}).raise_for_status()
+        assert len(CountedToolCallEnv.made) == 3 and httpx.get(f"{url}/metadata").json()["environments"]["running"] == 1
+    assert all(env.closed for env in CountedToolCallEnv.made)  # shutting down closes every environment
+
+
 def test_http_environment_drives_our_server(toolcall_url: str) -> None:
     async def play() -> None:
         env = HTTPEnvironment(toolcall_url)

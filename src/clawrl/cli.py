@@ -491,8 +491,13 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
 
     config = config_from_args(EnvConfig, args)
     description = _environment_or_exit(config).description
+    for flag, value in (("--max-episodes", args.max_episodes), ("--idle-timeout-s", args.idle_timeout_s),
+                        ("--step-timeout-s", args.step_timeout_s)):  # fmt: skip
+        if value <= 0:
+            raise StartupError(f"{flag} {value:g}: give a number above 0")
     check_port(args.host, args.port)
-    app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s)
+    app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s,
+                         args.step_timeout_s)  # fmt: skip
     logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, **uvicorn_logging())
     return 0
@@ -609,9 +614,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(envs_serve, EnvConfig)
     envs_serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     envs_serve.add_argument("--port", type=int, default=8000, help="TCP port")
-    envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes open at once (one environment each)")
+    envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes running at once (one environment "
+                            "each; an episode that ends gives its environment back, warm for the next /reset)")
     envs_serve.add_argument("--idle-timeout-s", type=float, default=600.0,
-                            help="close an episode (and its sandbox) nobody has touched for this long")
+                            help="close an episode (and its sandbox) nobody has touched for this long, and a warm environment "
+                            "unused for this long")  # fmt: skip
+    envs_serve.add_argument("--step-timeout-s", type=float, default=120.0,
+                            help="a step that runs longer fails its episode (500) and closes its environment")
     envs_serve.set_defaults(handler=cmd_envs_serve)
 
     rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy or a clawrl "

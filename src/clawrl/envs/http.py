@@ -9,14 +9,18 @@ Served (`create_env_app`, `clawrl envs serve`):
     GET  /metadata, and our extensions GET /tasks?split=train|eval and POST /close {episode_id}
 
 OpenEnv's HTTP endpoints keep no episode between requests (its sessions live on a WebSocket);
-ours keep one environment per episode: `/reset` opens it under `episode_id` (generated when the
-body has none, returned in `metadata`), and `/step`, `/state` and `/close` name it, or, without a
-name, mean the most recently opened one, so a plain OpenEnv client that sends no id drives one
-episode at a time. Bad requests get OpenAI-style error objects with a 4xx (an unknown episode 404,
-a step after the end 409, too many open episodes 429); an environment that crashes answers 500
-with the reason and its episode is closed. An episode nobody has touched for `idle_timeout_s` is
-closed (its sandbox with it): a client that dies without /close does not hold a slot for ever
-(use is a /reset or a /step; reading /state is not).
+ours keep one environment per running episode, leased from a pool (`pool.py`): `/reset` opens an
+episode under `episode_id` (generated when the body has none, returned in `metadata`), and
+`/step`, `/state` and `/close` name it, or, without a name, mean the most recently opened one, so a
+plain OpenEnv client that sends no id drives one episode at a time. An episode that ends gives
+its environment back warm, so the next `/reset` resets it instead of starting a new one (a
+browser, a sandbox), and keeps its final state for `/state`. Bad requests get OpenAI-style error
+objects with a 4xx (an unknown episode 404, a step after the end 409, all `max_episodes`
+environments running 429); an environment that crashes or outlives `step_timeout_s` answers 500
+with the reason, and its episode is closed with its environment. An episode nobody has touched
+for `idle_timeout_s` is closed (its sandbox with it), and so is a warm environment: a client
+that dies without /close does not hold a slot for ever (use is a /reset or a /step; reading
+/state is not). `/metadata` counts the environments started, reused, running and warm.
 
 Driven (`HTTPEnvironment`): any server of this shape is an `Environment`. A clawrl server's
 observations are chat messages already. For another OpenEnv server, whose actions and
@@ -31,11 +35,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -43,6 +46,7 @@ from fastapi import FastAPI, Query
 from pydantic import ValidationError
 
 from clawrl.envs.episode import parse_arguments
+from clawrl.envs.pool import EnvPool, Lease, LeaseExpiredError, PoolFullError
 from clawrl.envs.protocol import (
     Action,
     ChatMessage,
@@ -68,77 +72,118 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Episode:
-    env: Environment
-    done: bool = False
+    lease: Lease | None  # None once the episode is over: its environment went back to the pool
+    final: EpisodeState | None = None  # the state it ended in, for /state after the end
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one step at a time per episode
-    last_used: float = field(default_factory=time.monotonic)
 
 
 class _Episodes:
-    """Open episodes by id, oldest first; finished ones make room for new ones."""
+    """Episodes by id, newest last, each holding a lease on the pool's environments while it runs.
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    An episode that ends gives its environment back warm (the next /reset resets it instead of
+    starting another) and keeps only its final state; an episode that fails closes its environment.
+    The pool's lease timeout is the idle timeout: every /reset and /step beats its lease.
+    """
+
+    def __init__(self, pool: EnvPool) -> None:
+        self.pool = pool
         self.open: dict[str, _Episode] = {}
 
-    def get(self, episode_id: str | None, touch: bool = True) -> tuple[str, _Episode]:
-        """The episode `episode_id` names (the latest without one); `touch` counts the request as use."""
+    def get(self, episode_id: str | None) -> tuple[str, _Episode]:
+        """The episode `episode_id` names (the latest without one); 404 when there is none or it was reaped."""
         if episode_id is None and self.open:
             episode_id = next(reversed(self.open))
-        if episode_id is None or episode_id not in self.open:
+        episode = self.open.get(episode_id) if episode_id is not None else None
+        if episode is None or (episode.lease is not None and episode.lease.expired):
             named = f" {episode_id!r}" if episode_id else ""
             raise APIError(404, f"no open episode{named}: POST /reset first", "episode_not_found", "episode_id")
-        episode = self.open[episode_id]
-        if touch:
-            episode.last_used = time.monotonic()
-        return episode_id, episode
+        return str(episode_id), episode
 
-    async def make_room(self) -> None:
-        for episode_id in [key for key, episode in self.open.items() if episode.done]:
-            if len(self.open) < self.limit:
-                return
-            await self.close(episode_id)
-        if len(self.open) >= self.limit:
-            raise APIError(429, f"{self.limit} episodes are open: POST /close one first", "too_many_episodes")
+    async def start(self, episode_id: str, seed: int, task: str | None) -> Observation:
+        """Open `episode_id` on a leased environment (starting it over when it is open)."""
+        await self.close(episode_id)
+        try:
+            lease = await self.pool.lease()
+        except PoolFullError:
+            raise APIError(429, f"{self.pool.capacity} episodes are running: POST /close one first", "too_many_episodes") from None
+        try:
+            observation = await lease.reset(seed, task)
+        except ValueError as error:  # an unknown task: the environment is as good as before
+            await self.pool.release(lease, healthy=True)
+            raise APIError(400, str(error), "invalid_task", "task") from None
+        except BaseException:
+            await self.pool.release(lease, healthy=False)
+            raise
+        self.open[episode_id] = _Episode(lease)
+        self._forget_oldest_finished()
+        return observation
 
-    async def close(self, episode_id: str) -> None:
+    async def step(self, episode_id: str, episode: _Episode, action: Action) -> StepResult:
+        if episode.lease is None:
+            raise APIError(409, "the episode is over: POST /reset", "episode_over")
+        try:
+            result = await episode.lease.step(action)
+        except EpisodeOverError as error:
+            raise APIError(409, f"{error}: POST /reset", "episode_over") from None
+        except LeaseExpiredError:
+            raise APIError(404, f"episode {episode_id!r} was closed after being idle: POST /reset", "episode_not_found",
+                           "episode_id") from None  # fmt: skip
+        except Exception as error:  # the environment crashed or hung: this episode is over, the server is not
+            log.exception("environment step failed in episode %s", episode_id)
+            await self.close(episode_id, healthy=False)
+            kind = "did not answer in time" if isinstance(error, TimeoutError) else f"failed: {type(error).__name__}: {error}"
+            raise APIError(500, f"the environment {kind}", "environment_error") from None
+        if result.done:
+            episode.final = await episode.lease.env.state()
+            await self.pool.release(episode.lease, healthy=True)
+            episode.lease = None
+        return result
+
+    async def state(self, episode: _Episode) -> EpisodeState:
+        if episode.final is not None or episode.lease is None:
+            return episode.final or EpisodeState()
+        return await episode.lease.env.state()  # looking is not using: no heartbeat
+
+    async def close(self, episode_id: str, healthy: bool = True) -> None:
         episode = self.open.pop(episode_id, None)
-        if episode is not None:
-            await episode.env.close()
+        if episode is not None and episode.lease is not None:
+            await self.pool.release(episode.lease, healthy=healthy)
 
-    async def reap(self, idle_s: float) -> int:
-        """Close the episodes untouched for `idle_s` (none in the middle of a step); returns how many."""
-        cutoff = time.monotonic() - idle_s
-        idle = [key for key, episode in self.open.items() if episode.last_used < cutoff and not episode.lock.locked()]
-        for episode_id in idle:
-            await self.close(episode_id)
-        return len(idle)
+    def _forget_oldest_finished(self) -> None:
+        """Keep the final state of at most `capacity` finished episodes."""
+        finished = [key for key, episode in self.open.items() if episode.lease is None]
+        for episode_id in finished[: max(0, len(finished) - self.pool.capacity)]:
+            del self.open[episode_id]
 
-    async def reap_forever(self, idle_s: float) -> None:
+    async def reap_forever(self, every_s: float) -> None:
+        """Take back leases nobody has used for the idle timeout, close long-idle warm environments."""
         while True:
-            await asyncio.sleep(max(0.1, idle_s / 4))
+            await asyncio.sleep(every_s)
             try:
-                if reaped := await self.reap(idle_s):
-                    log.info("closed %d episode(s) idle for %gs", reaped, idle_s)
+                await self.pool.reap()
+                for episode_id in [key for key, episode in self.open.items() if episode.lease and episode.lease.expired]:
+                    del self.open[episode_id]
+                    log.info("closed episode %s: idle past the timeout", episode_id)
             except Exception:  # an environment that fails to close must not stop the reaping
                 log.exception("closing idle episodes failed")
 
 
 def create_env_app(make_env: Callable[[], Environment], description: str = "", max_episodes: int = 64,
-                   idle_timeout_s: float = 600.0) -> FastAPI:
-    """An app serving fresh environments from `make_env`, one per episode."""
-    episodes = _Episodes(max_episodes)
+                   idle_timeout_s: float = 600.0, step_timeout_s: float = 120.0) -> FastAPI:
+    """An app serving environments from `make_env`, one per running episode, kept warm between episodes."""
+    pool = EnvPool(make_env, max_episodes, idle_s=idle_timeout_s, lease_timeout_s=idle_timeout_s, step_timeout_s=step_timeout_s)
+    episodes = _Episodes(pool)
     lister = make_env()  # answers /tasks; never runs an episode
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(episodes.reap_forever(idle_timeout_s))
+        reaper = asyncio.create_task(episodes.reap_forever(max(0.1, idle_timeout_s / 4)))
         try:
             yield
         finally:
             reaper.cancel()
-            for episode_id in list(episodes.open):
-                await episodes.close(episode_id)
+            await pool.close()
+            await lister.close()
 
     app = FastAPI(title=f"clawrl environment: {lister.name}", lifespan=lifespan)
     install_error_handlers(app)
@@ -148,8 +193,9 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
         return {"status": "healthy"}
 
     @app.get("/metadata")
-    async def metadata() -> dict[str, str]:
-        return {"name": lister.name, "description": description}
+    async def metadata() -> dict[str, Any]:
+        return {"name": lister.name, "description": description, "environments": asdict(pool.stats) | {"running": len(pool.leased),
+                "warm": len(pool.warm), "capacity": pool.capacity}}  # fmt: skip
 
     @app.get("/schema")
     async def schema() -> SchemaResponse:
@@ -165,15 +211,7 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
     async def reset(request: ResetRequest | None = None) -> EnvResponse:
         request = request or ResetRequest()
         episode_id = request.episode_id or uuid.uuid4().hex
-        await episodes.close(episode_id)  # a reset under an open id starts that episode over
-        await episodes.make_room()
-        env = make_env()
-        try:
-            observation = await env.reset(request.seed or 0, request.task)
-        except ValueError as error:  # an unknown task
-            await env.close()
-            raise APIError(400, str(error), "invalid_task", "task") from None
-        episodes.open[episode_id] = _Episode(env)
+        observation = await episodes.start(episode_id, request.seed or 0, request.task)
         return EnvResponse(observation=observation.model_dump(exclude_none=True), metadata={"episode_id": episode_id})
 
     @app.post("/step")
@@ -185,14 +223,14 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
             message, param = describe_validation_error(error)
             raise APIError(400, f"action.{message}", "invalid_action", f"action.{param}" if param else "action") from None
         async with episode.lock:
-            result = await _step(episodes, episode_id, episode, action)
+            result = await episodes.step(episode_id, episode, action)
         return EnvResponse(observation=result.observation.model_dump(exclude_none=True), reward=result.reward,
                            done=result.done, metadata={**result.info, "episode_id": episode_id})  # fmt: skip
 
     @app.get("/state")
     async def state(episode_id: str | None = Query(None, description="The episode; the latest when absent.")) -> EpisodeState:
-        key, episode = episodes.get(episode_id, touch=False)  # looking is not using: a watcher keeps nothing open
-        return (await episode.env.state()).model_copy(update={"episode_id": key})
+        key, episode = episodes.get(episode_id)
+        return (await episodes.state(episode)).model_copy(update={"episode_id": key})
 
     @app.post("/close")
     async def close(request: CloseRequest) -> dict[str, str]:
@@ -201,19 +239,6 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
         return {"episode_id": request.episode_id, "status": "closed"}
 
     return app
-
-
-async def _step(episodes: _Episodes, episode_id: str, episode: _Episode, action: Action) -> StepResult:
-    try:
-        result = await episode.env.step(action)
-    except EpisodeOverError as error:
-        raise APIError(409, f"{error}: POST /reset", "episode_over") from None
-    except Exception as error:  # the environment crashed: this episode is over, the server is not
-        log.exception("environment step failed in episode %s", episode_id)
-        await episodes.close(episode_id)
-        raise APIError(500, f"the environment failed: {type(error).__name__}: {error}", "environment_error") from None
-    episode.done = result.done
-    return result
 
 
 # --- the client -----------------------------------------------------------------------------------
