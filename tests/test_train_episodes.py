@@ -28,10 +28,14 @@ TOOL_RESULT = [{"role": "tool", "tool_call_id": "c", "content": "1"}]
 
 
 def test_step_rewards_discount_the_outcome_and_add_the_judge_term() -> None:
-    # T = 3: the outcome discounted by 0.9^2, 0.9^1, 0.9^0; the judge's +1, none, -1 weighted 0.3
-    assert step_rewards(1.0, [1, None, -1], gamma=0.9, judge_coef=0.3) == pytest.approx([0.81 + 0.3, 0.9, 1.0 - 0.3])
+    # T = 4: the outcome discounted by 0.9^3 ... 0.9^0; the judge's +1, none, -1 weighted 0.3, and the last step's
+    # score (the judge read only "the task is being checked") left out: the outcome is its verdict
+    assert step_rewards(1.0, [1, None, -1, 1], gamma=0.9, judge_coef=0.3) == pytest.approx([0.729 + 0.3, 0.81, 0.9 - 0.3, 1.0])
     assert step_rewards(0.0, [1, 1], gamma=0.5, judge_coef=0.0) == [0.0, 0.0]
-    assert step_rewards(2.0, [0], gamma=0.5, judge_coef=1.0) == [2.0]
+    assert step_rewards(2.0, [1], gamma=0.5, judge_coef=1.0) == [2.0]
+    # quitting at once is worth the outcome, 0; a step that worked, then quitting, is worth more at step 0
+    quit_now, worked_then_quit = step_rewards(0.0, [1], 0.9, 0.3), step_rewards(0.0, [1, 1], 0.9, 0.3)
+    assert quit_now == [0.0] and worked_then_quit[0] == pytest.approx(0.3)
 
 
 def test_group_advantages_normalise_per_step_index() -> None:

@@ -2,11 +2,16 @@
 
 Step reward of step t of an episode of T steps (t from 0):
 
-    r_t = outcome * gamma^(T-1-t) + coef * judge_t
+    r_t = outcome * gamma^(T-1-t) + coef * judge_t      (t < T-1)
+    r_{T-1} = outcome
 
-`judge_t` is the judge's score of the step (+1, -1, 0) from its next state (the tool results; for
-the last step, the final observation the episode's result carried); a step with no next state
-has judge_t = 0.
+`judge_t` is the judge's score of the step (+1, -1, 0) from its next state (the tool results); a
+step with no next state has judge_t = 0. The last step is scored by the outcome alone: what came
+after it is the episode's end (`finish` answered "the task is being checked", a `submit`, a page
+saying the task is over), which tells a judge nothing of the step's quality; the outcome is its
+verdict. Judged, such an acknowledgement reads as a tool that succeeded (+1), so quitting at once
+earned +coef: in the terminal micro split's groups where every rollout failed, that made an
+immediate `finish` the best-paid action, and two of three seeds drifted towards quitting.
 
 Advantages are normalised within the group of G rollouts of one task, *per step index*: for each
 t, over the group's finished episodes that have a step t,
@@ -36,9 +41,10 @@ ADVANTAGE_EPS = 1e-6
 
 
 def step_rewards(outcome: float, judge_scores: list[int | None], gamma: float, judge_coef: float) -> list[float]:
-    """r_t = outcome * gamma^(T-1-t) + coef * judge_t for each step (an unjudged step scores 0)."""
+    """r_t = outcome * gamma^(T-1-t) + coef * judge_t for each step but the last (an unjudged step scores 0);
+    the last step's reward is the outcome (see the module docstring)."""
     last = len(judge_scores) - 1
-    return [outcome * gamma ** (last - t) + judge_coef * (score or 0) for t, score in enumerate(judge_scores)]
+    return [outcome * gamma ** (last - t) + (judge_coef * (score or 0) if t < last else 0.0) for t, score in enumerate(judge_scores)]
 
 
 def group_advantages(rewards: list[list[float]], eps: float = ADVANTAGE_EPS) -> list[list[float | None]]:
