@@ -268,5 +268,5 @@ def test_the_first_command_benchmark_sorts_every_sampled_answer(tiny_model_dir: 
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr
     written = json.loads(out.read_text())
-    assert len(written["tasks"]) == 18 and sum(written["totals"].values()) == 36
+    assert len(written["tasks"]) == 36 and sum(written["totals"].values()) == 72  # 6 templates x 6 variants, 2 each
     assert written["totals"]["exact"] == 0 and written["exact_share"] == 0.0  # an untrained model writes no command
