@@ -345,9 +345,11 @@ def test_vllm_lora_slots_never_lend_weights_to_other_requests(
         # long requests, ended by `stop`, so that they are still decoding once every slot is in use
         base = [start(prompts[index], 1500, index, stop) for index in range(4)]
         tasks = [task for _, task in base]
+        version_tasks: dict[int, list[asyncio.Future[None]]] = {}
         for version in range(1, slots + 1):
             await vllm_engine.load_version(version, adapters[loaded[version]])  # type: ignore[index]
-            tasks += [start(prompts[index], 1500, 100 * version + index, stop)[1] for index in range(2)]
+            version_tasks[version] = [start(prompts[index], 1500, 100 * version + index, stop)[1] for index in range(2)]
+            tasks += version_tasks[version]
         seen["full"] = await unpinned()
         base_running = [(steps, len(steps), task) for steps, task in base if not task.done()]
         seen["scored"] = await vllm_engine.score(prompts[0], response, version=0)
@@ -355,6 +357,10 @@ def test_vllm_lora_slots_never_lend_weights_to_other_requests(
         while any(len(steps) < count + 64 and not task.done() for steps, count, task in base_running):
             await asyncio.sleep(0.05)
         seen["base_tokens_after"] = [len(steps) - count for steps, count, _ in base_running]
+        # a version whose requests all ended on their own (a sampled end of text) may be retired by
+        # now; one with a request still decoding, and the current one, must still hold their slots
+        seen["in_use_after"] = sum(version == slots or any(not task.done() for task in version_tasks[version])
+                                   for version in version_tasks)  # fmt: skip
         seen["full_after"] = await unpinned()
         stop.set()
         await asyncio.gather(*tasks)
@@ -372,7 +378,8 @@ def test_vllm_lora_slots_never_lend_weights_to_other_requests(
     loop.run(run(), timeout=900)
     # the condition under test did happen: every usable slot held a version in use while the
     # base-model requests were still decoding
-    assert len(seen["full"]) == slots and seen["full_after"] == seen["full"], seen
+    assert len(seen["full"]) == slots, seen
+    assert seen["full_after"] <= seen["full"] and len(seen["full_after"]) >= seen["in_use_after"], seen
     assert sum(seen["base_tokens_after"]) >= 64, seen
     assert {version for version, _, _ in answers} == set(loaded)
     mismatched = off_version_tokens(answers, loaded, reference)
