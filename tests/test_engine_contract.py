@@ -236,17 +236,25 @@ def test_tokens_stream_as_they_are_generated(engine: Engine, loop: LoopThread) -
     """Tokens arrive in separate bursts over the generation, the first well before the last. A low
     bar on the bursts, because vLLM's front end sends several tokens per chunk when it falls behind
     its engine (13 chunks for 600 tokens seen on two busy cores, 3 on a machine also training a
-    model); an engine that answers at the end sends one burst, its first token with its last."""
+    model). Once in CI the front end got no CPU until the engine had finished and sent all 600 in
+    three bursts at the end, so the test gives the engine three tries: an engine that answers at the
+    end sends its first token with its last every time, and fails all three."""
     ids = prompt_ids(engine, "Summarise it.")
 
     async def arrivals() -> tuple[float, list[float]]:
         started = time.monotonic()
         return started, [time.monotonic() async for _ in engine.generate(ids, SamplingParams(max_tokens=600, seed=1))]
 
-    started, times = loop.run(arrivals())
-    pauses = sum(later - earlier > 0.001 for earlier, later in zip(times, times[1:]))
-    first_share = (times[0] - started) / (times[-1] - started)
-    assert len(times) == 600 and pauses >= 2 and first_share < 0.5, (pauses, first_share)
+    tries = []
+    for _ in range(3):
+        started, times = loop.run(arrivals())
+        assert len(times) == 600
+        pauses = sum(later - earlier > 0.001 for earlier, later in zip(times, times[1:]))
+        first_share = (times[0] - started) / (times[-1] - started)
+        tries.append((pauses, round(first_share, 3)))
+        if pauses >= 2 and first_share < 0.5:
+            return
+    pytest.fail(f"every try arrived at once at the end: (pauses, share of the time before the first token) = {tries}")
 
 
 def test_cancel_hangs_up_and_frees_the_engine(engine: Engine, loop: LoopThread) -> None:
