@@ -24,6 +24,10 @@ from tests.helpers import start_server
 CLIENTS = 32
 MAX_TOKENS = 32
 HEALTH_DEADLINE_S = 0.1
+# One poll may still take longer: the whole test (client, server, engine) is one Python process, and
+# a garbage collection of its heap or two busy cores stalled a single poll for 495 ms in a full
+# suite once. Decoding on the event loop would hold up every poll made while it decodes.
+HEALTH_STALL_S = 1.0
 # far above what the run takes (a few seconds); only there so a hang fails instead of blocking CI
 RUN_TIMEOUT_S = 60.0
 
@@ -116,7 +120,9 @@ def test_32_concurrent_streams_finish_while_health_stays_fast(busy_server: Serve
 
     # The polls really overlapped the load, and none was held up by the decoding.
     assert len(latencies) >= 5, f"only {len(latencies)} health polls ran during the load"
-    assert max(latencies) < HEALTH_DEADLINE_S, f"slowest /healthz took {max(latencies) * 1000:.0f} ms"
+    slow = [latency for latency in latencies if latency >= HEALTH_DEADLINE_S]
+    assert len(slow) <= len(latencies) // 20, f"{len(slow)} of {len(latencies)} /healthz polls took 100 ms or more"
+    assert max(latencies) < HEALTH_STALL_S, f"slowest /healthz took {max(latencies) * 1000:.0f} ms"
 
     # Every answer a client saw in full is in the store, as it was streamed.
     store = Store.for_run_dir(run_dir)
