@@ -479,7 +479,8 @@ class TrainConfig(LossConfig):
         description="Weight of the judge's score (+1, -1, 0) of each episode step in its step reward. Above 0, an "
         "episode group's samples wait until its steps are judged; 0 trains on the outcome alone and waits for no "
         "judge (use it with --judge off). The rule judge pays any step whose tool worked, so on terminal-like tasks it "
-        "pays exploration as much as progress: use 0 there (docs/environments.md, 'Which step reward to use').",
+        "pays exploration as much as progress (an `ls`, a key press on a page): use 0 there (docs/environments.md, "
+        "'Which step reward to use').",
     )
 
     def learning_rate(self) -> float:
