@@ -1,50 +1,59 @@
-"""A sandbox without Docker: fresh Linux namespaces, an overlay over a read-only task image, rlimits.
+"""A sandbox without Docker: fresh Linux namespaces, an overlay over a read-only task image, a
+cgroup, rlimits and a system-call filter.
 
-Design (DESIGN §9, issue 13 item 2):
+Threat model (DESIGN §9, issue 26; docs/environments.md says the same for users): the code a
+command runs is hostile, and RL finds every shortcut. It must not reach the host (files,
+terminal, keyring, processes, network), another sandbox, the runner's own machinery, or the
+verifier; the limits hold for the whole sandbox, not per process.
 
-* **Namespaces.** ``start`` runs ``unshare --user --mount --pid --net --ipc --uts --kill-child``.
-  The user namespace is always created, as root too: inside it the sandbox's root (uid 0) is an
-  unprivileged outer uid (the caller's own uid, or ``ROOT_OUTER_UID`` = 65534 when the caller is
-  root). That is what keeps a sandboxed root harmless: it holds capabilities only inside its own
-  namespaces, never over the host's files (their owners are not mapped), and the kernel's
-  ``RLIMIT_NPROC`` applies to it (the limit is never enforced for the host's uid 0). Process
-  counts are kept per (user namespace, uid), so sandboxes do not share a process budget. The host
-  writes the uid/gid maps itself, so no ``newuidmap`` helper is needed. The net namespace has only
-  ``lo``, brought up.
-* **Filesystem.** The sandbox's init (pid 1, ``_INIT_SCRIPT``) builds a new root on a tmpfs that
-  exists only inside its mount namespace: read-only binds of /usr, /bin, /sbin, /lib* (symlinks
-  where the host has merged /usr), a generated /etc (passwd, group, hosts, nsswitch.conf; the
-  host's ld.so.cache and /etc/alternatives, which hold no secrets), a fresh /proc, a /dev of
-  bind-mounted null/zero/full/random/urandom/tty, and ``WORKDIR`` = overlayfs (lower = the image,
-  bound read-only; upper = a fresh directory). Upper layer, /tmp, /root and /dev/shm live on a
-  second tmpfs of ``disk_mb`` megabytes, so filling the disk stops there. Then ``pivot_root`` and
-  a lazy unmount of the old root: the host's tree is not reachable from inside at all.
-* **Commands.** Each command enters the sandbox's namespaces from a fork of this process
-  (``setns`` in ``preexec_fn``), becomes the sandbox's root, sets its rlimits and runs
-  ``unshare --fork --kill-child unshare --pid --mount-proc --fork --kill-child bash -c COMMAND``:
-  the inner ``unshare`` gives the command a pid namespace of its own, nested in the sandbox's
-  (with its own /proc, so ``ps`` and ``/proc/self`` agree with ``getpid``; a command sees only its
-  own processes, and its mounts stay its own). Killing the outer ``unshare`` (what the wall-clock
-  timeout does) kills, through the chain of parent-death signals, the command's pid 1, and the
-  kernel then kills every process of that namespace, also children that ``setsid`` or ignore
-  SIGTERM. Nothing a command starts outlives it; a ``ShellSession`` is one long-lived command of
-  that kind. (``unshare`` loses a signal death on the way out, so an outer bash turns it into
-  128+N first.)
+* **Two levels of namespaces.** ``start`` runs ``unshare --user --mount --pid --net --ipc --uts``
+  as the sandbox's *base*: its pid 1 (``_INIT_SCRIPT``) builds the root and then only waits. The
+  base user namespace maps the sandbox's root (uid 0) to an outer uid of its own, leased for the
+  sandbox's life from ``OUTER_ID_BASE`` upwards when the runner is root (``_OuterId``), so no
+  sandbox can signal another's processes or a host process. A command never runs at the base
+  level: the runner's forked child enters the base namespaces and, before anything of the
+  command runs, nests a user namespace, a mount namespace and a pid namespace of the command's
+  own inside them, mounts that pid namespace's /proc, and nests one more user, mount and cgroup
+  namespace (``_command_preexec``). The command is root only there: it holds no capability over
+  the base mount namespace (``nsenter`` into it fails), every mount it inherited is locked (it
+  cannot uncover the base /proc under its own), and it sees only its own processes.
+* **Nothing the runner runs is resolved through the agent's mounts.** All of the above is done by
+  the runner's own (forked) code, with the id maps written through a descriptor of the host's
+  /proc opened before entering; the only thing executed inside is the command itself.
+* **No terminal, no keyring.** Every command is in a session of its own with no controlling
+  terminal; /dev has no tty; ``TIOCSTI``/``TIOCLINUX`` are refused by the seccomp filter
+  (seccomp.py), which also refuses keyrings, mounts, namespaces and other kernel surface. The
+  sandbox's init and every command join a fresh anonymous session keyring.
+* **Filesystem.** The init builds a new root on a tmpfs that exists only in the base mount
+  namespace: read-only binds of /usr, /bin, /sbin, /lib* (symlinks where the host has merged
+  /usr), a generated /etc, a fresh /proc, a /dev of null/zero/full/random/urandom, and
+  ``WORKDIR`` = overlayfs (lower = the image, bound read-only from a descriptor; upper = a fresh
+  directory). Upper layer, /tmp, /root, /dev/shm and any ``writable_dirs`` live on a second tmpfs
+  of ``disk_mb`` megabytes. Then ``pivot_root`` and a lazy unmount of the old root.
+* **Limits per sandbox.** A cgroup per sandbox (cgroup.py: memory = ``memory_mb + disk_mb``,
+  ``processes``, ``cpus``) where the host allows it, as root does. Without one (the sandbox logs
+  that once and ``confinement`` says it), what still holds per sandbox is ``processes``
+  (RLIMIT_NPROC, counted in the base user namespace) and ``disk_mb`` (no mount can add a tmpfs);
+  memory is then bounded per process only. Per process, always: ``address_space_mb``,
+  ``cpu_seconds``, ``file_size_mb``, ``open_files``, no core dumps; per command: the wall clock.
+* **Commands end completely.** Killing the command's outermost process (what the timeout does)
+  kills, through parent-death signals, the command's pid 1, and the kernel then kills every
+  process of its pid namespace, also children that ``setsid`` or ignore SIGTERM. A
+  ``ShellSession`` is one long-lived command of that kind.
 * **Cleanup without us.** Every process we start carries ``PR_SET_PDEATHSIG(SIGKILL)``; the
-  ``unshare`` that owns the namespaces kills the sandbox's pid 1 when it dies (``--kill-child``),
-  and pid 1 also exits when its stdin (a pipe from this process) reaches EOF. When pid 1 dies the
-  kernel kills the whole pid namespace, and the mount namespace, with every tmpfs and overlay in
-  it, goes away with its last process. Nothing is ever written to the host's disk, so a SIGKILL of
-  the runner leaves no process, mount or directory behind. (The parent-death signal follows the
-  thread that started a process: start sandboxes from a thread that outlives them, as an event
-  loop's thread does.)
+  ``unshare`` that owns the namespaces kills the sandbox's pid 1 when it dies, and pid 1 also
+  exits when its stdin (a pipe from this process) reaches EOF. When pid 1 dies the kernel kills
+  the whole pid namespace (commands' nested ones too), and the mounts go with their last process.
+  Nothing is written to the host's disk but the (empty) cgroup directory, which the next sandbox
+  removes if the runner was killed. (The parent-death signal follows the thread that started a
+  process: start sandboxes from a thread that outlives them, as an event loop's thread does.)
 
-Limits: ``RLIMIT_NPROC`` counts every process of a sandbox (its init, running commands and shell
-sessions, a few in all), so ``processes`` is the sandbox's budget rather than one command's.
 When the caller is root, the image is attached through an idmapped mount (Linux >= 5.12 and a
 filesystem that supports it), so that the host root's files in it belong to the sandbox's root;
 without one, they appear as owned by ``nobody`` and only their mode decides what the sandbox may
-do with them. Files of other host users always appear as ``nobody``'s.
+do with them. Files of other host users always appear as ``nobody``'s. A runner that is not root
+can map only its own uid: its sandboxes then share that uid (they still cannot see each other's
+processes), and the logs say so once.
 """
 
 from __future__ import annotations
@@ -52,25 +61,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
+import random
+import re
 import resource
+import select
 import shlex
 import shutil
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
+
+from clawrl.envs import seccomp
+from clawrl.envs.cgroup import CgroupLimits, CgroupUnavailable, SandboxCgroup
+
+log = logging.getLogger(__name__)
 
 WORKDIR = "/workspace"
-ROOT_OUTER_UID = 65534  # the outer uid of a sandbox's root when the caller is root (nobody)
+OUTER_ID_BASE = 0x70000000  # the first outer uid/gid a root runner leases to a sandbox's root
+OUTER_ID_COUNT = 65536  # how many it may lease at once
 OUTPUT_LIMIT = 8 * 1024 * 1024  # bytes kept of each output stream; the rest is read and dropped
 START_TIMEOUT_S = 20.0
 TIMEOUT_EXIT_CODE = 124  # CommandResult.exit_code of a command killed at its timeout, as coreutils timeout
+SETUP_EXIT_CODE = 125  # a command whose sandbox could not be entered (the reason is on its stderr)
 _KILL_GRACE_S = 5.0  # how long to wait for pipes to close after a kill before giving up on them
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -83,34 +106,52 @@ _NAMESPACES = (  # the order matters: the user namespace first, it grants the ri
     ("uts", 0x04000000),
     ("pid_for_children", 0x20000000),
 )
-_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x02000000, 0x10000000, 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_KEYCTL_JOIN_SESSION_KEYRING = 1
 # idmapped mounts (Linux >= 5.12); these syscall numbers are the same on every architecture
 _SYS_OPEN_TREE, _SYS_MOUNT_SETATTR = 428, 442
 _AT_FDCWD, _AT_EMPTY_PATH, _OPEN_TREE_CLONE = -100, 0x1000, 1
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 0x1, 0x00100000
+_WRITABLE_DIR = re.compile(r"/[A-Za-z0-9_.-]+")  # a directory at the root, e.g. /tests or /logs
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one sandbox; the per-command ones are rlimits of every process."""
+    """Resource limits of one sandbox: the first group holds for all its processes together (with
+    a cgroup; see the module docstring for what holds without one), the rest per process."""
 
-    cpu_seconds: int = 10
-    """RLIMIT_CPU of each process of a command: it gets SIGXCPU (then SIGKILL) past it."""
     memory_mb: int = 1024
-    """RLIMIT_AS of each process of a command: allocations past it fail (MemoryError in Python)."""
+    """Memory of the sandbox's processes together (a cgroup's; the kernel kills one past it)."""
+    disk_mb: int = 256
+    """Size of the tmpfs holding the writable layer, /tmp, /root and /dev/shm (charged to the
+    sandbox's memory on top of ``memory_mb``)."""
     processes: int = 64
-    """RLIMIT_NPROC: most processes and threads the sandbox may hold at once (stops fork bombs)."""
+    """Most processes and threads the sandbox may hold at once (stops fork bombs)."""
+    cpus: float = 1.0
+    """CPU bandwidth of the sandbox in cores (a cgroup's); a command's CPU time is thus at most
+    ``cpus`` times its wall clock."""
+    cpu_seconds: int = 10
+    """RLIMIT_CPU of each process: it gets SIGXCPU (then SIGKILL) past it."""
+    address_space_mb: int | None = None
+    """RLIMIT_AS of each process (allocations past it fail); None: ``memory_mb``."""
     file_size_mb: int = 64
     """RLIMIT_FSIZE: largest file a command may write (SIGXFSZ / EFBIG past it)."""
-    disk_mb: int = 256
-    """Size of the tmpfs holding the writable layer, /tmp, /root and /dev/shm."""
+    open_files: int = 1024
+    """RLIMIT_NOFILE of each process."""
     command_timeout_s: float = 30.0
     """Wall-clock limit of one command; at it the command's whole process tree is killed."""
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_mb", "processes", "file_size_mb", "disk_mb", "command_timeout_s"):
+        names = ("memory_mb", "disk_mb", "processes", "cpus", "cpu_seconds", "file_size_mb", "open_files", "command_timeout_s")
+        for name in names + (("address_space_mb",) if self.address_space_mb is not None else ()):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
+
+    @property
+    def address_space_bytes(self) -> int:
+        return (self.address_space_mb or self.memory_mb) * 1024 * 1024
 
 
 @dataclass
@@ -125,25 +166,24 @@ class CommandResult:
     timed_out: bool
 
 
-
 class SandboxError(Exception):
     """The sandbox cannot start or has stopped working."""
 
 
 # pid 1 of a sandbox. Stage one runs as the unmapped caller (``--keep-caps`` keeps its rights in
-# the new user namespace across exec): it opens the image (the caller's access rights, before
-# anything is mounted over it), says it is in its namespaces, and waits for the host to write the
-# uid/gid maps; then it becomes the sandbox's root (setpriv also re-arms the parent-death signal,
-# which a change of uid clears) and builds the root in stage two.
+# the new user namespace across exec): it says it is in its namespaces and waits for the host to
+# write the uid/gid maps; then it becomes the sandbox's root (setpriv also re-arms the
+# parent-death signal, which a change of uid clears) and builds the root in stage two.
 _INIT_SCRIPT = r"""
 set -eu
-if [ -n "$CLAWRL_IMAGE" ] && [ -z "$CLAWRL_IMAGE_MOUNT_FD" ]; then exec 3<"$CLAWRL_IMAGE"; fi
 echo unshared
 read -r go
 [ "$go" = go ] || exit 1
 exec setpriv --reuid=0 --regid=0 --keep-groups --pdeathsig=KILL -- /bin/bash -c "$CLAWRL_SETUP"
 """
 
+# The image arrives as a descriptor (CLAWRL_IMAGE_FD, or CLAWRL_IMAGE_MOUNT_FD for an idmapped
+# mount): no host path is ever named inside, and both are closed before anything else can run.
 _SETUP_SCRIPT = r"""
 set -eu
 R=/tmp  # any directory will do: the tmpfs mounted on it is seen only in this mount namespace
@@ -151,7 +191,7 @@ mount -n --make-rprivate /
 mount -n -t tmpfs -o size=16m,mode=0755 clawrl-root "$R"
 mkdir "$R/.rw"
 mount -n -t tmpfs -o "size=${CLAWRL_DISK_MB}m,mode=0755" clawrl-rw "$R/.rw"
-mkdir -m 0755 "$R/.rw/upper" "$R/.rw/work" "$R/.rw/lower" "$R/.rw/home"
+mkdir -m 0755 "$R/.rw/upper" "$R/.rw/work" "$R/.rw/lower" "$R/.rw/home" "$R/.rw/extra"
 mkdir -m 1777 "$R/.rw/tmp" "$R/.rw/shm"
 for d in usr bin sbin lib lib32 lib64 libx32; do
   if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"
@@ -168,18 +208,23 @@ for f in ld.so.cache ld.so.conf localtime; do if [ -e "/etc/$f" ]; then cp -L "/
 if [ -d /etc/alternatives ]; then
   mkdir "$R/etc/alternatives"; mount -n --bind -o ro /etc/alternatives "$R/etc/alternatives"
 fi
-for n in null zero full random urandom tty; do touch "$R/dev/$n"; mount -n --bind "/dev/$n" "$R/dev/$n"; done
+for n in null zero full random urandom; do touch "$R/dev/$n"; mount -n --bind "/dev/$n" "$R/dev/$n"; done
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
 mkdir "$R/dev/shm"; mount -n --bind "$R/.rw/shm" "$R/dev/shm"
 mount -n --bind "$R/.rw/tmp" "$R/tmp"
 mount -n --bind "$R/.rw/home" "$R/root"
+for d in $CLAWRL_WRITABLE_DIRS; do
+  mkdir -m 0755 "$R/.rw/extra$d" "$R$d"; mount -n --bind "$R/.rw/extra$d" "$R$d"
+done
 if [ -n "$CLAWRL_IMAGE_MOUNT_FD" ]; then
   mount -n --no-canonicalize --move "/proc/self/fd/$CLAWRL_IMAGE_MOUNT_FD" "$R/.rw/lower"
-elif [ -n "$CLAWRL_IMAGE" ]; then
-  mount -n --no-canonicalize --bind -o ro /proc/self/fd/3 "$R/.rw/lower"
+  eval "exec $CLAWRL_IMAGE_MOUNT_FD<&-"
+elif [ -n "$CLAWRL_IMAGE_FD" ]; then
+  mount -n --no-canonicalize --bind -o ro "/proc/self/fd/$CLAWRL_IMAGE_FD" "$R/.rw/lower"
+  eval "exec $CLAWRL_IMAGE_FD<&-"
 fi
-exec 3<&-
+unset CLAWRL_IMAGE_FD CLAWRL_IMAGE_MOUNT_FD
 # userxattr: overlayfs in a user namespace keeps whiteouts and opaque directories in user.*
 # xattrs (tmpfs has them from Linux 6.6); without them it still mounts, but deleting a directory
 # of the image fails
@@ -207,6 +252,12 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """In a child before exec: get SIGKILL when the process that started us dies."""
     if _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -215,46 +266,163 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(126)
 
 
-def _init_preexec() -> Callable[[], None]:
-    parent = os.getpid()
-    return lambda: _die_with_parent(parent)
+def _join_fresh_keyring() -> None:
+    """Leave the runner's session keyring for a new, empty, anonymous one."""
+    libc = _libc()
+    keyctl = seccomp.syscall_number("keyctl")
+    if libc.syscall(keyctl, _KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0) < 0:
+        raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
 
 
-def _command_preexec(ns_fds: list[tuple[int, int]], cwd: str, limits: SandboxLimits) -> Callable[[], None]:
-    """The forked child enters the sandbox, becomes its root and takes the command's rlimits."""
+def _init_preexec(cgroup_fds: list[int]) -> Callable[[], None]:
+    """The sandbox's init, before exec: in the sandbox's cgroup, no host groups, a keyring of its own."""
     parent = os.getpid()
     is_root = os.geteuid() == 0
 
     def enter() -> None:
-        libc = _libc()
+        for fd in cgroup_fds:
+            os.write(fd, b"0")  # 0: the writing process itself; its children follow it
         if is_root:
-            os.setgroups([])  # the host root's supplementary groups must not come along
-        for fd, nstype in ns_fds:
-            if libc.setns(fd, nstype) != 0:
-                os._exit(125)
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
-        os.chdir(cwd)
-        _set_rlimits(limits)
-        _die_with_parent(parent)  # after the uid change, which clears the parent-death signal
+            os.setgroups([])
+        _join_fresh_keyring()
+        _die_with_parent(parent)
 
     return enter
+
+
+@dataclass(frozen=True)
+class _CommandSetup:
+    """What the forked child needs to enter a sandbox; all opened by the runner beforehand."""
+
+    ns_fds: list[tuple[int, int]]
+    host_proc_fd: int  # the host's /proc, for writing id maps without resolving a path inside
+    cgroup_fds: list[int]
+    cwd: str
+    limits: SandboxLimits
+    filter_program: bytes
+
+
+def _command_preexec(setup: _CommandSetup) -> Callable[[], None]:
+    """The forked child, before exec: three processes in a chain, each waiting for the next.
+
+    1. This child (host pid namespace): joins the sandbox's cgroup, enters the base namespaces,
+       becomes the base's root, nests a user namespace (U1) and a mount namespace, and forks.
+    2. Its child (in the base pid namespace) nests a pid namespace and forks.
+    3. That child is pid 1 of the command's pid namespace: it mounts the namespace's /proc, nests
+       a user, mount and cgroup namespace once more (so that every mount it has is locked), joins
+       a fresh keyring, starts a session, takes the limits and the seccomp filter, and returns to
+       exec the command.
+
+    Every step is this process's own code: nothing is executed before the command itself. The
+    first two only wait and pass the exit status on (128+N for a death by signal N).
+    """
+    parent = os.getpid()
+    is_root = os.geteuid() == 0
+
+    def enter() -> None:
+        try:
+            _enter_base(setup, parent, is_root)
+        except BaseException as error:
+            os.write(2, f"clawrl sandbox: cannot enter the sandbox: {error}\n".encode())
+            os._exit(SETUP_EXIT_CODE)
+
+    return enter
+
+
+def _enter_base(setup: _CommandSetup, parent: int, is_root: bool) -> None:
+    """Steps 1 and 2 of `_command_preexec`; step 3 in the last child."""
+    if True:
+        libc = _libc()
+        for fd in setup.cgroup_fds:
+            os.write(fd, b"0")
+        if is_root:
+            os.setgroups([])  # the host root's supplementary groups must not come along
+        for fd, nstype in setup.ns_fds:
+            _check(libc.setns(fd, nstype), "setns")
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        # the uid change cleared the parent-death signal and made this process non-dumpable, which
+        # gives its /proc files (the id maps written below) to the host's root
+        _die_with_parent(parent)
+        _check(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+        # counted in the base user namespace, this bounds the whole sandbox (the kernel checks a
+        # namespace's count against the limit its creator had)
+        resource.setrlimit(resource.RLIMIT_NPROC, (setup.limits.processes, setup.limits.processes))
+        _check(libc.unshare(_CLONE_NEWUSER), "unshare(user)")
+        _map_root(setup.host_proc_fd)
+        _check(libc.unshare(_CLONE_NEWNS), "unshare(mount)")
+        _fork_and_wait()
+        _check(libc.unshare(_CLONE_NEWPID), "unshare(pid)")
+        _fork_and_wait()
+        _enter_command_namespaces(libc, setup)
+
+
+def _enter_command_namespaces(libc: ctypes.CDLL, setup: _CommandSetup) -> None:
+    """Step 3 of `_command_preexec`: pid 1 of the command's pid namespace, up to the exec."""
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount(/proc)")
+    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWCGROUP), "unshare(user, mount, cgroup)")
+    _map_root(setup.host_proc_fd)
+    _join_fresh_keyring()
+    os.setsid()
+    os.chdir(setup.cwd)
+    _set_rlimits(setup.limits)
+    seccomp.install(setup.filter_program)
+
+
+def _map_root(host_proc_fd: int) -> None:
+    """Map this process's uid and gid 0 (in the parent user namespace) to 0 in its new one."""
+    for name, text in (("setgroups", "deny"), ("gid_map", "0 0 1"), ("uid_map", "0 0 1")):
+        fd = os.open(f"self/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=host_proc_fd)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def _fork_and_wait() -> None:
+    """Fork; the parent waits for the child and exits as it did, the child returns.
+
+    A pipe tells the child whether its parent is still there once its parent-death signal is
+    armed (its parent is outside its pid namespace, so ``getppid`` cannot say).
+    """
+    alive_read, alive_write = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; this one has one thread
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child:
+        os.close(alive_read)
+        _wait_and_exit(child, keep=alive_write)
+    os.close(alive_write)
+    if _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        os._exit(126)
+    if select.select([alive_read], [], [], 0)[0]:  # end of file: the parent is gone
+        os._exit(126)
+    os.close(alive_read)
+
+
+def _wait_and_exit(child: int, keep: int) -> NoReturn:
+    """Hold nothing of the command (its pipes must close when it ends) but `keep`; wait; exit alike."""
+    os.closerange(0, keep)
+    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
 def _set_rlimits(limits: SandboxLimits) -> None:
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _write_id_maps(pid: int) -> None:
-    """Map the sandbox's uid/gid 0 to an unprivileged outer id (see the module docstring)."""
-    uid = os.geteuid() or ROOT_OUTER_UID
-    gid = os.getegid() if os.geteuid() else ROOT_OUTER_UID
-    _write_maps(pid, uid, gid)
 
 
 def _write_maps(pid: int, uid: int, gid: int) -> None:
@@ -264,56 +432,87 @@ def _write_maps(pid: int, uid: int, gid: int) -> None:
     (proc / "uid_map").write_text(f"0 {uid} 1")
 
 
-_id_map_userns: list[int] = []  # one user namespace mapping 0 -> ROOT_OUTER_UID, made once
-_id_map_lock = threading.Lock()
+class _OuterId:
+    """The host uid (= gid) of one sandbox's root, leased while the sandbox lives.
 
+    A root runner takes a free id from ``OUTER_ID_BASE .. +OUTER_ID_COUNT``; the lease is an
+    abstract Unix socket named after the id, so it is shared by every runner on the host (in one
+    network namespace) and ends by itself when its holder dies. Any other runner can map only its
+    own uid and gid.
+    """
 
-def _root_id_map() -> int:
-    """An fd of a user namespace whose root is ROOT_OUTER_UID, for idmapped mounts."""
-    with _id_map_lock:
-        if not _id_map_userns:
-            holder = subprocess.Popen(
-                ["unshare", "--user", "--", "/bin/sh", "-c", "echo; exec cat"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": _HOST_PATH},
-            )  # fmt: skip
-            assert holder.stdin and holder.stdout
+    def __init__(self) -> None:
+        self._lease: socket.socket | None = None
+        if os.geteuid() != 0:
+            self.uid, self.gid = os.geteuid(), os.getegid()
+            return
+        first = random.randrange(OUTER_ID_COUNT)
+        for step in range(OUTER_ID_COUNT):
+            candidate = OUTER_ID_BASE + (first + step) % OUTER_ID_COUNT
+            lease = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             try:
-                holder.stdout.readline()
-                _write_maps(holder.pid, ROOT_OUTER_UID, ROOT_OUTER_UID)
-                _id_map_userns.append(os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
-            finally:
-                holder.stdin.close()
-                holder.wait()
-        return _id_map_userns[0]
+                lease.bind(f"\0clawrl-sandbox-id-{candidate}")
+            except OSError:
+                lease.close()
+                continue
+            self._lease, self.uid, self.gid = lease, candidate, candidate
+            return
+        raise SandboxError(f"all {OUTER_ID_COUNT} sandbox ids from {OUTER_ID_BASE} are in use")
+
+    def release(self) -> None:
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
 
 
-def _idmapped_mount(image: Path) -> int | None:
-    """A detached read-only mount of image on which host root's files belong to the sandbox's root.
+def _userns_mapping(outer_id: int) -> int:
+    """An fd of a new user namespace whose root is ``outer_id`` (for an idmapped mount)."""
+    holder = subprocess.Popen(
+        ["unshare", "--user", "--", "/bin/sh", "-c", "echo; exec cat"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": _HOST_PATH}, cwd="/",
+    )  # fmt: skip
+    assert holder.stdin and holder.stdout
+    try:
+        holder.stdout.readline()
+        _write_maps(holder.pid, outer_id, outer_id)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        holder.stdin.close()
+        holder.wait()
+
+
+def _idmapped_mount(image_fd: int, outer_id: int) -> int | None:
+    """A detached read-only mount of the image on which host root's files belong to the sandbox's root.
 
     Without it, the sandbox's root could not modify an image's root-owned files (their owner is not
     mapped). Needs a kernel and filesystem with idmapped mounts; None where they are missing, and the
     image is bound as it is.
     """
     libc = _libc()
-    tree = libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(image), _OPEN_TREE_CLONE | os.O_CLOEXEC)
+    tree = libc.syscall(_SYS_OPEN_TREE, image_fd, b"", _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH)
     if tree < 0:
         return None
-    attr = struct.pack("QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, 0, 0, _root_id_map())
-    if libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, attr, len(attr)) != 0:
-        os.close(tree)
-        return None
+    userns = _userns_mapping(outer_id)
+    try:
+        attr = struct.pack("QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY, 0, 0, userns)
+        if libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, attr, len(attr)) != 0:
+            os.close(tree)
+            return None
+    finally:
+        os.close(userns)
     return tree
 
 
 class _Capture:
-    """Bytes read from a stream, the first OUTPUT_LIMIT of them kept."""
+    """Bytes read from a stream, the first `limit` of them kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = OUTPUT_LIMIT) -> None:
         self.data = bytearray()
         self.dropped = 0
+        self.limit = limit
 
     def add(self, chunk: bytes) -> None:
-        room = OUTPUT_LIMIT - len(self.data)
+        room = self.limit - len(self.data)
         self.data += chunk[:room]
         self.dropped += max(0, len(chunk) - room)
 
@@ -337,16 +536,38 @@ async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
         pass
 
 
-class Sandbox:
-    """One sandbox; see the module docstring. Use ``async with Sandbox(image) as box:``."""
+_cgroup_warning_logged: list[bool] = []
+_shared_id_warning_logged: list[bool] = []
 
-    def __init__(self, image: Path | None = None, limits: SandboxLimits = SandboxLimits()) -> None:
+
+class Sandbox:
+    """One sandbox; see the module docstring. Use ``async with Sandbox(image) as box:``.
+
+    ``writable_dirs`` names directories at the root (``/tests``, ``/logs``) made writable on the
+    sandbox's tmpfs, for a verifier that needs them; the rest of the root stays read-only.
+    """
+
+    def __init__(
+        self, image: Path | None = None, limits: SandboxLimits = SandboxLimits(), writable_dirs: tuple[str, ...] = ()
+    ) -> None:
         if image is not None and not Path(image).is_dir():
             raise SandboxError(f"sandbox image {image} is not a directory")
+        reserved = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc", "/tmp", "/root", WORKDIR}
+        for directory in writable_dirs:
+            if not _WRITABLE_DIR.fullmatch(directory) or directory in reserved or directory in ("/.", "/.."):
+                raise SandboxError(f"writable_dirs takes new directories at the root such as /tests, not {directory!r}")
         self.image = Path(image).resolve() if image is not None else None
         self.limits = limits
+        self.writable_dirs = tuple(writable_dirs)
+        self.confinement = "not started"
+        """What bounds the sandbox as a whole: the cgroup used, or why there is none."""
         self._init: asyncio.subprocess.Process | None = None
         self._ns_fds: list[tuple[int, int]] = []
+        self._host_proc: int | None = None
+        self._cgroup: SandboxCgroup | None = None
+        self._outer_id: _OuterId | None = None
+        self._filter = b""
+        self._pinned: list[int] = []
         self._shells: set[ShellSession] = set()
 
     async def __aenter__(self) -> Sandbox:
@@ -356,6 +577,13 @@ class Sandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def outer_uid(self) -> int:
+        """The host uid the sandbox's root (and every process in it) runs as."""
+        self._check_running()
+        assert self._outer_id is not None
+        return self._outer_id.uid
+
     async def start(self) -> None:
         """Create the namespaces and the root; raises SandboxError with the reason if it fails."""
         if self._init is not None:
@@ -364,6 +592,10 @@ class Sandbox:
         if tools:
             raise SandboxError(f"sandbox needs {', '.join(tools)} on PATH")
         try:
+            self._filter = seccomp.filter_program()
+        except ValueError as error:
+            raise SandboxError(str(error)) from None
+        try:
             await asyncio.wait_for(self._start_init(), START_TIMEOUT_S)
         except BaseException as error:
             await self.close()
@@ -371,26 +603,57 @@ class Sandbox:
                 raise SandboxError(f"sandbox did not start within {START_TIMEOUT_S:.0f} s") from None
             raise
 
+    def _start_cgroup(self) -> None:
+        limits = self.limits
+        memory = (limits.memory_mb + limits.disk_mb) * 1024 * 1024
+        try:
+            self._cgroup = SandboxCgroup.create(CgroupLimits(memory, limits.processes, limits.cpus))
+        except CgroupUnavailable as error:
+            self.confinement = f"no cgroup ({error}): memory is bounded per process only"
+            if not _cgroup_warning_logged:
+                _cgroup_warning_logged.append(True)
+                log.warning("sandboxes run without a cgroup: %s", self.confinement)
+            return
+        self.confinement = self._cgroup.description
+
     async def _start_init(self) -> None:
-        image_mount = _idmapped_mount(self.image) if self.image is not None and os.geteuid() == 0 else None
+        self._outer_id = _OuterId()
+        if os.geteuid() != 0 and not _shared_id_warning_logged:
+            _shared_id_warning_logged.append(True)
+            log.warning("not root: every sandbox's root is this runner's own uid %d (no outer uid of its own)", os.geteuid())
+        self._host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._start_cgroup()
+        image_fd = os.open(self.image, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if self.image else None
+        image_mount = None
+        if image_fd is not None and os.geteuid() == 0:
+            image_mount = await asyncio.to_thread(_idmapped_mount, image_fd, self._outer_id.uid)
+        cgroup_fds = self._cgroup.join_fds() if self._cgroup else []
+        passed = [fd for fd in (image_fd if image_mount is None else None, image_mount) if fd is not None]
         env = {
             "PATH": _HOST_PATH,
             "LANG": "C",
-            "CLAWRL_IMAGE": str(self.image or ""),
+            "CLAWRL_IMAGE_FD": "" if image_fd is None or image_mount is not None else str(image_fd),
             "CLAWRL_IMAGE_MOUNT_FD": "" if image_mount is None else str(image_mount),
             "CLAWRL_DISK_MB": str(self.limits.disk_mb),
+            "CLAWRL_WRITABLE_DIRS": " ".join(self.writable_dirs),
             "CLAWRL_SETUP": _SETUP_SCRIPT,
         }
         unshare = shutil.which("unshare", path=_HOST_PATH) or "unshare"
         try:
-            self._init = await self._spawn_init(unshare, env, image_mount)
+            self._init = await asyncio.create_subprocess_exec(
+                unshare, "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--keep-caps",
+                "--kill-child", "--",
+                "/bin/bash", "-c", _INIT_SCRIPT,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=env, cwd="/", start_new_session=True, preexec_fn=_init_preexec(cgroup_fds), pass_fds=passed,
+            )  # fmt: skip
         finally:
-            if image_mount is not None:
-                os.close(image_mount)
+            for fd in cgroup_fds + [fd for fd in (image_fd, image_mount) if fd is not None]:
+                os.close(fd)
         init = self._init
         assert init.stdin and init.stdout
         await self._expect(b"unshared")
-        _write_id_maps(init.pid)
+        _write_maps(init.pid, self._outer_id.uid, self._outer_id.gid)
         init.stdin.write(b"go\n")
         await init.stdin.drain()
         await self._expect(b"ready")
@@ -398,16 +661,6 @@ class Sandbox:
         # children-side handle it holds; /proc of its pid has them all
         for name, nstype in _NAMESPACES:
             self._ns_fds.append((os.open(f"/proc/{init.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), nstype))
-
-    @staticmethod
-    async def _spawn_init(unshare: str, env: dict[str, str], image_mount: int | None) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            unshare, "--user", "--mount", "--pid", "--net", "--ipc", "--uts", "--keep-caps",
-            "--kill-child", "--",
-            "/bin/bash", "-c", _INIT_SCRIPT,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, preexec_fn=_init_preexec(), pass_fds=() if image_mount is None else (image_mount,),
-        )  # fmt: skip
 
     async def _expect(self, line: bytes) -> None:
         assert self._init and self._init.stdout and self._init.stderr
@@ -417,60 +670,88 @@ class Sandbox:
             error = (await self._init.stderr.read()).decode(errors="replace").strip()
             raise SandboxError(f"sandbox failed to start: {error or f'exit status {self._init.returncode}'}")
 
-    @property
-    def host_root(self) -> Path:
-        """The sandbox's root directory as the host reaches it while the sandbox runs: /proc/PID/root
-        of the process holding its namespaces. A Unix socket created inside is reachable there,
-        where the network namespace keeps every TCP connection from the host out."""
+    def socket_path(self, path: str) -> str:
+        """A path by which the host connects to the Unix socket at ``path`` inside the sandbox.
+
+        The socket is pinned now: every component is opened without following a symlink, the
+        last must be a socket, and the path returned (``/proc/self/fd/N`` of this process) keeps
+        naming that socket while the sandbox runs, whatever is later renamed or linked over it.
+        SandboxError if ``path`` is not a socket now.
+        """
         self._check_running()
         assert self._init is not None
-        return Path(f"/proc/{self._init.pid}/root")
+        parts = path.strip("/").split("/")
+        if not path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise SandboxError(f"socket_path takes an absolute path without . or .., not {path!r}")
+        directory = os.open(f"/proc/{self._init.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+                os.close(directory)
+                directory = inner
+            pinned = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        except OSError as error:
+            raise SandboxError(f"no socket at {path} in the sandbox: {error.strerror}") from None
+        finally:
+            os.close(directory)
+        if not stat.S_ISSOCK(os.fstat(pinned).st_mode):
+            os.close(pinned)
+            raise SandboxError(f"{path} in the sandbox is not a socket")
+        self._pinned.append(pinned)
+        return f"/proc/self/fd/{pinned}"
 
     def _check_running(self) -> None:
         if self._init is None or self._init.returncode is not None or not self._ns_fds:
             raise SandboxError("sandbox is not running (call start(), or it has been closed)")
 
     async def _spawn(self, argv: list[str], cwd: str) -> asyncio.subprocess.Process:
-        """Start argv inside the sandbox, in a pid namespace of its own (see the module docstring)."""
+        """Start argv inside the sandbox, in namespaces of its own (see the module docstring)."""
         self._check_running()
+        assert self._host_proc is not None
         if not cwd.startswith("/"):
             raise ValueError(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        cgroup_fds = self._cgroup.join_fds() if self._cgroup else []
+        setup = _CommandSetup(self._ns_fds, self._host_proc, cgroup_fds, cwd, self.limits, self._filter)
         try:
-            return await self._exec_inside(argv, cwd)
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=_sandbox_env(), cwd="/", start_new_session=True, preexec_fn=_command_preexec(setup),
+            )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as error:  # e.g. the sandbox died meanwhile
             raise SandboxError(f"cannot run a command in the sandbox: {error}") from error
-
-    async def _exec_inside(self, argv: list[str], cwd: str) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            "/usr/bin/unshare", "--fork", "--kill-child", "--",
-            "/usr/bin/unshare", "--pid", "--mount-proc", "--fork", "--kill-child", "--", *argv,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=_sandbox_env(), preexec_fn=_command_preexec(self._ns_fds, cwd, self.limits),
-        )  # fmt: skip
+        finally:
+            for fd in cgroup_fds:
+                os.close(fd)
 
     async def run(
         self, command: str, *, timeout_s: float | None = None, stdin: str | None = None, cwd: str = WORKDIR
     ) -> CommandResult:
         """``bash -c command`` inside the sandbox, killed (its whole tree) after the timeout."""
+        code, out, err, timed_out = await self._run_capturing(command, (stdin or "").encode(), timeout_s, cwd, OUTPUT_LIMIT)
+        return CommandResult(code, out.text(), err.text(), timed_out)
+
+    async def _run_capturing(
+        self, command: str, stdin: bytes, timeout_s: float | None, cwd: str, output_limit: int
+    ) -> tuple[int, _Capture, _Capture, bool]:
         timeout = self.limits.command_timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
-        # an outer bash reports a signal death as 128+N: the unshare chain cannot pass it on
+        # pid 1 of the command's namespace is this outer bash: the command itself is an ordinary
+        # process (signals act on it as usual), and a death by signal N is reported as 128+N
         proc = await self._spawn(["/bin/bash", "-c", '/bin/bash -c "$1"; exit $?', "bash", command], cwd)
         assert proc.stdin and proc.stdout and proc.stderr
-        out, err = _Capture(), _Capture()
-        io = asyncio.gather(
-            _feed(proc.stdin, (stdin or "").encode()), _drain(proc.stdout, out), _drain(proc.stderr, err)
-        )
+        out, err = _Capture(output_limit), _Capture()
+        io = asyncio.gather(_feed(proc.stdin, stdin), _drain(proc.stdout, out), _drain(proc.stderr, err))
         try:
             await asyncio.wait_for(asyncio.shield(io), timeout)
         except asyncio.TimeoutError:
             await _kill(proc, io)
-            return CommandResult(TIMEOUT_EXIT_CODE, out.text(), err.text(), True)
+            return TIMEOUT_EXIT_CODE, out, err, True
         except asyncio.CancelledError:
             _abandon(proc, io)
             raise
-        return CommandResult(await proc.wait(), out.text(), err.text(), False)
+        return await proc.wait(), out, err, False
 
     async def write_file(self, path: str, content: str) -> None:
         """Write a text file inside the sandbox (parent directories are created)."""
@@ -485,6 +766,28 @@ class Sandbox:
         if result.exit_code != 0:
             raise SandboxError(f"cannot read {path} in the sandbox: {result.stderr.strip()}")
         return result.stdout
+
+    async def export_workspace(self) -> bytes:
+        """The sandbox's /workspace as a tar archive (symlinks as links, modes and times kept).
+
+        For a verifier: ``import_workspace`` of it into a fresh sandbox gives the agent's work and
+        nothing else of this one. SandboxError when it exceeds ``disk_mb`` or cannot be read.
+        """
+        limit = self.limits.disk_mb * 1024 * 1024 * 2  # tar's headers on top of the files
+        code, out, err, timed_out = await self._run_capturing(
+            "tar --ignore-failed-read --numeric-owner -C / -cf - workspace", b"", None, "/", limit
+        )
+        if timed_out or out.dropped or code not in (0, 1):
+            reason = "timed out" if timed_out else f"over {limit} bytes" if out.dropped else err.text().strip()
+            raise SandboxError(f"cannot export /workspace: {reason}")
+        return bytes(out.data)
+
+    async def import_workspace(self, archive: bytes) -> None:
+        """Replace /workspace with an archive of ``export_workspace`` (files owned by the sandbox's root)."""
+        command = "find /workspace -mindepth 1 -delete && tar --no-same-owner -C / -xpf - workspace"
+        code, _, err, timed_out = await self._run_capturing(command, archive, None, "/", OUTPUT_LIMIT)
+        if timed_out or code != 0:
+            raise SandboxError(f"cannot import /workspace: {'timed out' if timed_out else err.text().strip()}")
 
     async def shell(self) -> ShellSession:
         """A persistent bash inside the sandbox."""
@@ -502,14 +805,20 @@ class Sandbox:
         """Kill everything in the sandbox; its mounts go with it. Safe to call twice."""
         for session in list(self._shells):
             await session.close()
-        for fd, _ in self._ns_fds:
+        for fd in [fd for fd, _ in self._ns_fds] + self._pinned + ([self._host_proc] if self._host_proc is not None else []):
             os.close(fd)
-        self._ns_fds = []
+        self._ns_fds, self._pinned, self._host_proc = [], [], None
         init, self._init = self._init, None
         if init is not None and init.returncode is None:
             init.kill()  # --kill-child passes it on to pid 1, and the kernel to all the rest
         if init is not None:
             await init.wait()
+        cgroup, self._cgroup = self._cgroup, None
+        if cgroup is not None:
+            await cgroup.remove()
+        outer_id, self._outer_id = self._outer_id, None
+        if outer_id is not None:
+            outer_id.release()
 
 
 async def _kill(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> int:
