@@ -10,9 +10,12 @@ loads with `TerminalEnv(tasks_dir=...)`):
   commands run. The rest of `environment/` (a Dockerfile, its build context) is ignored: there is
   no Docker here, and the sandbox offers the host's /usr (bash, coreutils, tar, gzip, python3,
   and git where the host has it) instead of an image's packages;
-- `tests/test.sh` is the verifier: it runs in /workspace after the episode, in the same sandbox,
-  and writes the reward to /logs/verifier/reward.txt (Harbor's contract). The tests are copied in
-  (to /tests) only then, so the model never sees them;
+- `tests/test.sh` is the verifier: it runs in /workspace after the episode and writes the reward
+  to /logs/verifier/reward.txt (Harbor's contract). It runs in a fresh sandbox, not the episode's:
+  the pristine system, the episode's /workspace copied in (as a tar archive made inside the
+  episode's sandbox once its shell is gone), and nothing else of the episode, so whatever the
+  agent did to its own sandbox's processes, binaries or mounts cannot touch the check. The tests
+  are copied in (to /tests) only then, so the model never sees them;
 - `solution/solve.sh` is the reference solution the oracle policy runs.
 
 Tools: `shell` runs a command in one bash session kept for the whole episode (cwd and variables
@@ -34,7 +37,7 @@ from typing import Any
 from clawrl.config import EnvConfig
 from clawrl.envs.episode import Outcome, Tool, ToolEnvironment, command_output
 from clawrl.envs.protocol import Action, ChatMessage, Split
-from clawrl.envs.sandbox import Sandbox, SandboxLimits, ShellSession
+from clawrl.envs.sandbox import Sandbox, SandboxError, SandboxLimits, ShellSession
 from clawrl.envs.terminal_tasks import REWARD_FILE, generated_tasks_dir
 
 SYSTEM_PROMPT = (
@@ -48,12 +51,9 @@ SHELL_PARAMETERS = {
     "required": ["command"],
 }
 _FINISH_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-# Harbor's verifier reads /tests and writes /logs/verifier; the sandbox's root is read-only, so the
-# verifier runs in a mount namespace of its own in which the sandbox's root may write them.
-_VERIFY = (
-    "unshare --mount /bin/bash -c 'mount -o remount,bind,rw / && mkdir -p /tests /logs/verifier "
-    "&& base64 -d | tar -xz -C /tests && bash /tests/test.sh'"
-)
+# Harbor's verifier reads /tests and writes /logs/verifier: the verifier's sandbox has both writable
+_VERIFIER_DIRS = ("/tests", "/logs")
+_VERIFY = "mkdir -p /logs/verifier && base64 -d | tar -xz -C /tests && bash /tests/test.sh"
 
 
 @dataclass(frozen=True)
@@ -146,11 +146,18 @@ class TerminalEnv(ToolEnvironment):
 
     async def _outcome(self, final: Action) -> Outcome:
         assert self._task is not None and self._sandbox is not None and self._shell is not None
-        await self._shell.close()  # nothing the model started keeps running during the tests
-        tests = base64.b64encode(_tar_gz_of(self._task.path / "tests")).decode()
-        result = await self._sandbox.run(_VERIFY, stdin=tests, timeout_s=self._task.verifier_timeout_s)
-        reward_text = (await self._sandbox.run(f"cat {REWARD_FILE} 2>/dev/null", cwd="/")).stdout.strip()
-        await self.close()
+        await self._shell.close()  # nothing the model started is still running when its work is copied
+        try:
+            work = await self._sandbox.export_workspace()
+        except SandboxError as error:
+            return Outcome(0.0, {"verifier_error": f"the episode's /workspace could not be copied out: {error}"})
+        finally:
+            await self.close()
+        async with Sandbox(limits=self._limits, writable_dirs=_VERIFIER_DIRS) as verifier:
+            await verifier.import_workspace(work)
+            tests = base64.b64encode(_tar_gz_of(self._task.path / "tests")).decode()
+            result = await verifier.run(_VERIFY, stdin=tests, timeout_s=self._task.verifier_timeout_s)
+            reward_text = (await verifier.run(f"cat {REWARD_FILE} 2>/dev/null", cwd="/")).stdout.strip()
         info: dict[str, Any] = {"verifier_exit_code": result.exit_code}
         try:
             reward = float(reward_text)

@@ -5,14 +5,14 @@ network, the page image at /workspace): one `ShellSession` of it starts chromedr
 relay (relay.py) in the background, so the browser lives exactly as long as that session and
 every process of it dies with the sandbox, also when the runner is SIGKILLed. chromedriver
 listens on the sandbox's loopback, which the host cannot reach; the relay offers it on a Unix
-socket in the sandbox's /tmp, which the host reaches through `Sandbox.host_root`, and httpx
-speaks HTTP over that socket.
+socket in the sandbox's /tmp, which the host reaches through `Sandbox.socket_path` (the socket
+pinned by descriptor, so nothing linked over it later is followed), and httpx speaks HTTP over it.
 
 What Chromium needs from the sandbox:
 - address space: Oilpan's caged heap and V8 reserve tens of GiB of virtual memory per process
   (a 64 GiB RLIMIT_AS makes it abort with "CagedHeap reservation"; 96 GiB was the least that
-  worked), so `BROWSER_LIMITS` gives 256 GiB of address space; resident memory stays near the
-  figures in docs/environments.md;
+  worked), so `BROWSER_LIMITS` gives 256 GiB of address space per process; the memory actually
+  used (360-370 MiB, docs/environments.md) is bounded by the sandbox's cgroup at 2 GiB;
 - threads: about 130 threads in all with one page open, against RLIMIT_NPROC;
 - CPU seconds: RLIMIT_CPU counts per process over the browser's whole life, and one browser
   serves many episodes;
@@ -41,7 +41,9 @@ from clawrl.envs.sandbox import Sandbox, SandboxError, SandboxLimits, sandbox_av
 
 CHROMIUM = "/usr/lib/chromium/chromium"  # Debian's binary; /usr/bin/chromium is a wrapper script reading /etc
 CHROMEDRIVER = "/usr/bin/chromedriver"
-BROWSER_LIMITS = SandboxLimits(cpu_seconds=3600, memory_mb=256 * 1024, processes=512, disk_mb=512)
+BROWSER_LIMITS = SandboxLimits(
+    cpu_seconds=3600, memory_mb=2048, address_space_mb=256 * 1024, processes=512, cpus=2.0, disk_mb=512
+)
 CHROMIUM_ARGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
     "--disable-extensions", "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -244,21 +246,37 @@ async def _start_driver(sandbox: Sandbox, timeout_s: float) -> httpx.AsyncClient
     )
     if started.exit_code != 0:
         raise BrowserError(f"chromedriver did not start: {started.stderr.strip()}")
-    transport = httpx.AsyncHTTPTransport(uds=str(sandbox.host_root / _SOCKET.lstrip("/")))
+    deadline = time.monotonic() + timeout_s
+    socket_path = await _pinned_socket(sandbox, deadline)
+    transport = httpx.AsyncHTTPTransport(uds=socket_path)
     # chromedriver refuses a Host header other than a local address (DNS rebinding protection)
     client = httpx.AsyncClient(transport=transport, base_url=f"http://localhost:{_PORT}", timeout=timeout_s)
-    deadline = time.monotonic() + timeout_s
     while True:
         try:
             if (await client.get("/status")).json()["value"]["ready"]:
                 return client
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            pass  # the socket is not there yet, or chromedriver not listening behind it
+            pass  # chromedriver is not listening behind the relay yet
         if time.monotonic() > deadline:
-            log = (await sandbox.run(f"tail -c 2000 {_DRIVER_LOG} /tmp/relay.log", cwd="/")).stdout
             await client.aclose()
-            raise BrowserError(f"chromedriver did not answer within {timeout_s:g} s: {log.strip()}")
+            raise BrowserError(f"chromedriver did not answer within {timeout_s:g} s: {await _driver_log(sandbox)}")
         await asyncio.sleep(0.02)
+
+
+async def _pinned_socket(sandbox: Sandbox, deadline: float) -> str:
+    """The relay's socket, pinned once it is there: what is later renamed or linked over it (a
+    symlink to a host socket, say) is never followed (`Sandbox.socket_path`)."""
+    while True:
+        try:
+            return sandbox.socket_path(_SOCKET)
+        except SandboxError as error:
+            if time.monotonic() > deadline:
+                raise BrowserError(f"the WebDriver relay did not start: {error}; {await _driver_log(sandbox)}") from None
+        await asyncio.sleep(0.02)
+
+
+async def _driver_log(sandbox: Sandbox) -> str:
+    return (await sandbox.run(f"tail -c 2000 {_DRIVER_LOG} /tmp/relay.log", cwd="/")).stdout.strip()
 
 
 async def _new_session(client: httpx.AsyncClient, timeout_s: float) -> str:
