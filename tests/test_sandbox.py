@@ -226,7 +226,7 @@ async def main():
     await box.start()
     shell = await box.shell()
     await shell.run("sleep {token} &")
-    print(box._init.pid, flush=True)
+    print(box._init.pid, " ".join(map(str, box.cgroup_paths)), flush=True)
     await box.run("sleep {token}", timeout_s=600)
 asyncio.run(main())
 """
@@ -241,7 +241,7 @@ def test_sigkill_of_the_runner_leaves_nothing_behind(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(temp)},
     )  # fmt: skip
     assert runner.stdout
-    init_pid = int(runner.stdout.readline())
+    init_pid, *cgroups = runner.stdout.readline().split()
     wait_until(lambda: len(host_pids_with(f"sleep {token}")) >= 2, 10, "both sleeps to run")
     runner.send_signal(signal.SIGKILL)
     runner.wait()
@@ -249,6 +249,14 @@ def test_sigkill_of_the_runner_leaves_nothing_behind(tmp_path: Path) -> None:
     wait_until(lambda: not Path(f"/proc/{init_pid}").exists(), 10, "the sandbox's init to exit")
     assert "clawrl" not in Path("/proc/self/mountinfo").read_text()
     assert not list(temp.iterdir())
+
+    # the killed runner's cgroup directories (empty now) go when the next sandbox starts
+    async def next_sandbox() -> None:
+        async with Sandbox() as box:
+            assert (await box.run("echo ok")).stdout == "ok\n"
+
+    arun(next_sandbox())
+    assert not [group for group in cgroups if Path(group).exists()], cgroups
 
 
 def test_reset_gives_a_fresh_layer(image: Path) -> None:

@@ -203,8 +203,9 @@ class SandboxCgroup:
         return f"cgroup v{version} ({', '.join(controllers)})"
 
     @property
-    def controllers(self) -> set[str]:
-        return {name for tree, _ in self._groups for name in tree.controllers}
+    def paths(self) -> list[Path]:
+        """The group's directories (one per tree)."""
+        return [group for _, group in self._groups]
 
     def join_fds(self) -> list[int]:
         """Open ``cgroup.procs`` of each group for writing; the caller closes them."""

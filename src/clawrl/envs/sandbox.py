@@ -321,7 +321,7 @@ def _command_preexec(setup: _CommandSetup) -> Callable[[], None]:
 
     def enter() -> None:
         try:
-            _enter_base(setup, parent, is_root)
+            _enter_command(setup, parent, is_root)
         except BaseException as error:
             os.write(2, f"clawrl sandbox: cannot enter the sandbox: {error}\n".encode())
             os._exit(SETUP_EXIT_CODE)
@@ -329,32 +329,31 @@ def _command_preexec(setup: _CommandSetup) -> Callable[[], None]:
     return enter
 
 
-def _enter_base(setup: _CommandSetup, parent: int, is_root: bool) -> None:
-    """Steps 1 and 2 of `_command_preexec`; step 3 in the last child."""
-    if True:
-        libc = _libc()
-        for fd in setup.cgroup_fds:
-            os.write(fd, b"0")
-        if is_root:
-            os.setgroups([])  # the host root's supplementary groups must not come along
-        for fd, nstype in setup.ns_fds:
-            _check(libc.setns(fd, nstype), "setns")
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
-        # the uid change cleared the parent-death signal and made this process non-dumpable, which
-        # gives its /proc files (the id maps written below) to the host's root
-        _die_with_parent(parent)
-        _check(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-        # counted in the base user namespace, this bounds the whole sandbox (the kernel checks a
-        # namespace's count against the limit its creator had)
-        resource.setrlimit(resource.RLIMIT_NPROC, (setup.limits.processes, setup.limits.processes))
-        _check(libc.unshare(_CLONE_NEWUSER), "unshare(user)")
-        _map_root(setup.host_proc_fd)
-        _check(libc.unshare(_CLONE_NEWNS), "unshare(mount)")
-        _fork_and_wait()
-        _check(libc.unshare(_CLONE_NEWPID), "unshare(pid)")
-        _fork_and_wait()
-        _enter_command_namespaces(libc, setup)
+def _enter_command(setup: _CommandSetup, parent: int, is_root: bool) -> None:
+    """The three steps of `_command_preexec`; only the last child returns."""
+    libc = _libc()
+    for fd in setup.cgroup_fds:
+        os.write(fd, b"0")
+    if is_root:
+        os.setgroups([])  # the host root's supplementary groups must not come along
+    for fd, nstype in setup.ns_fds:
+        _check(libc.setns(fd, nstype), "setns")
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    # the uid change cleared the parent-death signal and made this process non-dumpable, which
+    # gives its /proc files (the id maps written below) to the host's root
+    _die_with_parent(parent)
+    _check(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    # counted in the base user namespace, this bounds the whole sandbox (the kernel checks a
+    # namespace's count against the limit its creator had)
+    resource.setrlimit(resource.RLIMIT_NPROC, (setup.limits.processes, setup.limits.processes))
+    _check(libc.unshare(_CLONE_NEWUSER), "unshare(user)")
+    _map_root(setup.host_proc_fd)
+    _check(libc.unshare(_CLONE_NEWNS), "unshare(mount)")
+    _fork_and_wait()  # step 2 from here
+    _check(libc.unshare(_CLONE_NEWPID), "unshare(pid)")
+    _fork_and_wait()  # step 3
+    _enter_command_namespaces(libc, setup)
 
 
 def _enter_command_namespaces(libc: ctypes.CDLL, setup: _CommandSetup) -> None:
@@ -583,6 +582,11 @@ class Sandbox:
         self._check_running()
         assert self._outer_id is not None
         return self._outer_id.uid
+
+    @property
+    def cgroup_paths(self) -> list[Path]:
+        """The directories of the sandbox's cgroup (one per cgroup tree); empty without one."""
+        return self._cgroup.paths if self._cgroup is not None else []
 
     async def start(self) -> None:
         """Create the namespaces and the root; raises SandboxError with the reason if it fails."""
