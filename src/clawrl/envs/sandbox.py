@@ -334,6 +334,7 @@ def _enter_command(setup: _CommandSetup, parent: int, is_root: bool) -> None:
     libc = _libc()
     for fd in setup.cgroup_fds:
         os.write(fd, b"0")
+    _set_oom_score(setup.host_proc_fd, -1000)  # the sandbox's OOM kills hit the command, never these waiters
     if is_root:
         os.setgroups([])  # the host root's supplementary groups must not come along
     for fd, nstype in setup.ns_fds:
@@ -350,9 +351,10 @@ def _enter_command(setup: _CommandSetup, parent: int, is_root: bool) -> None:
     _check(libc.unshare(_CLONE_NEWUSER), "unshare(user)")
     _map_root(setup.host_proc_fd)
     _check(libc.unshare(_CLONE_NEWNS), "unshare(mount)")
-    _fork_and_wait()  # step 2 from here
+    # step 2 from here: no parent-death signal, but a watch on step 1, to kill step 3 when it ends
+    step_one_alive = _fork_and_wait(die_with_parent=False)
     _check(libc.unshare(_CLONE_NEWPID), "unshare(pid)")
-    _fork_and_wait()  # step 3
+    os.close(_fork_and_wait(guard=step_one_alive))  # step 3
     _enter_command_namespaces(libc, setup)
 
 
@@ -360,6 +362,7 @@ def _enter_command_namespaces(libc: ctypes.CDLL, setup: _CommandSetup) -> None:
     """Step 3 of `_command_preexec`: pid 1 of the command's pid namespace, up to the exec."""
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount(/proc)")
+    _set_oom_score(setup.host_proc_fd, 0)
     _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWCGROUP), "unshare(user, mount, cgroup)")
     _map_root(setup.host_proc_fd)
     _join_fresh_keyring()
@@ -367,6 +370,17 @@ def _enter_command_namespaces(libc: ctypes.CDLL, setup: _CommandSetup) -> None:
     os.chdir(setup.cwd)
     _set_rlimits(setup.limits)
     seccomp.install(setup.filter_program)
+
+
+def _set_oom_score(host_proc_fd: int, score: int) -> None:
+    """Set this process's oom_score_adj; lowering it needs root on the host, so a runner that is
+    not root leaves it as it is."""
+    with contextlib.suppress(OSError):
+        fd = os.open("self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=host_proc_fd)
+        try:
+            os.write(fd, str(score).encode())
+        finally:
+            os.close(fd)
 
 
 def _map_root(host_proc_fd: int) -> None:
@@ -379,11 +393,14 @@ def _map_root(host_proc_fd: int) -> None:
             os.close(fd)
 
 
-def _fork_and_wait() -> None:
-    """Fork; the parent waits for the child and exits as it did, the child returns.
+def _fork_and_wait(*, die_with_parent: bool = True, guard: int | None = None) -> int:
+    """Fork; the parent waits for the child and exits as it did; the child returns the read end
+    of a pipe that reaches end of file when its parent is gone.
 
-    A pipe tells the child whether its parent is still there once its parent-death signal is
-    armed (its parent is outside its pid namespace, so ``getppid`` cannot say).
+    ``die_with_parent`` arms the child's parent-death signal (SIGKILL). A parent given ``guard``
+    (its own such pipe) also kills the child itself once ``guard`` ends: the command's pid 1 can
+    clear its own parent-death signal (prctl, or its commands through ptrace), but nothing in the
+    command's namespace can refuse a SIGKILL from outside it.
     """
     alive_read, alive_write = os.pipe()
     with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; this one has one thread
@@ -391,25 +408,30 @@ def _fork_and_wait() -> None:
         child = os.fork()
     if child:
         os.close(alive_read)
-        _wait_and_exit(child, keep=alive_write)
+        _wait_and_exit(child, [alive_write] + ([guard] if guard is not None else []), guard)
     os.close(alive_write)
-    if _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if guard is not None:
+        os.close(guard)
+    if die_with_parent and _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         os._exit(126)
-    if select.select([alive_read], [], [], 0)[0]:  # end of file: the parent is gone
+    if select.select([alive_read], [], [], 0)[0]:  # end of file: the parent is gone already
         os._exit(126)
-    os.close(alive_read)
+    return alive_read
 
 
-def _wait_and_exit(child: int, keep: int) -> NoReturn:
-    """Hold nothing of the command (its pipes must close when it ends) but `keep`; wait; exit alike."""
-    os.closerange(0, keep)
-    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
+def _wait_and_exit(child: int, keep: list[int], guard: int | None) -> NoReturn:
+    """Hold nothing of the command (its pipes must close when it ends) but `keep`; wait for the
+    child (killing it when `guard` ends first); exit as it did."""
+    previous = -1
+    for fd in sorted(keep) + [resource.getrlimit(resource.RLIMIT_NOFILE)[0]]:
+        os.closerange(previous + 1, fd)
+        previous = fd
+    if guard is not None:
+        with contextlib.suppress(OSError):  # no pidfd (Linux < 5.3): the parent-death signal alone
+            child_fd = os.pidfd_open(child)
+            if child_fd not in select.select([guard, child_fd], [], [])[0]:  # the guard ended first
+                os.kill(child, signal.SIGKILL)
+    _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
 
@@ -777,9 +799,11 @@ class Sandbox:
         For a verifier: ``import_workspace`` of it into a fresh sandbox gives the agent's work and
         nothing else of this one. SandboxError when it exceeds ``disk_mb`` or cannot be read.
         """
-        limit = self.limits.disk_mb * 1024 * 1024 * 2  # tar's headers on top of the files
+        # a file on tmpfs takes a page at least, its tar header 512 bytes: the files' size is the bound;
+        # --sparse keeps a sparse file (truncate -s 1G) as the little disk it uses
+        limit = self.limits.disk_mb * 1024 * 1024 + 1024 * 1024
         code, out, err, timed_out = await self._run_capturing(
-            "tar --ignore-failed-read --numeric-owner -C / -cf - workspace", b"", None, "/", limit
+            "tar --sparse --ignore-failed-read --numeric-owner -C / -cf - workspace", b"", None, "/", limit
         )
         if timed_out or out.dropped or code not in (0, 1):
             reason = "timed out" if timed_out else f"over {limit} bytes" if out.dropped else err.text().strip()
@@ -830,11 +854,14 @@ async def _kill(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> in
     if proc.returncode is None:
         proc.kill()
     await asyncio.wait({io}, timeout=_KILL_GRACE_S)  # a pipe still open after that: give up on it
-    if io.done():
-        io.exception()  # an end of stream before the marker is expected here, not an error
-    else:
-        io.cancel()
+    io.add_done_callback(_consume)  # an end of stream before the marker is expected here, not an error
+    io.cancel()
     return await _reap(proc)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> int:
@@ -849,6 +876,7 @@ async def _reap(proc: asyncio.subprocess.Process) -> int:
 
 def _abandon(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> None:
     """The caller gave up on a command (cancelled): it must not outlive that."""
+    io.add_done_callback(_consume)
     io.cancel()
     if proc.returncode is None:
         proc.kill()
@@ -946,7 +974,12 @@ async def _read_to_marker(stream: asyncio.StreamReader, marker: bytes, capture: 
         if at >= 0 and pending.find(b"\n", at + len(needle)) >= 0:
             capture.add(bytes(pending[:at]))
             end = pending.find(b"\n", at + len(needle))
-            return pending[at + len(needle) : end].decode()
+            status = bytes(pending[at + len(needle) : end])
+            # the command can read the marker (bash's copy of its stdin) and print it: only what
+            # the shell itself prints, an exit status, ends a command normally
+            if not re.fullmatch(rb"[0-9]{1,3}", status):
+                raise EOFError("the command forged the end of its output")
+            return status.decode()
         if at < 0:
             keep = max(0, len(pending) - len(needle))
             capture.add(bytes(pending[:keep]))

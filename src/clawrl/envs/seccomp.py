@@ -14,6 +14,9 @@ What it refuses, and why (issue 26; docs/environments.md, "Threat model"):
 * every way to make or enter a namespace (``unshare``, ``setns``, namespace flags of ``clone``;
   ``clone3``, whose flags sit in memory a filter cannot read, answers ENOSYS so that the C library
   falls back to ``clone``): a fresh user namespace is the door to most kernel attack surface.
+* ``socket`` of any family but Unix, IPv4, IPv6 and netlink (EAFNOSUPPORT): some families are
+  not confined by a network namespace (``AF_VSOCK`` reaches the hypervisor and its other guests),
+  and the rest are kernel surface no task needs.
 * ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, module and kexec calls,
   ``open_by_handle_at``, ``syslog``, ``acct``, ``swapon``/``swapoff``, ``quotactl``, ``reboot``,
   ``lookup_dcookie``, ``iopl``/``ioperm``: kernel surface no task needs.
@@ -41,6 +44,7 @@ TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 # the exit signal, so it cannot make a namespace there)
 _CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
 
 
 class _Arch:
@@ -58,7 +62,7 @@ _COMMON = {
 }  # fmt: skip
 _ARCHES = {
     "x86_64": _Arch(0xC000003E, {
-        **_COMMON, "ioctl": 16, "clone": 56, "syslog": 103, "pivot_root": 155, "acct": 163, "mount": 165,
+        **_COMMON, "ioctl": 16, "socket": 41, "clone": 56, "syslog": 103, "pivot_root": 155, "acct": 163, "mount": 165,
         "umount2": 166, "swapon": 167, "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173,
         "init_module": 175, "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "kexec_load": 246,
         "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
@@ -66,7 +70,7 @@ _ARCHES = {
         "userfaultfd": 323,
     }, x32=True),
     "aarch64": _Arch(0xC00000B7, {
-        **_COMMON, "ioctl": 29, "clone": 220, "syslog": 116, "pivot_root": 41, "acct": 89, "mount": 40,
+        **_COMMON, "ioctl": 29, "socket": 198, "clone": 220, "syslog": 116, "pivot_root": 41, "acct": 89, "mount": 40,
         "umount2": 39, "swapon": 224, "swapoff": 225, "reboot": 142, "init_module": 105, "delete_module": 106,
         "quotactl": 60, "lookup_dcookie": 18, "kexec_load": 104, "add_key": 217, "request_key": 218,
         "keyctl": 219, "unshare": 97, "perf_event_open": 241, "open_by_handle_at": 265, "setns": 268,
@@ -108,6 +112,7 @@ def filter_program(machine: str | None = None) -> bytes:
         (_JEQ_K, "enosys", None, arch.numbers["clone3"]),
         (_JEQ_K, "ioctl", None, arch.numbers["ioctl"]),
         (_JEQ_K, "clone", None, arch.numbers["clone"]),
+        (_JEQ_K, "socket", None, arch.numbers["socket"]),
         (_RET_K, None, None, _RET_ALLOW),
     ]
     labels["ioctl"] = len(program)
@@ -123,6 +128,12 @@ def filter_program(machine: str | None = None) -> bytes:
         (_JSET_K, "eperm", None, _CLONE_NAMESPACE_FLAGS),
         (_RET_K, None, None, _RET_ALLOW),
     ]
+    labels["socket"] = len(program)
+    program.append((_LD_W_ABS, None, None, _ARGS_OFFSET))  # the family
+    program += [(_JEQ_K, "allow", None, family) for family in SOCKET_FAMILIES]
+    program.append((_RET_K, None, None, _RET_ERRNO | errno.EAFNOSUPPORT))
+    labels["allow"] = len(program)
+    program.append((_RET_K, None, None, _RET_ALLOW))
     for label, value in (("eperm", _RET_ERRNO | errno.EPERM), ("enosys", _RET_ERRNO | errno.ENOSYS), ("kill", _RET_KILL_PROCESS)):
         labels[label] = len(program)
         program.append((_RET_K, None, None, value))

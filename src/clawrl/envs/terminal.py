@@ -30,7 +30,7 @@ import base64
 import io
 import tarfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ SHELL_PARAMETERS = {
 _FINISH_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 # Harbor's verifier reads /tests and writes /logs/verifier: the verifier's sandbox has both writable
 _VERIFIER_DIRS = ("/tests", "/logs")
+_VERIFIER_DISK_MB = 64  # the verifier's tmpfs holds the episode's workspace, the tests and the logs
 _VERIFY = "mkdir -p /logs/verifier && base64 -d | tar -xz -C /tests && bash /tests/test.sh"
 
 
@@ -149,22 +150,29 @@ class TerminalEnv(ToolEnvironment):
         await self._shell.close()  # nothing the model started is still running when its work is copied
         try:
             work = await self._sandbox.export_workspace()
-        except SandboxError as error:
-            return Outcome(0.0, {"verifier_error": f"the episode's /workspace could not be copied out: {error}"})
+            return await self._verify(self._task, work)
+        except SandboxError as error:  # a workspace too big to copy or to hold: the work earns nothing
+            return Outcome(0.0, {"verifier_error": f"the episode's /workspace could not be checked: {error}"})
         finally:
             await self.close()
-        async with Sandbox(limits=self._limits, writable_dirs=_VERIFIER_DIRS) as verifier:
+
+    async def _verify(self, task: TerminalTask, work: bytes) -> Outcome:
+        """Run the task's tests in a fresh sandbox holding `work` (room for it and the tests)."""
+        limits = replace(self._limits, disk_mb=self._limits.disk_mb + _VERIFIER_DISK_MB)
+        async with Sandbox(limits=limits, writable_dirs=_VERIFIER_DIRS) as verifier:
             await verifier.import_workspace(work)
-            tests = base64.b64encode(_tar_gz_of(self._task.path / "tests")).decode()
-            result = await verifier.run(_VERIFY, stdin=tests, timeout_s=self._task.verifier_timeout_s)
-            reward_text = (await verifier.run(f"cat {REWARD_FILE} 2>/dev/null", cwd="/")).stdout.strip()
+            tests = base64.b64encode(_tar_gz_of(task.path / "tests")).decode()
+            result = await verifier.run(_VERIFY, stdin=tests, timeout_s=task.verifier_timeout_s)
+            # the reward counts only from a test.sh that ran to its end, as a regular file
+            reward_text = (await verifier.run(f"[ -f {REWARD_FILE} ] && [ ! -L {REWARD_FILE} ] && cat {REWARD_FILE}", cwd="/")).stdout
         info: dict[str, Any] = {"verifier_exit_code": result.exit_code}
         try:
-            reward = float(reward_text)
+            reward = float(reward_text.strip()) if result.exit_code == 0 else 0.0
         except ValueError:
             reward = 0.0
+        if result.exit_code != 0 or not reward_text.strip():
             output = command_output(result.stdout, result.stderr, result.exit_code, result.timed_out, 500)
-            info["verifier_error"] = f"test.sh wrote no reward to {REWARD_FILE}: {output}"
+            info["verifier_error"] = f"test.sh failed or wrote no reward to {REWARD_FILE}: {output}"
         return Outcome(reward, info)
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GENERATOR_VERSION = 3  # bump when the tasks change, so caches of the old set are not reused
+GENERATOR_VERSION = 4  # bump when the tasks change, so caches of the old set are not reused
 VARIANTS = 6
 EVAL_VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
@@ -162,11 +162,27 @@ def _task_toml(category: str, difficulty: str, split: str, seed: int) -> str:
     )
 
 
+# A repository's own config and attributes are the agent's work: git run by a check would run the
+# programs they name (core.fsmonitor, gpg.program with log.showSignature, filter and diff drivers).
+# Every repository's config is replaced by git's defaults before the checks, and one whose .git is
+# not a plain directory of its own fails them.
+_NEUTRAL_GIT = r"""export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 GIT_ATTR_NOSYSTEM=1
+git_ok=1
+while IFS= read -r -d '' git_dir; do
+  if [ -d "$git_dir" ] && [ ! -L "$git_dir" ] && [ ! -e "$git_dir/commondir" ]; then
+    printf '[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n' > "$git_dir/config"
+  else
+    git_ok=0
+  fi
+done < <(find . -name .git -print0 2>/dev/null)
+"""
+
+
 def _test_script(checks: list[str]) -> str:
-    conditions = "\n".join(f"  {check} || return 1" for check in checks)
+    conditions = "\n".join(f"  {check} || return 1" for check in ["[ $git_ok = 1 ]", *checks])
     return (
         "#!/bin/bash\n# Reward 1 when every check holds, else 0 (Harbor: the reward goes to /logs/verifier/reward.txt).\n"
-        f"cd /workspace || exit 1\nmkdir -p \"$(dirname {REWARD_FILE})\"\n"
+        f"cd /workspace || exit 1\nmkdir -p \"$(dirname {REWARD_FILE})\"\n{_NEUTRAL_GIT}"
         f"checks() {{\n{conditions}\n}}\n"
         f"if checks >/dev/null 2>&1; then echo 1 > {REWARD_FILE}; else echo 0 > {REWARD_FILE}; fi\n"
     )
@@ -320,7 +336,8 @@ def _make_executable(rng: random.Random, words: Sequence[str]) -> TaskSpec:
     content = f"#!/bin/bash\necho {word}\n"
     return TaskSpec(
         f"Make the script `{name}` executable by its owner, without changing its content.",
-        [f"[ $(( 0$(stat -c %a {name}) & 0100 )) -ne 0 ]", f"[ \"$(./{name})\" = {word} ]"],
+        # the content is compared, never run: a check must not execute what the agent wrote
+        [f"[ $(( 0$(stat -c %a {name}) & 0100 )) -ne 0 ]", f"[ \"$(md5sum < {name} | cut -c1-32)\" = {_md5(content)} ]"],
         f"chmod u+x {name}", {name: content},
     )
 
