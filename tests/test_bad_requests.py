@@ -47,6 +47,16 @@ def chat(**overrides: Any) -> dict[str, Any]:
     return {key: value for key, value in body.items() if value is not None}
 
 
+# An integer of 5,000 digits: Python refuses to convert one over 4,300 (a ValueError, not a
+# JSONDecodeError) and json.dumps cannot write one, so these bodies are spelled as raw bytes.
+HUGE_INTEGER = "1" * 5000
+
+
+def with_huge_integer(body: Any) -> bytes:
+    """`body` as JSON, each string "HUGE" in it replaced by the 5,000-digit integer."""
+    return json.dumps(body).replace('"HUGE"', HUGE_INTEGER).encode()
+
+
 def chunked(total: int, piece: int = 4096) -> Callable[[], Iterator[bytes]]:
     """A body sent with `Transfer-Encoding: chunked`: no Content-Length to refuse it up front."""
 
@@ -101,6 +111,28 @@ BAD_REQUESTS = [
         ),
         says="nested",
     ),
+    # json.loads raises ValueError on integers over 4,300 digits: these used to be a 500
+    BadRequest("integer-5000-digits", 400, "invalid_json", content=with_huge_integer(chat(max_tokens="HUGE")), says="digits"),
+    BadRequest(
+        "integer-5000-digits-nested",
+        400,
+        "invalid_json",
+        content=with_huge_integer(chat(tools=[{**WEATHER_TOOL, "function": {"name": "f", "parameters": {"default": ["HUGE"]}}}])),
+        says="digits",
+    ),
+    BadRequest("integer-5000-digits-unknown-field", 400, "invalid_json", content=with_huge_integer(chat(extra="HUGE")), says="digits"),
+    # JSON has no NaN or Infinity, and 1e400 overflows to inf: none can be written back as JSON (a
+    # tool schema holding one is stored as is, and PostgreSQL's json column refused it: a 500)
+    BadRequest(
+        "number-beyond-float-range-in-tool-schema",
+        400,
+        "invalid_json",
+        content=json.dumps(chat(tools=[{**WEATHER_TOOL, "function": {"name": "f", "parameters": {"default": "BIG"}}}]))
+        .replace('"BIG"', "1e400")
+        .encode(),
+        says="not finite",
+    ),
+    BadRequest("nan-in-unknown-field", 400, "invalid_json", content=json.dumps(chat(extra=float("nan"))).encode(), says="not finite"),
     # --- messages ------------------------------------------------------------------------------
     BadRequest("missing-messages", 400, "invalid_value", body=chat(messages=None), param="messages", says="Field required"),
     BadRequest("empty-messages", 400, "invalid_value", body=chat(messages=[]), param="messages", says="at least 1"),
@@ -218,6 +250,14 @@ BAD_REQUESTS = [
     BadRequest("feedback-score-true", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": True}, param="score"),
     # 1.0 is the integer 1 to JSON (and to the OpenAPI document's `"type": "integer"`), 0.5 is not
     BadRequest("feedback-score-float", 400, "invalid_value", path=FEEDBACK, body={"turn": "chatcmpl-x", "score": 0.5}, param="score"),
+    BadRequest(
+        "feedback-score-5000-digits",
+        400,
+        "invalid_json",
+        path=FEEDBACK,
+        content=with_huge_integer({"turn": "chatcmpl-x", "score": "HUGE"}),
+        says="digits",
+    ),
     BadRequest("feedback-without-target", 400, "invalid_value", path=FEEDBACK, body={"score": 1}, says="session_id"),
     BadRequest(
         "feedback-unknown-turn", 404, "turn_not_found", path=FEEDBACK, body={"turn": "chatcmpl-nope", "score": 1}, param="turn"

@@ -97,6 +97,45 @@ def test_bad_requests_get_error_objects_not_500s(toolcall_url: str) -> None:
     assert httpx.post(f"{toolcall_url}/step", content=b"not json", headers={"content-type": "application/json"}).status_code == 400
 
 
+HUGE_INTEGER = b"1" * 5000  # json.loads raises ValueError (not JSONDecodeError) over 4,300 digits
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/reset", b'{"seed": ' + HUGE_INTEGER + b', "episode_id": "ep-json"}'),
+    ("/reset", b'{"episode_id": "ep-json", "extra": [' + HUGE_INTEGER + b"]}"),
+    ("/step", b'{"action": {"content": "1", "x": {"y": [' + HUGE_INTEGER + b']}}, "episode_id": "ep-json"}'),
+    ("/close", b'{"episode_id": ' + HUGE_INTEGER + b"}"),
+    # parses, but the answer echoing it could not be encoded (a 500)
+    ("/step", b'{"action": {"content": "\\ud800"}, "episode_id": "ep-json"}'),
+    ("/step", b"[" * 30_000 + b"]" * 30_000),
+], ids=["reset-seed", "reset-nested", "step-nested", "close", "step-lone-surrogate", "step-nested-too-deep"])  # fmt: skip
+def test_bodies_the_json_parser_refuses_get_an_invalid_json_error(toolcall_url: str, path: str, body: bytes) -> None:
+    assert httpx.post(f"{toolcall_url}/reset", json={"episode_id": "ep-json"}).status_code == 200
+    response = httpx.post(f"{toolcall_url}{path}", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "invalid_json" and error["type"] == "invalid_request_error"
+    assert error["message"].startswith("The request body") and "sys.set_int_max_str_digits" not in error["message"]
+    # the refused request changed nothing: the episode is still open, no step taken
+    state = httpx.get(f"{toolcall_url}/state", params={"episode_id": "ep-json"})
+    assert state.status_code == 200 and state.json()["step_count"] == 0 and state.json()["done"] is False
+    assert httpx.post(f"{toolcall_url}/close", json={"episode_id": "ep-json"}).status_code == 200
+
+
+@pytest.mark.parametrize("arguments", ['{"code": ' + "1" * 5000 + "}", "[" * 5000 + "]" * 5000], ids=["5000-digits", "nested"])
+def test_tool_call_arguments_the_json_parser_refuses_are_answered_in_band(toolcall_url: str, arguments: str) -> None:
+    """The model's arguments are parsed by the environment: an integer over 4,300 digits or a deep
+    nesting raised there, and the episode was closed with a 500. The tool now answers the error."""
+    assert httpx.post(f"{toolcall_url}/reset", json={"episode_id": "ep-args"}).status_code == 200
+    call = {"id": "c1", "function": {"name": "python", "arguments": arguments}}
+    response = httpx.post(f"{toolcall_url}/step", json={"action": {"tool_calls": [call]}, "episode_id": "ep-args"})
+    assert response.status_code == 200, response.text
+    [reply] = response.json()["observation"]["messages"]
+    assert reply["role"] == "tool" and reply["content"].startswith("error: the arguments are not valid JSON")
+    assert httpx.post(f"{toolcall_url}/close", json={"episode_id": "ep-args"}).status_code == 200
+
+
 def test_too_many_open_episodes_is_a_429_and_finished_ones_make_room(toolcall_url: str) -> None:
     for index in range(4):
         assert httpx.post(f"{toolcall_url}/reset", json={"episode_id": f"full-{index}"}).status_code == 200

@@ -204,6 +204,14 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
         assert error["param"] == param, error
 
 
+def assert_invalid_json(response: httpx.Response) -> None:
+    """A body the JSON parser refused: a 400 error object whose message says why."""
+    assert_error(response, 400)
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "invalid_json" and error["type"] == "invalid_request_error" and "digits" in error["message"]
+
+
 @pytest.mark.parametrize(("body", "param"), BAD_STARTS)
 def test_bad_episode_starts_get_a_400_error_object(bad_server: httpx.Client, body: Any, param: str | None) -> None:
     assert_error(bad_server.post("/episodes", json=body), 400, param)
@@ -225,6 +233,13 @@ def test_episode_endpoints_refuse_what_does_not_fit_the_store(bad_server: httpx.
     # no step was recorded in its session: a finished episode with a step reward does not fit it
     assert_error(bad_server.post("/episodes/ep-twice/result", json={"reward": 1.0, "step_rewards": [1.0]}), 400, "step_rewards")
     assert_error(bad_server.post("/episodes/ep-twice/result", content=b'{"reward": NaN}'), 400)
+    # json.loads raises ValueError on an integer over 4,300 digits (a 500): refused, and nothing is recorded
+    huge = b"1" * 5000
+    assert_invalid_json(bad_server.post("/episodes/ep-twice/result", content=b'{"reward": ' + huge + b"}"))
+    assert_invalid_json(bad_server.post("/episodes/ep-twice/result", content=b'{"failed": true, "step_rewards": [' + huge + b"]}"))
+    start_huge = json.dumps(START | {"session_id": "ep-huge"}).replace('"seed": 0', f'"seed": {huge.decode()}')
+    assert_invalid_json(bad_server.post("/episodes", content=start_huge.encode()))
+    assert_error(bad_server.post("/episodes/ep-huge/result", json={"reward": 1.0}), 404, "session_id")  # it was not registered
     ended = bad_server.post("/episodes/ep-twice/result", json={"failed": True, "error": "the sandbox went away"})
     assert ended.json() == {"session_id": "ep-twice", "status": "failed", "recorded": True}
     assert_error(bad_server.post("/episodes/ep-twice/result", json={"failed": True}), 409, "session_id")

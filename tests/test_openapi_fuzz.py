@@ -455,3 +455,13 @@ def test_tool_call_arguments_nested_deep_are_kept_as_a_string(http: httpx.Client
                 {"role": "tool", "tool_call_id": "c1", "content": "r"}]  # fmt: skip
     response = chat(http, max_tokens=2, messages=messages)
     assert response.status_code == 200, response.text
+
+
+def test_tool_call_arguments_with_a_5000_digit_integer_are_kept_as_a_string(http: httpx.Client) -> None:
+    """Issue 26: the arguments string is parsed to render the prompt, and json.loads raises
+    ValueError (not JSONDecodeError) on an integer over 4,300 digits (a 500). It stays the string."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": ' + "1" * 5000 + "}"}}
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "r"}]  # fmt: skip
+    response = chat(http, max_tokens=2, messages=messages)
+    assert response.status_code == 200, response.text

@@ -3,6 +3,7 @@ judging, the dashboard and training records, under the concurrency a shared serv
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -63,6 +64,24 @@ def test_serving_judging_and_the_dashboard_on_postgres(tool_model_dir: Path, pos
     assert overview.json()["live_score"] == [{"version": 0, "judged": 2, "mean_score": 0.0, "vote_agreement": 1.0}]
     assert page.status_code == 200 and "without the bold" in page.text
     assert metrics.status_code == 200 and "clawrl_judged_turns_total" in metrics.text
+
+
+def test_a_number_json_cannot_hold_is_refused_before_postgres_sees_it(tool_model_dir: Path, postgres_url: str) -> None:
+    """Python reads `1e400` as inf (and `NaN`, `Infinity` as such); a tool schema holding one was
+    stored as is, and PostgreSQL's json column refused the `Infinity` json.dumps writes (a 500)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": "NUMBER"}}}
+    with pg_server(tool_model_dir, postgres_url) as server:
+        model = httpx.get(f"{server.base_url}/models", timeout=30).json()["data"][0]["id"]
+        body = json.dumps({"model": model, "messages": [user("hi")], "max_tokens": 2, "tools": [tool]})
+        for number in ("1e400", "-1e400", "NaN", "Infinity"):
+            response = httpx.post(f"{server.base_url}/chat/completions", content=body.replace('"NUMBER"', number),
+                                  headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["code"] == "invalid_json" and error["type"] == "invalid_request_error" and "not finite" in error["message"]
+        session_id, _turns = converse(server.base_url, ["hello"])
+    store = Store(postgres_url)
+    assert [session.id for session in store.list_sessions(limit=100)] == [session_id], "a refused request was recorded"
 
 
 def test_concurrent_requests_of_one_new_session_are_all_recorded(tool_model_dir: Path, postgres_url: str) -> None:

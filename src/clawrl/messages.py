@@ -31,7 +31,7 @@ def content_text(content: str | Sequence[Any] | None) -> str:
 
 
 # Deeper tool-call arguments stay a string: chat templates and hashing recurse through the value
-# (a request's own JSON is held to the same depth when it is read, serve/app.py)
+# (a request's own JSON is held to the same depth when it is read, jsonbody.py)
 MAX_ARGUMENTS_DEPTH = 64
 
 
@@ -40,12 +40,13 @@ def canonical_arguments(arguments: Any) -> Any:
 
     A string that is not JSON, or is JSON nested more than MAX_ARGUMENTS_DEPTH levels deep, stays
     the string: "[[[...]]]" a few hundred levels deep overflowed the template's recursion, a
-    thousand levels the parser's (a 500 either way).
+    thousand levels the parser's (a 500 either way). So does one holding an integer over Python's
+    4,300-digit conversion limit, which json.loads refuses with a plain ValueError (issue 26).
     """
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to convert
             return arguments
         return arguments if _deeper_than(value, MAX_ARGUMENTS_DEPTH) else value
     return arguments

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import json
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -152,6 +153,12 @@ def parse_arguments(text: str, schema: dict[str, Any]) -> tuple[dict[str, Any], 
         arguments = json.loads(text or "{}")
     except json.JSONDecodeError as error:
         return {}, f"the arguments are not valid JSON ({error.msg} at character {error.pos})"
+    except ValueError:  # not a decode error: an integer over Python's 4,300-digit conversion limit
+        # Like the nesting below, raised here it crashed the step (a 500 from `clawrl envs serve`, a
+        # failed episode in a rollout): the model's arguments are the model's mistake, told in band.
+        return {}, f"the arguments are not valid JSON (an integer has more than {sys.get_int_max_str_digits()} digits)"
+    except RecursionError:  # nested deeper than the parser's stack
+        return {}, "the arguments are not valid JSON (nested too deep)"
     if not isinstance(arguments, dict):
         return {}, "the arguments must be a JSON object"
     properties = schema.get("properties", {})

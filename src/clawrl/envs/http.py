@@ -36,13 +36,14 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import httpx
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from clawrl.envs.episode import parse_arguments
@@ -63,6 +64,7 @@ from clawrl.envs.protocol import (
     StepResult,
 )
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
+from clawrl.jsonbody import parse_json_body
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,39 @@ class _Episodes:
                 log.exception("closing idle episodes failed")
 
 
+class _JSONRequest(Request):
+    """A request whose JSON body is parsed by `parse_json_body`, once (see `_JSONBodyRoute`)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_parsed_json"):
+            self._parsed_json = parse_json_body(await self.body())
+        return self._parsed_json
+
+
+class _JSONBodyRoute(APIRoute):
+    """A route that parses a JSON body itself before FastAPI validates it against the route's model.
+
+    FastAPI turns any failure of its own `json.loads` other than a decode error (an integer over
+    Python's 4,300-digit conversion limit, a nesting that overflows the parser's stack) into a bare
+    "There was an error parsing the body" without a code, and lets through what parses but cannot
+    be answered (a lone surrogate: the answer echoing it failed to encode, a 500). Parsing here,
+    outside FastAPI's handling, raises the same `invalid_json` error objects as `clawrl serve`;
+    FastAPI then reads the parsed value back from `_JSONRequest.json`.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        takes_body = self.body_field is not None
+
+        async def parse_then_handle(request: Request) -> Response:
+            request = _JSONRequest(request.scope, request.receive)
+            if takes_body and await request.body():  # an empty body is /reset's "no options"
+                await request.json()  # raises APIError, answered by install_error_handlers
+            return await handler(request)
+
+        return parse_then_handle
+
+
 def create_env_app(make_env: Callable[[], Environment], description: str = "", max_episodes: int = 64,
                    idle_timeout_s: float = 600.0, step_timeout_s: float = 120.0) -> FastAPI:
     """An app serving environments from `make_env`, one per running episode, kept warm between episodes."""
@@ -186,6 +221,7 @@ def create_env_app(make_env: Callable[[], Environment], description: str = "", m
             await lister.close()
 
     app = FastAPI(title=f"clawrl environment: {lister.name}", lifespan=lifespan)
+    app.router.route_class = _JSONBodyRoute  # every route added below parses its body with parse_json_body
     install_error_handlers(app)
 
     @app.get("/health")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -29,6 +28,7 @@ from clawrl.serve import openapi, schemas
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
+from clawrl.jsonbody import parse_json_body
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.policy import PolicyFollower
 from clawrl.store import Store
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing bodies over `limit` bytes before reading them whole."""
+    """The request body as a JSON object, refusing bodies over `limit` bytes before reading them whole
+    (and, like every JSON body, what the parser refuses or nothing downstream could use: jsonbody.py)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body is {declared} bytes; the limit is {limit}.", "request_too_large")
@@ -50,60 +51,14 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             raise APIError(413, f"Request body exceeds the limit of {limit} bytes.", "request_too_large")
     if not body:
         raise APIError(400, "The request body is empty; send a JSON object.", "invalid_json")
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise APIError(400, f"The request body is not valid JSON: {error}", "invalid_json") from None
-    except RecursionError:  # e.g. 30,000 nested '[': fits the size limit, overflows the parser's stack
-        value, problem = None, f"is nested more than {MAX_JSON_DEPTH} levels deep"
-    else:
-        problem = _json_problem(value)
-    if problem is not None:
-        raise APIError(400, f"The request body {problem}.", "invalid_json")
+    value = parse_json_body(body)
     if not isinstance(value, dict):
         raise APIError(400, f"The request body must be a JSON object, not {_JSON_KINDS[type(value)]}.", "invalid_value")
     return value
 
 
-MAX_JSON_DEPTH = 64
 READY_STORE_TIMEOUT_S = 5.0  # /readyz waits this long for the store
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
-
-
-def _json_problem(value: Any) -> str | None:
-    """What makes parsed JSON unsafe to process further, if anything (iterative: no recursion limit).
-
-    Chat templates, hashing and the store all walk the body recursively, so a body nested a few
-    hundred levels deep would overflow one of them; and a lone surrogate escape ("\\ud800") parses
-    to a str that cannot be encoded as UTF-8, which the tokenizer and the store refuse. Either would
-    otherwise surface as a 500.
-    """
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii() and not _is_utf8_encodable(item):
-                return "contains an invalid Unicode escape (a lone UTF-16 surrogate)"
-            continue
-        children: list[Any]
-        if isinstance(item, dict):
-            children = [*item.keys(), *item.values()]
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > MAX_JSON_DEPTH:
-            return f"is nested more than {MAX_JSON_DEPTH} levels deep"
-        stack.extend((child, depth + 1) for child in children)
-    return None
-
-
-def _is_utf8_encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None,
