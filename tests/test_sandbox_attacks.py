@@ -503,3 +503,24 @@ def test_the_filter_names_an_architecture_it_does_not_know() -> None:
     with pytest.raises(ValueError, match="riscv64"):
         seccomp.filter_program("riscv64")
     assert len(seccomp.filter_program("x86_64")) % 8 == 0 and len(seccomp.filter_program("aarch64")) % 8 == 0
+
+
+def test_without_a_cgroup_the_sandbox_says_so_and_still_bounds_processes_and_disk(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from clawrl.envs import cgroup, sandbox
+
+    monkeypatch.setattr(cgroup, "_trees_cache", ["cgroups are off in this test"])
+    monkeypatch.setattr(sandbox, "_cgroup_warning_logged", [])
+
+    async def go() -> None:
+        async with Sandbox(limits=SandboxLimits(processes=24, disk_mb=16)) as box:
+            assert box.confinement.startswith("no cgroup (cgroups are off in this test)") and box.cgroup_paths == []
+            spawned = await box.run("python3 -", stdin=SPAWNER, timeout_s=20)
+            assert 0 < int(spawned.stdout) < 24, spawned
+            mounted = await box.run("mkdir -p /tmp/big && mount -t tmpfs none /tmp/big && echo mounted")
+            assert "mounted" not in mounted.stdout
+
+    with caplog.at_level("WARNING"):
+        arun(go())
+    assert "sandboxes run without a cgroup: no cgroup (cgroups are off in this test)" in caplog.text
