@@ -901,9 +901,8 @@ class ShellSession:
 
     async def start(self) -> None:
         self._proc = await self._sandbox._spawn(["/bin/bash", "--noprofile", "--norc"], WORKDIR)
-        # Answering a first command proves that every unshare of the chain has set its parent-death
-        # signal (each does so before it execs the next): a kill before then, as a session closed
-        # right after it opened, would leave the shell running, holding its pipes.
+        # a first command proves that the shell runs inside (a sandbox that cannot be entered
+        # answers with exit status 125 and the reason)
         ready = await self._run(":", START_TIMEOUT_S)
         if ready.exit_code != 0:
             raise SandboxError(f"the shell did not start: {(ready.stderr or ready.stdout).strip() or ready.exit_code}")
