@@ -94,9 +94,26 @@ git update-ref HEAD "$commit"
 """
 
 
+# HEAD is a commit with a (fake) signature, so the check's `git log` runs gpg.program.
+BARE_REPOSITORY_HOOK = r"""
+cd /workspace
+mv repo/.git bare && rm -rf repo && mv bare repo && cd repo
+git config core.bare true
+printf '#!/bin/bash\necho "echo 1 > /logs/verifier/reward.txt" >> /tests/test.sh\n' > gpg-helper
+chmod +x gpg-helper
+git config log.showSignature true
+git config gpg.program /workspace/repo/gpg-helper
+tree=$(git rev-parse 'HEAD^{tree}')
+commit=$(printf 'tree %s\nparent %s\nauthor a <a@b> 0 +0000\ncommitter a <a@b> 0 +0000\ngpgsig -----BEGIN PGP SIGNATURE-----\n \n -----END PGP SIGNATURE-----\n\nnot the message\n' "$tree" "$(git rev-parse HEAD)" | git hash-object -t commit -w --stdin)
+git update-ref HEAD "$commit"
+"""
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="the git tasks need git")
-def test_the_verifier_runs_no_program_named_by_the_agents_git_config(tmp_path: Path) -> None:
-    """A built-in git task left unsolved (the changes not committed, another message): reward 0."""
+@pytest.mark.parametrize("hook", ["signature", "bare repository"])
+def test_the_verifier_runs_no_program_named_by_the_agents_git_config(tmp_path: Path, hook: str) -> None:
+    """A built-in git task left unsolved (the changes not committed, another message): reward 0.
+    The bare repository case was found by the second red team (test_sandbox_redteam2.py)."""
     generate_tasks(tmp_path, 0, True, prefixes=("git-commit_changes-",))
     task = sorted(path.name for path in tmp_path.iterdir())[0]
 
@@ -104,7 +121,7 @@ def test_the_verifier_runs_no_program_named_by_the_agents_git_config(tmp_path: P
         env = TerminalEnv(EnvConfig(max_steps=4), tasks_dir=tmp_path)
         try:
             await env.reset(seed=0, task=task)
-            await env.step(shell_action(GIT_SIGNATURE_HOOK))
+            await env.step(shell_action(GIT_SIGNATURE_HOOK if hook == "signature" else BARE_REPOSITORY_HOOK))
             return (await env.step(Action(content="done"))).reward
         finally:
             await env.close()

@@ -924,9 +924,12 @@ class ShellSession:
         proc.stdin.write(_shell_script(command, token, marker.decode()).encode())
         out, err = _Capture(), _Capture()
         io = asyncio.gather(_read_to_marker(proc.stdout, marker, out), _read_to_marker(proc.stderr, marker, err))
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            await proc.stdin.drain()
-            status, _ = await asyncio.wait_for(asyncio.shield(io), timeout)
+            # a command that stops the shell reading (and fakes its end) must not hold the next
+            # one's write for ever: the write is under the command's deadline too
+            await asyncio.wait_for(proc.stdin.drain(), timeout)
+            status, _ = await asyncio.wait_for(asyncio.shield(io), max(0.0, deadline - asyncio.get_running_loop().time()))
             return CommandResult(int(status), out.text(), err.text(), False)
         except asyncio.TimeoutError:
             await _kill(proc, io)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GENERATOR_VERSION = 4  # bump when the tasks change, so caches of the old set are not reused
+GENERATOR_VERSION = 5  # bump when the tasks change, so caches of the old set are not reused
 VARIANTS = 6
 EVAL_VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
@@ -164,9 +164,11 @@ def _task_toml(category: str, difficulty: str, split: str, seed: int) -> str:
 
 # A repository's own config and attributes are the agent's work: git run by a check would run the
 # programs they name (core.fsmonitor, gpg.program with log.showSignature, filter and diff drivers).
-# Every repository's config is replaced by git's defaults before the checks, and one whose .git is
-# not a plain directory of its own fails them.
+# Every repository's config is replaced by git's defaults before the checks, one whose .git is not
+# a plain directory of its own fails them, and git refuses a bare repository unless it is named
+# explicitly (the agent could make one of a work tree's folder; safe.bareRepository, git >= 2.38).
 _NEUTRAL_GIT = r"""export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 GIT_ATTR_NOSYSTEM=1
+export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.bareRepository GIT_CONFIG_VALUE_0=explicit
 git_ok=1
 while IFS= read -r -d '' git_dir; do
   if [ -d "$git_dir" ] && [ ! -L "$git_dir" ] && [ ! -e "$git_dir/commondir" ]; then
@@ -179,12 +181,14 @@ done < <(find . -name .git -print0 2>/dev/null)
 
 
 def _test_script(checks: list[str]) -> str:
+    """The verifier: reward 1 when every check holds, else 0. The body is one `{ ...; exit; }` block,
+    which bash reads whole before running any of it, so nothing written to the file meanwhile runs."""
     conditions = "\n".join(f"  {check} || return 1" for check in ["[ $git_ok = 1 ]", *checks])
     return (
-        "#!/bin/bash\n# Reward 1 when every check holds, else 0 (Harbor: the reward goes to /logs/verifier/reward.txt).\n"
+        "#!/bin/bash\n# Reward 1 when every check holds, else 0 (Harbor: the reward goes to /logs/verifier/reward.txt).\n{\n"
         f"cd /workspace || exit 1\nmkdir -p \"$(dirname {REWARD_FILE})\"\n{_NEUTRAL_GIT}"
         f"checks() {{\n{conditions}\n}}\n"
-        f"if checks >/dev/null 2>&1; then echo 1 > {REWARD_FILE}; else echo 0 > {REWARD_FILE}; fi\n"
+        f"if checks >/dev/null 2>&1; then echo 1 > {REWARD_FILE}; else echo 0 > {REWARD_FILE}; fi\nexit 0\n}}\n"
     )
 
 
