@@ -11,15 +11,18 @@ verifier; the limits hold for the whole sandbox, not per process.
   base user namespace maps the sandbox's root (uid 0) to an outer uid of its own, leased for the
   sandbox's life from ``OUTER_ID_BASE`` upwards when the runner is root (``_OuterId``), so no
   sandbox can signal another's processes or a host process. A command never runs at the base
-  level: the runner's forked child enters the base namespaces and, before anything of the
-  command runs, nests a user namespace, a mount namespace and a pid namespace of the command's
-  own inside them, mounts that pid namespace's /proc, and nests one more user, mount and cgroup
-  namespace (``_command_preexec``). The command is root only there: it holds no capability over
-  the base mount namespace (``nsenter`` into it fails), every mount it inherited is locked (it
-  cannot uncover the base /proc under its own), and it sees only its own processes.
-* **Nothing the runner runs is resolved through the agent's mounts.** All of the above is done by
-  the runner's own (forked) code, with the id maps written through a descriptor of the host's
-  /proc opened before entering; the only thing executed inside is the command itself.
+  level: the sandbox's *spawner* (spawner.py, a small process started on the host) forks, enters
+  the base namespaces and, before anything of the command runs, nests a user namespace, a mount
+  namespace and a pid namespace of the command's own inside them, mounts that pid namespace's
+  /proc, and nests one more user, mount and cgroup namespace. The command is root only there: it
+  holds no capability over the base mount namespace (``nsenter`` into it fails), every mount it
+  inherited is locked (it cannot uncover the base /proc under its own), and it sees only its own
+  processes.
+* **Nothing the runner runs is resolved through the agent's mounts.** All of the above is the
+  spawner's own (forked) code, with the id maps written through a descriptor of the host's /proc
+  opened before entering; the only thing executed inside is the command itself. (A process of its
+  own, not a fork of the runner: forking a runner that holds PyTorch costs 60 MB and 80 ms a
+  command.)
 * **No terminal, no keyring.** Every command is in a session of its own with no controlling
   terminal; /dev has no tty; ``TIOCSTI``/``TIOCLINUX`` are refused by the seccomp filter
   (seccomp.py), which also refuses keyrings, mounts, namespaces and other kernel surface. The
@@ -60,13 +63,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import ctypes
 import logging
 import os
 import random
 import re
-import resource
-import select
 import shlex
 import shutil
 import signal
@@ -77,10 +80,9 @@ import subprocess
 import sys
 import threading
 import uuid
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 from clawrl.envs import seccomp
 from clawrl.envs.cgroup import CgroupLimits, CgroupUnavailable, SandboxCgroup
@@ -93,7 +95,6 @@ OUTER_ID_COUNT = 65536  # how many it may lease at once
 OUTPUT_LIMIT = 8 * 1024 * 1024  # bytes kept of each output stream; the rest is read and dropped
 START_TIMEOUT_S = 20.0
 TIMEOUT_EXIT_CODE = 124  # CommandResult.exit_code of a command killed at its timeout, as coreutils timeout
-SETUP_EXIT_CODE = 125  # a command whose sandbox could not be entered (the reason is on its stderr)
 _KILL_GRACE_S = 5.0  # how long to wait for pipes to close after a kill before giving up on them
 _SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -106,9 +107,7 @@ _NAMESPACES = (  # the order matters: the user namespace first, it grants the ri
     ("uts", 0x04000000),
     ("pid_for_children", 0x20000000),
 )
-_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x02000000, 0x10000000, 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_PR_SET_PDEATHSIG = 1
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 # idmapped mounts (Linux >= 5.12); these syscall numbers are the same on every architecture
 _SYS_OPEN_TREE, _SYS_MOUNT_SETATTR = 428, 442
@@ -290,160 +289,159 @@ def _init_preexec(cgroup_fds: list[int]) -> Callable[[], None]:
     return enter
 
 
-@dataclass(frozen=True)
-class _CommandSetup:
-    """What the forked child needs to enter a sandbox; all opened by the runner beforehand."""
-
-    ns_fds: list[tuple[int, int]]
-    host_proc_fd: int  # the host's /proc, for writing id maps without resolving a path inside
-    cgroup_fds: list[int]
-    cwd: str
-    limits: SandboxLimits
-    filter_program: bytes
-
-
-def _command_preexec(setup: _CommandSetup) -> Callable[[], None]:
-    """The forked child, before exec: three processes in a chain, each waiting for the next.
-
-    1. This child (host pid namespace): joins the sandbox's cgroup, enters the base namespaces,
-       becomes the base's root, nests a user namespace (U1) and a mount namespace, and forks.
-    2. Its child (in the base pid namespace) nests a pid namespace and forks.
-    3. That child is pid 1 of the command's pid namespace: it mounts the namespace's /proc, nests
-       a user, mount and cgroup namespace once more (so that every mount it has is locked), joins
-       a fresh keyring, starts a session, takes the limits and the seccomp filter, and returns to
-       exec the command.
-
-    Every step is this process's own code: nothing is executed before the command itself. The
-    first two only wait and pass the exit status on (128+N for a death by signal N).
-    """
-    parent = os.getpid()
-    is_root = os.geteuid() == 0
-
-    def enter() -> None:
-        try:
-            _enter_command(setup, parent, is_root)
-        except BaseException as error:
-            os.write(2, f"clawrl sandbox: cannot enter the sandbox: {error}\n".encode())
-            os._exit(SETUP_EXIT_CODE)
-
-    return enter
-
-
-def _enter_command(setup: _CommandSetup, parent: int, is_root: bool) -> None:
-    """The three steps of `_command_preexec`; only the last child returns."""
-    libc = _libc()
-    for fd in setup.cgroup_fds:
-        os.write(fd, b"0")
-    _set_oom_score(setup.host_proc_fd, -1000)  # the sandbox's OOM kills hit the command, never these waiters
-    if is_root:
-        os.setgroups([])  # the host root's supplementary groups must not come along
-    for fd, nstype in setup.ns_fds:
-        _check(libc.setns(fd, nstype), "setns")
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
-    # the uid change cleared the parent-death signal and made this process non-dumpable, which
-    # gives its /proc files (the id maps written below) to the host's root
-    _die_with_parent(parent)
-    _check(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-    # counted in the base user namespace, this bounds the whole sandbox (the kernel checks a
-    # namespace's count against the limit its creator had)
-    resource.setrlimit(resource.RLIMIT_NPROC, (setup.limits.processes, setup.limits.processes))
-    _check(libc.unshare(_CLONE_NEWUSER), "unshare(user)")
-    _map_root(setup.host_proc_fd)
-    _check(libc.unshare(_CLONE_NEWNS), "unshare(mount)")
-    # step 2 from here: no parent-death signal, but a watch on step 1, to kill step 3 when it ends
-    step_one_alive = _fork_and_wait(die_with_parent=False)
-    _check(libc.unshare(_CLONE_NEWPID), "unshare(pid)")
-    os.close(_fork_and_wait(guard=step_one_alive))  # step 3
-    _enter_command_namespaces(libc, setup)
-
-
-def _enter_command_namespaces(libc: ctypes.CDLL, setup: _CommandSetup) -> None:
-    """Step 3 of `_command_preexec`: pid 1 of the command's pid namespace, up to the exec."""
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount(/proc)")
-    _set_oom_score(setup.host_proc_fd, 0)
-    _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWCGROUP), "unshare(user, mount, cgroup)")
-    _map_root(setup.host_proc_fd)
-    _join_fresh_keyring()
-    os.setsid()
-    os.chdir(setup.cwd)
-    _set_rlimits(setup.limits)
-    seccomp.install(setup.filter_program)
-
-
-def _set_oom_score(host_proc_fd: int, score: int) -> None:
-    """Set this process's oom_score_adj; lowering it needs root on the host, so a runner that is
-    not root leaves it as it is."""
-    with contextlib.suppress(OSError):
-        fd = os.open("self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC, dir_fd=host_proc_fd)
-        try:
-            os.write(fd, str(score).encode())
-        finally:
-            os.close(fd)
-
-
-def _map_root(host_proc_fd: int) -> None:
-    """Map this process's uid and gid 0 (in the parent user namespace) to 0 in its new one."""
-    for name, text in (("setgroups", "deny"), ("gid_map", "0 0 1"), ("uid_map", "0 0 1")):
-        fd = os.open(f"self/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=host_proc_fd)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-
-def _fork_and_wait(*, die_with_parent: bool = True, guard: int | None = None) -> int:
-    """Fork; the parent waits for the child and exits as it did; the child returns the read end
-    of a pipe that reaches end of file when its parent is gone.
-
-    ``die_with_parent`` arms the child's parent-death signal (SIGKILL). A parent given ``guard``
-    (its own such pipe) also kills the child itself once ``guard`` ends: the command's pid 1 can
-    clear its own parent-death signal (prctl, or its commands through ptrace), but nothing in the
-    command's namespace can refuse a SIGKILL from outside it.
-    """
-    alive_read, alive_write = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; this one has one thread
-        warnings.simplefilter("ignore", DeprecationWarning)
-        child = os.fork()
-    if child:
-        os.close(alive_read)
-        _wait_and_exit(child, [alive_write] + ([guard] if guard is not None else []), guard)
-    os.close(alive_write)
-    if guard is not None:
-        os.close(guard)
-    if die_with_parent and _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        os._exit(126)
-    if select.select([alive_read], [], [], 0)[0]:  # end of file: the parent is gone already
-        os._exit(126)
-    return alive_read
-
-
-def _wait_and_exit(child: int, keep: list[int], guard: int | None) -> NoReturn:
-    """Hold nothing of the command (its pipes must close when it ends) but `keep`; wait for the
-    child (killing it when `guard` ends first); exit as it did."""
-    previous = -1
-    for fd in sorted(keep) + [resource.getrlimit(resource.RLIMIT_NOFILE)[0]]:
-        os.closerange(previous + 1, fd)
-        previous = fd
-    if guard is not None:
-        with contextlib.suppress(OSError):  # no pidfd (Linux < 5.3): the parent-death signal alone
-            child_fd = os.pidfd_open(child)
-            if child_fd not in select.select([guard, child_fd], [], [])[0]:  # the guard ended first
-                os.kill(child, signal.SIGKILL)
-    _, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
-
-
-def _set_rlimits(limits: SandboxLimits) -> None:
+def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
+    """The rlimits of every process of a command, by spawner.py's names."""
     mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return {
+        "cpu": (limits.cpu_seconds, limits.cpu_seconds + 1),
+        "as": (limits.address_space_bytes, limits.address_space_bytes),
+        "nproc": (limits.processes, limits.processes),
+        "fsize": (limits.file_size_mb * mb, limits.file_size_mb * mb),
+        "nofile": (limits.open_files, limits.open_files),
+        "core": (0, 0),
+    }
+
+
+class _Command:
+    """A command the spawner started: its pipes as asyncio streams, its exit status (the
+    interface of ``asyncio.subprocess.Process`` that this module uses)."""
+
+    def __init__(self, spawner: _Spawner, command_id: int, stdin: asyncio.StreamWriter,
+                 stdout: asyncio.StreamReader, stderr: asyncio.StreamReader) -> None:  # fmt: skip
+        self._spawner = spawner
+        self._id = command_id
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def _exit(self, status: int) -> None:
+        self.returncode = status
+        if not self._exited.done():
+            self._exited.set_result(status)
+
+    async def wait(self) -> int:
+        """The exit status once the command's outermost process has ended (not its pipes)."""
+        return await asyncio.shield(self._exited)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._spawner.kill(self._id)
+
+
+class _Spawner:
+    """The client of one sandbox's spawner process (spawner.py; why a process: its docstring)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, channel: socket.socket) -> None:
+        self._process = process
+        self._channel = channel
+        self._ids = itertools.count()
+        self._commands: dict[int, _Command] = {}
+        self._started: dict[int, asyncio.Future[None]] = {}
+        asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
+
+    @classmethod
+    async def start(cls, config: dict[str, Any], passed: list[int]) -> _Spawner:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {**config, "socket": theirs.fileno(), "parent": os.getpid()}
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", str(Path(__file__).with_name("spawner.py")), json.dumps(config),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, cwd="/",
+                start_new_session=True, pass_fds=[*passed, theirs.fileno()],
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        return cls(process, ours)
+
+    def _receive(self) -> None:
+        try:
+            data = self._channel.recv(1 << 16)
+        except OSError:
+            data = b""
+        if not data:  # the spawner died: so did every command it held
+            self._stop_receiving()
+            return
+        message = json.loads(data)
+        if "started" in message:
+            started = self._started.pop(message["started"], None)
+            if started is not None and not started.done():
+                started.set_result(None)
+        elif "exited" in message:
+            command = self._commands.pop(message["exited"], None)
+            if command is not None:
+                command._exit(message["status"])
+
+    def _stop_receiving(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self._channel.fileno())
+        for started in self._started.values():
+            if not started.done():
+                started.set_exception(SandboxError("the sandbox's spawner has stopped"))
+        for command in self._commands.values():
+            command._exit(-signal.SIGKILL)
+        self._started.clear()
+        self._commands.clear()
+
+    async def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> _Command:
+        if self._channel.fileno() < 0 or self._process.returncode is not None:
+            raise SandboxError("the sandbox's spawner has stopped")
+        loop = asyncio.get_running_loop()
+        stdin_read, stdin_write = os.pipe()
+        stdout_read, stdout_write = os.pipe()
+        stderr_read, stderr_write = os.pipe()
+        command_id = next(self._ids)
+        started = self._started[command_id] = loop.create_future()
+        try:
+            request = json.dumps({"spawn": command_id, "argv": argv, "cwd": cwd, "env": env}).encode()
+            socket.send_fds(self._channel, [request], [stdin_read, stdout_write, stderr_write])
+        except OSError as error:
+            for fd in (stdin_read, stdin_write, stdout_read, stdout_write, stderr_read, stderr_write):
+                os.close(fd)
+            self._started.pop(command_id, None)
+            raise SandboxError(f"cannot run a command in the sandbox: {error}") from None
+        for fd in (stdin_read, stdout_write, stderr_write):
+            os.close(fd)
+        stdin = await _write_stream(stdin_write)
+        command = _Command(self, command_id, stdin, await _read_stream(stdout_read), await _read_stream(stderr_read))
+        self._commands[command_id] = command
+        await started
+        return command
+
+    def kill(self, command_id: int) -> None:
+        with contextlib.suppress(OSError):
+            self._channel.send(json.dumps({"kill": command_id}).encode())
+
+    async def close(self) -> None:
+        """Closing the channel ends the spawner, which kills what it still runs."""
+        self._stop_receiving()
+        self._channel.close()
+        with contextlib.suppress(ProcessLookupError):
+            await asyncio.wait_for(self._process.wait(), _KILL_GRACE_S)
+        if self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+
+
+async def _read_stream(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    return reader
+
+
+class _WriteProtocol(asyncio.streams.FlowControlMixin):
+    """What a StreamWriter needs of its protocol: flow control (``drain``)."""
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+async def _write_stream(fd: int) -> asyncio.StreamWriter:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.connect_write_pipe(_WriteProtocol, os.fdopen(fd, "wb", buffering=0))
+    return asyncio.StreamWriter(transport, protocol, None, loop)
 
 
 def _write_maps(pid: int, uid: int, gid: int) -> None:
@@ -583,8 +581,7 @@ class Sandbox:
         self.confinement = "not started"
         """What bounds the sandbox as a whole: the cgroup used, or why there is none."""
         self._init: asyncio.subprocess.Process | None = None
-        self._ns_fds: list[tuple[int, int]] = []
-        self._host_proc: int | None = None
+        self._spawner: _Spawner | None = None
         self._cgroup: SandboxCgroup | None = None
         self._outer_id: _OuterId | None = None
         self._filter = b""
@@ -647,7 +644,6 @@ class Sandbox:
         if os.geteuid() != 0 and not _shared_id_warning_logged:
             _shared_id_warning_logged.append(True)
             log.warning("not root: every sandbox's root is this runner's own uid %d (no outer uid of its own)", os.geteuid())
-        self._host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._start_cgroup()
         image_fd = os.open(self.image, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if self.image else None
         image_mount = None
@@ -685,8 +681,19 @@ class Sandbox:
         await self._expect(b"ready")
         # the unshare process is in every namespace of the sandbox but the pid one, whose
         # children-side handle it holds; /proc of its pid has them all
-        for name, nstype in _NAMESPACES:
-            self._ns_fds.append((os.open(f"/proc/{init.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), nstype))
+        namespaces = [(os.open(f"/proc/{init.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), nstype) for name, nstype in _NAMESPACES]
+        # the spawner keeps what it needs to enter the sandbox; the runner keeps none of it
+        host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        cgroup_fds = self._cgroup.join_fds() if self._cgroup else []
+        config = {
+            "ns": namespaces, "host_proc": host_proc, "cgroups": cgroup_fds, "rlimits": _rlimits(self.limits),
+            "filter": self._filter.hex(), "keyctl": seccomp.syscall_number("keyctl"),
+        }  # fmt: skip
+        try:
+            self._spawner = await _Spawner.start(config, [fd for fd, _ in namespaces] + [host_proc] + cgroup_fds)
+        finally:
+            for fd in [fd for fd, _ in namespaces] + [host_proc] + cgroup_fds:
+                os.close(fd)
 
     async def _expect(self, line: bytes) -> None:
         assert self._init and self._init.stdout and self._init.stderr
@@ -727,28 +734,16 @@ class Sandbox:
         return f"/proc/self/fd/{pinned}"
 
     def _check_running(self) -> None:
-        if self._init is None or self._init.returncode is not None or not self._ns_fds:
+        if self._init is None or self._init.returncode is not None or self._spawner is None:
             raise SandboxError("sandbox is not running (call start(), or it has been closed)")
 
-    async def _spawn(self, argv: list[str], cwd: str) -> asyncio.subprocess.Process:
+    async def _spawn(self, argv: list[str], cwd: str) -> _Command:
         """Start argv inside the sandbox, in namespaces of its own (see the module docstring)."""
         self._check_running()
-        assert self._host_proc is not None
+        assert self._spawner is not None
         if not cwd.startswith("/"):
             raise ValueError(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
-        cgroup_fds = self._cgroup.join_fds() if self._cgroup else []
-        setup = _CommandSetup(self._ns_fds, self._host_proc, cgroup_fds, cwd, self.limits, self._filter)
-        try:
-            return await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=_sandbox_env(), cwd="/", start_new_session=True, preexec_fn=_command_preexec(setup),
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as error:  # e.g. the sandbox died meanwhile
-            raise SandboxError(f"cannot run a command in the sandbox: {error}") from error
-        finally:
-            for fd in cgroup_fds:
-                os.close(fd)
+        return await self._spawner.spawn(argv, cwd, _sandbox_env())
 
     async def run(
         self, command: str, *, timeout_s: float | None = None, stdin: str | None = None, cwd: str = WORKDIR
@@ -833,9 +828,12 @@ class Sandbox:
         """Kill everything in the sandbox; its mounts go with it. Safe to call twice."""
         for session in list(self._shells):
             await session.close()
-        for fd in [fd for fd, _ in self._ns_fds] + self._pinned + ([self._host_proc] if self._host_proc is not None else []):
+        for fd in self._pinned:
             os.close(fd)
-        self._ns_fds, self._pinned, self._host_proc = [], [], None
+        self._pinned = []
+        spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            await spawner.close()
         init, self._init = self._init, None
         if init is not None and init.returncode is None:
             init.kill()  # --kill-child passes it on to pid 1, and the kernel to all the rest
@@ -849,7 +847,7 @@ class Sandbox:
             outer_id.release()
 
 
-async def _kill(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> int:
+async def _kill(proc: _Command, io: asyncio.Future[Any]) -> int:
     """Kill a command's tree, collect what it wrote until then, and its (signal) status."""
     if proc.returncode is None:
         proc.kill()
@@ -864,7 +862,7 @@ def _consume(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-async def _reap(proc: asyncio.subprocess.Process) -> int:
+async def _reap(proc: _Command) -> int:
     """The status of a killed process. asyncio's ``wait()`` also waits for the process's pipes to
     close, and a process that escaped the parent-death chain would hold them open for ever: after
     the grace period stop waiting (the sandbox's close kills whatever is left with its pid
@@ -874,7 +872,7 @@ async def _reap(proc: asyncio.subprocess.Process) -> int:
     return proc.returncode if proc.returncode is not None else -signal.SIGKILL
 
 
-def _abandon(proc: asyncio.subprocess.Process, io: asyncio.Future[Any]) -> None:
+def _abandon(proc: _Command, io: asyncio.Future[Any]) -> None:
     """The caller gave up on a command (cancelled): it must not outlive that."""
     io.add_done_callback(_consume)
     io.cancel()
@@ -896,7 +894,7 @@ class ShellSession:
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: _Command | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:

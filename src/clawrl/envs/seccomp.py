@@ -23,12 +23,11 @@ What it refuses, and why (issue 26; docs/environments.md, "Threat model"):
 
 Anything else is allowed. A call of another architecture (32-bit x86 through ``int 0x80``) kills
 the process; x32 calls get ENOSYS. The filter knows x86_64 and aarch64; ``filter_program`` names
-the architecture it does not know.
+the architecture it does not know. spawner.py installs it in each command just before its exec.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import platform
 import struct
@@ -43,7 +42,6 @@ TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 # the namespace flags of clone(2) (CLONE_NEWTIME is left out: in clone's flags that bit is part of
 # the exit signal, so it cannot make a namespace there)
 _CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
 
 
@@ -144,24 +142,6 @@ def filter_program(machine: str | None = None) -> bytes:
         assert 0 <= jt < 256 and 0 <= jf < 256, "a jump too far for classic BPF"
         encoded += struct.pack("<HBBI", code, jt, jf, k)
     return bytes(encoded)
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def install(program: bytes) -> None:
-    """Set no_new_privs and load ``program`` for this process and all it starts; OSError if refused.
-
-    Called in a forked child just before exec: it allocates nothing the child could not spare.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def syscall_number(name: str, machine: str | None = None) -> int:
