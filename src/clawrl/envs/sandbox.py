@@ -316,6 +316,7 @@ class _Command:
 
     def _exit(self, status: int) -> None:
         self.returncode = status
+        self.stdin.close()  # nothing reads it any more
         if not self._exited.done():
             self._exited.set_result(status)
 
