@@ -391,20 +391,25 @@ class _Spawner:
         stdout_read, stdout_write = os.pipe()
         stderr_read, stderr_write = os.pipe()
         command_id = next(self._ids)
+        # the command is known before it is asked for: a quick one may end before `spawn` returns
+        stdout, stdout_pipe = await _read_stream(stdout_read)
+        stderr, stderr_pipe = await _read_stream(stderr_read)
+        command = _Command(self, command_id, await _write_stream(stdin_write), stdout, stderr)
+        self._commands[command_id] = command
         started = self._started[command_id] = loop.create_future()
         try:
             request = json.dumps({"spawn": command_id, "argv": argv, "cwd": cwd, "env": env}).encode()
             socket.send_fds(self._channel, [request], [stdin_read, stdout_write, stderr_write])
         except OSError as error:
-            for fd in (stdin_read, stdin_write, stdout_read, stdout_write, stderr_read, stderr_write):
-                os.close(fd)
+            self._commands.pop(command_id, None)
             self._started.pop(command_id, None)
+            command.stdin.close()
+            stdout_pipe.close()
+            stderr_pipe.close()
             raise SandboxError(f"cannot run a command in the sandbox: {error}") from None
-        for fd in (stdin_read, stdout_write, stderr_write):
-            os.close(fd)
-        stdin = await _write_stream(stdin_write)
-        command = _Command(self, command_id, stdin, await _read_stream(stdout_read), await _read_stream(stderr_read))
-        self._commands[command_id] = command
+        finally:
+            for fd in (stdin_read, stdout_write, stderr_write):
+                os.close(fd)
         await started
         return command
 
@@ -423,11 +428,11 @@ class _Spawner:
             await self._process.wait()
 
 
-async def _read_stream(fd: int) -> asyncio.StreamReader:
+async def _read_stream(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 16)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    return reader
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    return reader, transport
 
 
 class _WriteProtocol(asyncio.streams.FlowControlMixin):
