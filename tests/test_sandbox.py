@@ -351,3 +351,15 @@ def test_bad_input_gives_clear_errors(tmp_path: Path) -> None:
             await box.run("true")
 
     arun(go())
+
+
+def test_many_quick_commands_at_once_all_end_with_their_own_status() -> None:
+    """Concurrent commands of one sandbox each get their own exit status."""
+
+    async def go() -> None:
+        async with Sandbox() as box:
+            for _ in range(4):  # twelve at a time: each holds four processes of the sandbox's 64
+                results = await asyncio.wait_for(asyncio.gather(*(box.run(f"exit {i}") for i in range(12))), 60)
+                assert [result.exit_code for result in results] == list(range(12)), [r.stderr for r in results]
+
+    arun(go())
