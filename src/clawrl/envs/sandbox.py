@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import json
 import ctypes
@@ -269,8 +270,8 @@ def _join_fresh_keyring() -> None:
     """Leave the runner's session keyring for a new, empty, anonymous one."""
     libc = _libc()
     keyctl = seccomp.syscall_number("keyctl")
-    if libc.syscall(keyctl, _KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0) < 0:
-        raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
+    if libc.syscall(keyctl, _KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0) < 0 and ctypes.get_errno() != errno.ENOSYS:
+        raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")  # ENOSYS: a kernel without keyrings
 
 
 def _init_preexec(cgroup_fds: list[int]) -> Callable[[], None]:

@@ -34,6 +34,7 @@ sandbox is resolved before the command's own exec.
 """
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -167,7 +168,8 @@ def _enter(config: dict[str, Any], cwd: str) -> None:
     _set_oom_score(config, 0)
     _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWCGROUP), "unshare(user, mount, cgroup)")
     _map_root(config)
-    if libc.syscall(config["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0) < 0:
+    joined = libc.syscall(config["keyctl"], _KEYCTL_JOIN_SESSION_KEYRING, None, 0, 0, 0)
+    if joined < 0 and ctypes.get_errno() != errno.ENOSYS:  # ENOSYS: a kernel without keyrings, none to share
         raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING)")
     os.setsid()
     os.chdir(cwd)
