@@ -419,14 +419,12 @@ class _Spawner:
             self._channel.send(json.dumps({"kill": command_id}).encode())
 
     async def close(self) -> None:
-        """Closing the channel ends the spawner, which kills what it still runs."""
+        """End the spawner; what it still runs dies with it (parent-death signals down the chain)."""
         self._stop_receiving()
         self._channel.close()
-        with contextlib.suppress(ProcessLookupError):
-            await asyncio.wait_for(self._process.wait(), _KILL_GRACE_S)
         if self._process.returncode is None:
             self._process.kill()
-            await self._process.wait()
+        await self._process.wait()
 
 
 async def _read_stream(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
