@@ -342,18 +342,22 @@ class _Spawner:
         asyncio.get_running_loop().add_reader(channel.fileno(), self._receive)
 
     @classmethod
-    async def start(cls, config: dict[str, Any], passed: list[int]) -> _Spawner:
+    async def start(cls) -> _Spawner:
+        """Start the process; it serves once `configure` has told it which sandbox."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {**config, "socket": theirs.fileno(), "parent": os.getpid()}
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", str(Path(__file__).with_name("spawner.py")), json.dumps(config),
+                sys.executable, "-I", "-S", str(Path(__file__).with_name("spawner.py")), str(os.getpid()), str(theirs.fileno()),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, cwd="/",
-                start_new_session=True, pass_fds=[*passed, theirs.fileno()],
+                start_new_session=True, pass_fds=[theirs.fileno()],
             )  # fmt: skip
         finally:
             theirs.close()
         return cls(process, ours)
+
+    def configure(self, config: dict[str, Any], fds: list[int]) -> None:
+        """The sandbox's configuration and descriptors (spawner.py's ``main`` says which)."""
+        socket.send_fds(self._channel, [json.dumps(config).encode()], fds)
 
     def _receive(self) -> None:
         try:
@@ -650,6 +654,7 @@ class Sandbox:
             _shared_id_warning_logged.append(True)
             log.warning("not root: every sandbox's root is this runner's own uid %d (no outer uid of its own)", os.geteuid())
         self._start_cgroup()
+        self._spawner = await _Spawner.start()  # its interpreter starts while the sandbox is built
         image_fd = os.open(self.image, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if self.image else None
         image_mount = None
         if image_fd is not None and os.geteuid() == 0:
@@ -691,11 +696,12 @@ class Sandbox:
         host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         cgroup_fds = self._cgroup.join_fds() if self._cgroup else []
         config = {
-            "ns": namespaces, "host_proc": host_proc, "cgroups": cgroup_fds, "rlimits": _rlimits(self.limits),
+            "ns": [nstype for _, nstype in namespaces], "rlimits": _rlimits(self.limits),
             "filter": self._filter.hex(), "keyctl": seccomp.syscall_number("keyctl"),
         }  # fmt: skip
+        assert self._spawner is not None
         try:
-            self._spawner = await _Spawner.start(config, [fd for fd, _ in namespaces] + [host_proc] + cgroup_fds)
+            self._spawner.configure(config, [fd for fd, _ in namespaces] + [host_proc] + cgroup_fds)
         finally:
             for fd in [fd for fd, _ in namespaces] + [host_proc] + cgroup_fds:
                 os.close(fd)

@@ -1,7 +1,7 @@
 """The sandbox's spawner: a small process of its own that starts every command of one sandbox.
 
-Run by sandbox.py as ``python -I -S spawner.py CONFIG`` on the host, before anything of the
-sandbox runs (so nothing here is looked up through the sandbox's mounts), it imports only the
+Run by sandbox.py as ``python -I -S spawner.py RUNNER_PID SOCKET_FD`` on the host while the
+sandbox starts (nothing here is looked up through the sandbox's mounts), it imports only the
 standard library and is never imported by clawrl. Why a process of its own: a command is entered
 by forks of the process that enters it, and forking the runner (a server or a trainer with
 PyTorch loaded) copies its page tables and, page by page, whatever the child touches: 60 MB and
@@ -9,6 +9,7 @@ PyTorch loaded) copies its page tables and, page by page, whatever the child tou
 
 Protocol, on a SOCK_SEQPACKET socket (one JSON object a message):
 
+* runner -> spawner, first: the sandbox's configuration with its descriptors (see ``main``);
 * runner -> spawner: ``{"spawn": ID, "argv": [...], "cwd": ..., "env": {...}}`` with three
   descriptors (the command's stdin, stdout, stderr); ``{"kill": ID}``.
 * spawner -> runner: ``{"started": ID}``; ``{"exited": ID, "status": S}`` (an exit status, or
@@ -244,8 +245,21 @@ def _serve(config: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    config = json.loads(sys.argv[1])
-    _die_with_parent(config["parent"])
+    """argv: the runner's pid and the socket's descriptor. The first message is the sandbox's
+    configuration, with its descriptors: the namespaces (in the order of ``config["ns"]``), the
+    host's /proc, then the cgroup's ``cgroup.procs`` files."""
+    runner, channel_fd = int(sys.argv[1]), int(sys.argv[2])
+    _die_with_parent(runner)
+    channel = socket.socket(fileno=channel_fd)
+    data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 64)
+    if not data:
+        return
+    config = json.loads(data)
+    count = len(config["ns"])
+    config["ns"] = [(fd, nstype) for fd, nstype in zip(fds[:count], config["ns"])]
+    config["host_proc"], config["cgroups"] = fds[count], fds[count + 1 :]
+    config["socket"] = channel_fd
+    channel.detach()
     _serve(config)
 
 
