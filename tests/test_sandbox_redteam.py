@@ -94,7 +94,8 @@ git update-ref HEAD "$commit"
 """
 
 
-# HEAD is a commit with a (fake) signature, so the check's `git log` runs gpg.program.
+# `repo/.git` becomes `repo/` itself, a bare repository that `find -name .git` does not see; its own
+# config names gpg.program, and HEAD is a commit with a (fake) signature, so the check's `git log` runs it.
 BARE_REPOSITORY_HOOK = r"""
 cd /workspace
 mv repo/.git bare && rm -rf repo && mv bare repo && cd repo

@@ -110,7 +110,6 @@ def test_a_shell_that_stops_reading_its_input_cannot_hang_the_runner() -> None:
     arun(go())
 
 
-# `repo/.git` becomes `repo/` itself, a bare repository that `find -name .git` does not see; its
 # --- contained, kept so ------------------------------------------------------------------------
 
 SECCOMP_PROBE = r"""
