@@ -519,3 +519,16 @@ def random_tree_prompts(seed: int, rows: int = 7) -> list[list[int]]:
         kept = source[: draw(1, len(source) + 1)] if draw(0, 5) else []  # one in five starts afresh
         prompts.append(kept + random_ids(draw(1, 30), seed * 100 + row) if draw(0, 4) else list(source))
     return prompts
+
+
+def host_pids_with(token: str) -> list[int]:
+    """Host processes whose command line (arguments joined by NUL) contains token."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                pass  # it exited while we looked
+    return pids

@@ -29,7 +29,7 @@ from clawrl.envs.sandbox import (
     SandboxLimits,
     sandbox_available,
 )
-from tests.helpers import wait_until
+from tests.helpers import host_pids_with, wait_until
 
 REASON = sandbox_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sandbox unavailable: {REASON}")
@@ -50,17 +50,6 @@ def image(tmp_path: Path) -> Path:
     return root
 
 
-def host_pids_with(token: str) -> list[int]:
-    """Host processes whose command line contains token."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if token.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass  # it exited while we looked
-    return pids
 
 
 def test_root_is_new_and_host_files_are_invisible(image: Path) -> None:

@@ -45,7 +45,7 @@ from clawrl.envs.protocol import Action
 from clawrl.envs.sandbox import Sandbox, SandboxLimits, sandbox_available
 from clawrl.envs.terminal import TerminalEnv
 from clawrl.envs.terminal_tasks import generate_tasks
-from tests.helpers import wait_until
+from tests.helpers import host_pids_with, wait_until
 
 REASON = sandbox_available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"sandbox unavailable: {REASON}")
@@ -56,16 +56,6 @@ def arun(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def host_pids_with(token: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if token.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 def shell_action(command: str) -> Action:

@@ -874,10 +874,9 @@ def _consume(future: asyncio.Future[Any]) -> None:
 
 
 async def _reap(proc: _Command) -> int:
-    """The status of a killed process. asyncio's ``wait()`` also waits for the process's pipes to
-    close, and a process that escaped the parent-death chain would hold them open for ever: after
-    the grace period stop waiting (the sandbox's close kills whatever is left with its pid
-    namespace) and report the kill."""
+    """The status of a killed process; if the spawner has not reported it within the grace period,
+    stop waiting (the sandbox's close kills whatever is left with its pid namespace) and report
+    the kill."""
     with contextlib.suppress(asyncio.TimeoutError):
         return await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
     return proc.returncode if proc.returncode is not None else -signal.SIGKILL
