@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import random
 import statistics
 import sys
@@ -46,6 +47,7 @@ from transformers import AutoModelForCausalLM
 
 from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
+from clawrl.train.trainer import enable_activation_checkpointing
 from clawrl.train.update import update_step
 from clawrl.types import Sample, TrainingExample, Turn
 from machine import PeakMemory, machine  # benchmarks/machine.py, beside this script
@@ -73,20 +75,27 @@ def sessions(args: argparse.Namespace, vocab: int) -> list[TrainingExample]:
     return examples
 
 
-def lora_model(model_dir: Path, device: str) -> torch.nn.Module:
+def lora_model(model_dir: Path, device: str, dtype: str, checkpointing: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), device_map=device)
+    if checkpointing:
+        enable_activation_checkpointing(model)
     config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False)
     return get_peft_model(model, config)
 
 
 def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[TrainingExample], args: argparse.Namespace,
          share: bool) -> tuple[float, float]:  # fmt: skip
-    """One update step: (seconds, peak MiB added)."""
+    """One update step: (seconds, peak MiB added); (inf, inf) when the GPU ran out of memory."""
     started = time.perf_counter()
-    with PeakMemory(args.device) as memory:
-        update_step(model, optimizer, batch, LossConfig(method="rl"), micro_batch_size=args.micro_batch_size or args.turns,
-                    grad_clip=1.0, share_prefix=share)  # fmt: skip
+    try:
+        with PeakMemory(args.device) as memory:
+            update_step(model, optimizer, batch, LossConfig(method="rl"), micro_batch_size=args.micro_batch_size or args.turns,
+                        grad_clip=1.0, share_prefix=share)  # fmt: skip
+    except torch.OutOfMemoryError:
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        return math.inf, math.inf
     return time.perf_counter() - started, memory.peak_mib
 
 
@@ -108,24 +117,31 @@ def gradient_difference(model: torch.nn.Module, batch: list[TrainingExample], ar
 def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="clawrl-agent-shaped-") as scratch:
         model_dir = Path(scratch) / "tiny"
-        build_tiny_model(model_dir, seed=0)
-        base = lora_model(model_dir, args.device)
+        if args.model == "tiny":
+            build_tiny_model(model_dir, seed=0)
+        base = lora_model(model_dir if args.model == "tiny" else Path(args.model), args.device, args.dtype,
+                          args.activation_checkpointing)  # fmt: skip
     batch = sessions(args, base.config.vocab_size)
-    max_grad_rel_diff = gradient_difference(base, batch, args)
-    sides = {"shared": copy.deepcopy(base), "separate": copy.deepcopy(base)}
+    max_grad_rel_diff = gradient_difference(base, batch, args) if args.gradient_check else None
+    names = [name for name in ("shared", "separate") if name in args.sides.split(",")]
+    # one model per side, so that each side's optimizer state is its own: a copy for the first, the
+    # loaded one for the last (two copies of the weights in memory, not three)
+    sides = {name: copy.deepcopy(base) for name in names[:-1]} | {names[-1]: base}
     optimizers = {name: torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4) for name, model in sides.items()}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     peaks: dict[str, list[float]] = {name: [] for name in sides}
     for repetition in range(args.repeats + 1):  # the first is a warm-up (it allocates the optimizer state)
-        order = ["shared", "separate"] if repetition % 2 == 0 else ["separate", "shared"]
+        order = names if repetition % 2 == 0 else names[::-1]
         for name in order:
             took, peak = step(sides[name], optimizers[name], batch, args, share=name == "shared")
             if repetition:
                 seconds[name].append(took)
                 peaks[name].append(peak)
     response_tokens = sum(len(example.turn.response_token_ids) for example in batch)
+    # a side that ran out of GPU memory reports 0 tokens/s and an infinite peak (JSON: null)
     tokens_per_s = {name: response_tokens / statistics.median(values) for name, values in seconds.items()}
     peak_mib = {name: max(values) for name, values in peaks.items()}
+    both = len(names) == 2 and all(math.isfinite(value) for value in peak_mib.values())
     return {
         "benchmark": "agent_shaped_training",
         "command": "python " + " ".join(sys.argv),
@@ -136,8 +152,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "response_tokens": response_tokens,
         "tokens_per_s": tokens_per_s,
         "peak_mib": peak_mib,
-        "speedup": tokens_per_s["shared"] / tokens_per_s["separate"],
-        "peak_memory_ratio": peak_mib["shared"] / max(peak_mib["separate"], 1e-9),
+        "speedup": tokens_per_s["shared"] / tokens_per_s["separate"] if both else None,
+        "peak_memory_ratio": peak_mib["shared"] / max(peak_mib["separate"], 1e-9) if both else None,
+        "out_of_memory": sorted(name for name, value in peak_mib.items() if not math.isfinite(value)),
         "max_grad_rel_diff": max_grad_rel_diff,
         "step_seconds": seconds,
     }
@@ -157,12 +174,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--response-max", type=int, default=300)
     parser.add_argument("--micro-batch-size", type=int, default=None, help="default: --turns (one session per micro-batch)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
+    parser.add_argument("--model", default="tiny", help="'tiny' (built into a temp dir) or a model directory "
+                        "(`clawrl model build-random --like qwen3-0.6b`)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: float32 on a CPU, bfloat16 on CUDA")
+    parser.add_argument("--sides", default="shared,separate", help="which sides to run: shared, separate or both")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each layer in the backward pass (prefix sharing is then off: both sides run alike)")
+    parser.add_argument("--gradient-check", action=argparse.BooleanOptionalAction, default=True,
+                        help="compare the two sides' updates (two more steps on copies of the model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cpu-threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/agent_shaped_training.json"))
     args = parser.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.quick:
         args.prefix, args.turns, args.response_min, args.response_max, args.repeats = 2000, 3, 100, 150, 1
     return args
@@ -173,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(args.cpu_threads)
     result = run(args)
+    result["peak_mib"] = {name: value if math.isfinite(value) else None for name, value in result["peak_mib"].items()}
+    result["step_seconds"] = {name: [v if math.isfinite(v) else None for v in values] for name, values in result["step_seconds"].items()}
     result["args"] = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -181,10 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{result['samples']} turns, {result['prompt_tokens']} prompt and {result['response_tokens']} response tokens per step\n")
     print("| side | response tokens/s | peak memory added (MiB) |\n|---|---:|---:|")
-    for name in ("separate", "shared"):
-        print(f"| {name} | {result['tokens_per_s'][name]:.0f} | {result['peak_mib'][name]:.0f} |")
-    print(f"\nspeedup {result['speedup']:.2f}x, peak memory ratio {result['peak_memory_ratio']:.2f}, "
-          f"max grad rel diff {result['max_grad_rel_diff']:.1e}\nwrote {args.out}")  # fmt: skip
+    for name, peak in result["peak_mib"].items():
+        shown = "out of memory" if peak is None else f"{peak:.0f}"
+        print(f"| {name} | {result['tokens_per_s'][name]:.0f} | {shown} |")
+    for name in ("speedup", "peak_memory_ratio", "max_grad_rel_diff"):
+        print(f"{name}: {result[name]:.3g}" if result[name] is not None else f"{name}: -")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -63,6 +63,7 @@ class ThroughputLevel:
     requests_per_s: float
     tokens_per_s: float
     median_latency_ms: float
+    p99_latency_ms: float
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -171,6 +172,7 @@ async def measure_throughput(
         requests_per_s=total / wall,
         tokens_per_s=tokens / wall,
         median_latency_ms=statistics.median(latencies) * 1000,
+        p99_latency_ms=percentile(latencies, 0.99) * 1000,
     )
 
 
@@ -251,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         with ServerThread(engine, store, config) as server:
             results = asyncio.run(run(engine, server.base_url.removesuffix("/v1"), args))
         store.close()
+    if torch.cuda.is_available() and args.device != "cpu":
+        # the serving process's whole peak: weights, keys and values, the engine's workspaces
+        results["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     results = {
         "benchmark": "serve_overhead",
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),

@@ -330,6 +330,39 @@ def cmd_build_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_random(args: argparse.Namespace) -> int:
+    check_writable_dir(Path(args.out), "--out")
+    check_device(args.device)
+    from clawrl.model.shapes import architecture_of, build_random_model
+    from clawrl.sim.corpus import build_corpus
+    from clawrl.sim.tiny import CORPUS_SEED, train_tokenizer
+
+    # the tiny model's tokenizer, widened to the architecture's vocabulary by made-up merges
+    tokenizer = train_tokenizer(build_corpus(CORPUS_SEED))
+    path = build_random_model(Path(args.out), architecture_of(args.like), tokenizer, dtype=args.dtype, seed=args.seed,
+                              device=args.device)  # fmt: skip
+    print(path)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from clawrl.model.plan import Workload, plan, table
+    from clawrl.model.shapes import architecture_of, architecture_of_config
+
+    if args.model:
+        config_file = Path(check_model(args.model, needs_weights=False)) / "config.json"
+        shape = architecture_of_config(json.loads(config_file.read_text()))
+    else:
+        shape = architecture_of(args.like)
+    fields = {name: getattr(args, name) for name in Workload.__dataclass_fields__ if hasattr(args, name)}
+    result = plan(shape, Workload(**fields, dtype_bytes=2 if args.dtype == "bfloat16" else 4), args.gpu_memory)
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(table(result))
+    return 0 if result.fits is not False else 2
+
+
 def _store(args: argparse.Namespace) -> Any:
     """The existing store of the run that --run-dir (or --database-url) names, for the commands that read one."""
     return _open_store(config_from_args(StoreConfig, args), must_exist=True)
@@ -543,6 +576,38 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pre-train it on the learning benchmark's conversations (minutes on a CPU, once: cached "
                       "under CLAWRL_CACHE_DIR, ~/.cache/clawrl, where `--model tiny-pretrained` finds it)")
     tiny.set_defaults(handler=cmd_build_tiny)
+    random_model = model.add_parser("build-random", help="write a random-weight model of a real architecture (Qwen3 "
+                                    "0.6B/4B/8B): for measuring cost and memory only, its answers are noise")
+    random_model.add_argument("--like", required=True, choices=("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-tiny"),
+                              help="the architecture, from the model's published config (qwen3-tiny: its layers "
+                              "scaled down, for dry runs)")
+    random_model.add_argument("--out", required=True, help="directory to write the Hugging Face model to")
+    random_model.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="how the weights are stored")
+    random_model.add_argument("--device", default="cpu", help="where the weights are initialised (cuda: seconds for billions)")
+    random_model.add_argument("--seed", type=int, default=0, help="seed of the weights and of the widened tokenizer")
+    random_model.set_defaults(handler=cmd_build_random)
+
+    planner = commands.add_parser("plan", help="predict the memory of serving and training a model on one device, "
+                                  "part by part, and whether it fits (exit status 2 when it does not)")
+    which = planner.add_mutually_exclusive_group(required=True)
+    which.add_argument("--like", choices=("qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-tiny"), help="a known architecture")
+    which.add_argument("--model", help="a model directory (or hub id in the local cache): its config.json")
+    planner.add_argument("--gpu-memory", type=float, default=None, help="the device's memory in GiB")
+    planner.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    planner.add_argument("--prompt-tokens", type=int, default=20000, help="one request's prompt")
+    planner.add_argument("--response-tokens", type=int, default=300, help="one answer")
+    planner.add_argument("--sessions", type=int, default=8, help="sessions served at once")
+    planner.add_argument("--prefix-cache-gib", type=float, default=0.0, help="the hf engine's prefix cache budget")
+    planner.add_argument("--train", action=argparse.BooleanOptionalAction, default=True, help="a trainer beside the server")
+    planner.add_argument("--full", action="store_true", help="fine-tune every weight instead of a LoRA adapter")
+    planner.add_argument("--lora-rank", type=int, default=16)
+    planner.add_argument("--micro-batch-size", type=int, default=4, help="rows per micro-batch (a session's turns)")
+    planner.add_argument("--turn-tokens", type=int, default=150, help="what each turn adds besides the last answer")
+    planner.add_argument("--share-prefix", action=argparse.BooleanOptionalAction, default=True)
+    planner.add_argument("--activation-checkpointing", action="store_true")
+    planner.add_argument("--logit-chunk-tokens", type=int, default=1024)
+    planner.add_argument("--json", action="store_true", help="the plan as one JSON object")
+    planner.set_defaults(handler=cmd_plan)
 
     sessions = commands.add_parser("sessions", help="inspect recorded sessions").add_subparsers(dest="sessions_command", required=True)
     listing = sessions.add_parser("list", help="list sessions, newest first")
