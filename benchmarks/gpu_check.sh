@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh              # on the GPU machine (the device tool: carry .whl)
 #   bash benchmarks/gpu_check.sh --dry-run    # the same stages on the tiny shape on this CPU (a test runs it)
+#   bash benchmarks/gpu_check.sh --stages serve,swap --out "$OUT/again.json"   # more flags: real_shapes.py's
 #
 # What it measures (benchmarks/real_shapes.py): building the random-weight model, serving on the hf
 # engine at 1/8/32 clients, an agent-shaped LoRA step with and without prefix sharing (a 2K-token prefix,
@@ -23,6 +24,7 @@ if [ "${1:-}" = "--dry-run" ]; then
 fi
 
 if compgen -G ".whl/*.whl" >/dev/null; then
+    rm -rf /tmp/site  # a warm machine keeps what an earlier call installed
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
@@ -31,4 +33,4 @@ gpu_gib=$("$python" -c "import torch; print(round(torch.cuda.get_device_properti
 exec "$python" benchmarks/real_shapes.py --like qwen3-4b --device cuda --gpu-memory-gib "$gpu_gib" \
     --serve-requests 16 --serve-max-tokens 32 --train-prefix 2048,4096:shared,20000:ckpt --train-repeats 1 \
     --swap-seconds 20 --trainer-start-s 30 --cpu-threads 4 --stage-timeout-s 150 --workdir /tmp \
-    --out "$out_dir/gpu-check.json"
+    --out "$out_dir/gpu-check.json" "$@"
