@@ -75,11 +75,14 @@ def sessions(args: argparse.Namespace, vocab: int) -> list[TrainingExample]:
     return examples
 
 
-def lora_model(model_dir: Path, device: str, dtype: str, checkpointing: bool = False) -> torch.nn.Module:
+def trainable_model(model_dir: Path, device: str, dtype: str, checkpointing: bool = False, full: bool = False) -> torch.nn.Module:
+    """The model a step trains: a rank-16 LoRA adapter on every linear layer, or with `full` every weight."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), device_map=device)
     if checkpointing:
         enable_activation_checkpointing(model)
+    if full:
+        return model
     config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, init_lora_weights=False)
     return get_peft_model(model, config)
 
@@ -119,15 +122,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model_dir = Path(scratch) / "tiny"
         if args.model == "tiny":
             build_tiny_model(model_dir, seed=0)
-        base = lora_model(model_dir if args.model == "tiny" else Path(args.model), args.device, args.dtype,
-                          args.activation_checkpointing)  # fmt: skip
+        base = trainable_model(model_dir if args.model == "tiny" else Path(args.model), args.device, args.dtype,
+                               args.activation_checkpointing, args.full)  # fmt: skip
     batch = sessions(args, base.config.vocab_size)
     max_grad_rel_diff = gradient_difference(base, batch, args) if args.gradient_check else None
     names = [name for name in ("shared", "separate") if name in args.sides.split(",")]
     # one model per side, so that each side's optimizer state is its own: a copy for the first, the
     # loaded one for the last (two copies of the weights in memory, not three)
     sides = {name: copy.deepcopy(base) for name in names[:-1]} | {names[-1]: base}
-    optimizers = {name: torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4) for name, model in sides.items()}
+    lr = 1e-5 if args.full else 1e-4
+    optimizers = {name: torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr) for name, model in sides.items()}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     peaks: dict[str, list[float]] = {name: [] for name in sides}
     for repetition in range(args.repeats + 1):  # the first is a warm-up (it allocates the optimizer state)
@@ -178,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(`clawrl model build-random --like qwen3-0.6b`)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: float32 on a CPU, bfloat16 on CUDA")
     parser.add_argument("--sides", default="shared,separate", help="which sides to run: shared, separate or both")
+    parser.add_argument("--full", action="store_true", help="train every weight instead of a LoRA adapter (lr 1e-5)")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each layer in the backward pass (prefix sharing is then off: both sides run alike)")
     parser.add_argument("--gradient-check", action=argparse.BooleanOptionalAction, default=True,

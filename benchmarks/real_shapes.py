@@ -9,7 +9,7 @@ one stage that fails or runs out of memory leaves the others' figures:
    tokens/s and p50/p99 latency, and on a GPU the serving process's peak memory;
 3. `train`: `agent_shaped_training.py`, one LoRA step on the agent-shaped batch (two sessions x four
    turns) with and without prefix sharing, for each `--train-prefix` (`N` both sides, `N:shared` that side
-   only, `N:ckpt` without sharing and with activation checkpointing);
+   only, `N:ckpt` without sharing and with activation checkpointing, `N:full` every weight trained; `+` joins);
 4. `swap`: `swap_under_load.py`, clients asking while the trainer trains and versions are swapped in;
 5. `plan`: `clawrl.model.plan`'s predictions for the same runs, beside the measurements.
 
@@ -73,11 +73,18 @@ def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def train_workload(args: argparse.Namespace, prefix: int, share: bool, checkpointing: bool = False) -> Workload:
+def train_workload(args: argparse.Namespace, prefix: int, share: bool, checkpointing: bool = False, full: bool = False) -> Workload:
     """The planner's view of one `agent_shaped_training.py` micro-batch: one session's four turns."""
-    return Workload(prompt_tokens=prefix, response_tokens=args.response_max, sessions=0, turn_tokens=150,
-                    micro_batch_size=4, share_prefix=share, activation_checkpointing=checkpointing,
+    return Workload(prompt_tokens=prefix, response_tokens=args.response_max, sessions=0, turn_tokens=args.turn_tokens,
+                    micro_batch_size=4, share_prefix=share, activation_checkpointing=checkpointing, full=full,
                     dtype_bytes=2 if args.device.startswith("cuda") else 4)  # fmt: skip
+
+
+def step_bytes(predicted: Any, shape: Any, load: Workload) -> int:
+    """What a step adds to what was in use when it began: activations and logits, and with every weight
+    trained their gradients (freed after each step; the optimizer's moments stay from the first)."""
+    added = sum(part.bytes for part in predicted.parts if part.name in ("activations", "logits"))
+    return added + (shape.parameters * load.dtype_bytes if load.full else 0)
 
 
 def predictions(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
@@ -87,9 +94,10 @@ def predictions(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, 
     rows = []
     for spec, measured in results.get("train", {}).items():
         prefix, _, variant = spec.partition(":")
+        variants = set(variant.split("+"))
         for side, peak_mib in (measured.get("peak_mib") or {}).items():
-            predicted = plan(shape, train_workload(args, int(prefix), side == "shared", variant == "ckpt"))
-            step = sum(part.bytes for part in predicted.parts if part.name in ("activations", "logits"))
+            load = train_workload(args, int(prefix), side == "shared", "ckpt" in variants, "full" in variants)
+            step = step_bytes(plan(shape, load), shape, load)
             rows.append({
                 "run": f"train {spec} {side}", "predicted_bytes": step,
                 "measured_bytes": None if peak_mib is None else int(peak_mib * 2**20),
@@ -130,15 +138,19 @@ def main(argv: list[str] | None = None) -> int:
             results["train"] = {}
             for spec in args.train_prefix.split(","):
                 prefix, _, variant = spec.partition(":")
-                out = scratch_dir / f"train-{prefix}-{variant or 'both'}.json"
+                variants = set(variant.split("+")) - {""}
+                out = scratch_dir / f"train-{prefix}-{'-'.join(sorted(variants)) or 'both'}.json"
                 command = [python, str(HERE / "agent_shaped_training.py"), "--model", str(model_dir), "--device", args.device,
                            "--prefix", prefix, "--sessions", "2", "--turns", "4", "--response-min", str(args.response_min),
-                           "--response-max", str(args.response_max), "--repeats", str(args.train_repeats),
+                           "--response-max", str(args.response_max), "--turn-tokens", str(args.turn_tokens),
+                           "--repeats", str(args.train_repeats),
                            "--no-gradient-check", "--cpu-threads", str(args.cpu_threads), "--out", str(out)]  # fmt: skip
-                if variant == "shared":
+                if "shared" in variants:
                     command += ["--sides", "shared"]
-                elif variant == "ckpt":  # checkpointed layers: prefix sharing is off, one side is enough
+                if "ckpt" in variants:  # checkpointed layers: prefix sharing is off, one side is enough
                     command += ["--sides", "separate", "--activation-checkpointing"]
+                if "full" in variants:
+                    command += ["--full"]
                 run_stage(f"train {spec}", command, args.stage_timeout_s, results, args.out)
                 results["train"][spec] = _read(out)
         if "swap" in args.stages:
@@ -177,6 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-prefix", default="2048", help="comma-separated prefixes; `N:shared` runs one side only")
     parser.add_argument("--response-min", type=int, default=100)
     parser.add_argument("--response-max", type=int, default=300)
+    parser.add_argument("--turn-tokens", type=int, default=150, help="what each turn adds besides the last answer")
     parser.add_argument("--train-repeats", type=int, default=2)
     parser.add_argument("--swap-seconds", type=float, default=20.0)
     parser.add_argument("--trainer-start-s", type=float, default=40.0)
@@ -188,8 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run:
         args.like, args.device, args.serve_requests, args.serve_max_tokens = "qwen3-tiny", "cpu", 6, 8
-        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,512:shared,256:ckpt", 20, 40, 1
-        args.swap_seconds, args.trainer_start_s = 3.0, 15.0
+        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,256:ckpt", 20, 40, 1
+        args.swap_seconds, args.trainer_start_s = 2.0, 10.0
     return args
 
 

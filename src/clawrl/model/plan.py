@@ -51,14 +51,18 @@ def activation_elements(shape: Architecture) -> int:
     return 3 * shape.hidden_size + 4 * q + 4 * kv + 4 * shape.intermediate_size
 
 
-def activation_bytes(shape: Architecture, dtype_bytes: int) -> float:
-    """Bytes autograd keeps per token and layer. With 16-bit weights the RMSNorms compute in fp32 and
-    keep fp32 copies of what they normalise (both layer norms, the query and key norms): counted apart."""
+def activation_bytes(shape: Architecture, dtype_bytes: int, lora: bool = True) -> float:
+    """Bytes autograd keeps per token and layer. With 16-bit weights two things keep fp32 copies,
+    counted apart: the RMSNorms compute in fp32 (both layer norms, the query and key norms), and
+    PEFT casts each adapted projection's input to the adapter's fp32 before its A matrix (q, k, v,
+    gate and up each their own copy of the hidden state; o the attention's output; down the MLP's)."""
     kept = activation_elements(shape) * dtype_bytes * ACTIVATION_OVERHEAD
     if dtype_bytes < 4:
         q = shape.num_attention_heads * shape.head_dim
         kv = shape.num_key_value_heads * shape.head_dim
         kept += (4 * shape.hidden_size + 2 * (q + kv)) * 4
+        if lora:
+            kept += (5 * shape.hidden_size + q + shape.intermediate_size) * 4
     return kept
 
 
@@ -128,7 +132,7 @@ def micro_batch_tokens(load: Workload, shared: bool) -> int:
 def training_activations(shape: Architecture, load: Workload) -> tuple[int, str]:
     shared = load.share_prefix and not load.activation_checkpointing and load.micro_batch_size > 1
     tokens = micro_batch_tokens(load, shared)
-    per_layer = activation_bytes(shape, load.dtype_bytes)
+    per_layer = activation_bytes(shape, load.dtype_bytes, lora=not load.full)
     if load.activation_checkpointing:
         # each layer's input kept, one layer recomputed at a time
         kept = tokens * shape.hidden_size * load.dtype_bytes * shape.num_hidden_layers + tokens * per_layer
