@@ -35,8 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))  # runs from a checkout where clawrl is not installed (the GPU machine)
 
-from clawrl.model.plan import GIB, Workload, plan  # noqa: E402
-from clawrl.model.shapes import architecture_of  # noqa: E402
+from clawrl.model.plan import Workload, plan
+from clawrl.model.shapes import architecture_of
 
 
 def run_stage(name: str, command: list[str], timeout_s: float, results: dict[str, Any], out: Path) -> dict | None:
@@ -45,7 +45,7 @@ def run_stage(name: str, command: list[str], timeout_s: float, results: dict[str
     started = time.perf_counter()
     outcome: dict[str, Any] = {"command": " ".join(command)}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=_env())
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=_env(), check=False)
         outcome.update(returncode=done.returncode, stderr_tail=done.stderr[-3000:] if done.returncode else "")
         print(done.stdout[-4000:], flush=True)
         if done.returncode:

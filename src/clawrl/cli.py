@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from clawrl.allocator import limit_malloc_arenas
 from clawrl.config import (
     BackgroundConfig,
     BenchConfig,
@@ -600,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--prefix-cache-gib", type=float, default=0.0, help="the hf engine's prefix cache budget")
     planner.add_argument("--train", action=argparse.BooleanOptionalAction, default=True, help="a trainer beside the server")
     planner.add_argument("--full", action="store_true", help="fine-tune every weight instead of a LoRA adapter")
+    planner.add_argument("--shared-base", action="store_true",
+                         help="the trainer maps the server's base weights (on a CPU with --share-weights, the default)")
     planner.add_argument("--lora-rank", type=int, default=16)
     planner.add_argument("--micro-batch-size", type=int, default=4, help="rows per micro-batch (a session's turns)")
     planner.add_argument("--turn-tokens", type=int, default=150, help="what each turn adds besides the last answer")
@@ -725,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A mistake it can name (a bad setting, a taken port, a model that is not
     there, a store it cannot open) ends it with one `error: ...` line and exit status 1; `--debug`
     shows the traceback too. Anything else is a bug and keeps its traceback."""
+    limit_malloc_arenas()  # before any thread starts
     args = build_parser().parse_args(argv)
     try:
         configure_logging(chosen_format(args.log_format))

@@ -126,6 +126,12 @@ class EngineConfig(_Settings):
         Path.home() / ".cache" / "clawrl", description="Where locally built models (the tiny model) are cached."
     )
     seed: int = Field(0, description="Seed of the tiny model when --model tiny.")
+    share_weights: bool = Field(
+        True,
+        description="On a CPU, the server and the trainer map one copy of the base weights (the page cache keeps "
+        "it once); weights stored in another dtype than served are converted once into --cache-dir for that. "
+        "Off: each process converts and holds its own copy (docs/sizing.md).",
+    )
 
 
 class StoreConfig(_Settings):

@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
+from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig
 from clawrl.engines.base import (
     Engine,
@@ -85,6 +86,7 @@ from clawrl.engines.base import (
 )
 from clawrl.engines.prefix_cache import PrefixCache
 from clawrl.engines.scoring import score_response
+from clawrl.model.weights import shared_weights
 
 logger = logging.getLogger(__name__)
 
@@ -335,6 +337,7 @@ class HFEngine(Engine):
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_batch_size = config.max_batch_size
         self.cpu_threads = config.cpu_threads
+        self._cache_dir, self._share_weights = config.cache_dir, config.share_weights
         self.tokenizer = AutoTokenizer.from_pretrained(self._source)
         text_config = AutoConfig.from_pretrained(self._source).get_text_config()
         self._vocab_size: int = text_config.vocab_size
@@ -370,7 +373,10 @@ class HFEngine(Engine):
             return
         if self.device.type == "cpu" and self.cpu_threads:
             torch.set_num_threads(self.cpu_threads)
-        base = await asyncio.to_thread(self._load_model, self._source)
+        # on a CPU, the trainer process maps the same weights (`shared_weights`): one copy on the host
+        source = await asyncio.to_thread(shared_weights, self._source, self.dtype, self.device, self._cache_dir,
+                                         self._share_weights)  # fmt: skip
+        base = await asyncio.to_thread(self._load_model, source)
         self._base = base
         self._policies = {0: _Policy(base)}
         self._end_ids = self._end_of_turn_ids(base)
@@ -506,11 +512,14 @@ class HFEngine(Engine):
                 tasks, admitted = work
                 for task in tasks:
                     task.run()
+                decoding = bool(admitted or self._batches)
                 with torch.inference_mode():
                     self._admit(admitted)
                     for batch in list(self._batches.values()):
                         self._decode_step(batch)
                 self._retire_unused_versions()
+                if decoding and not (self._batches or self._pending):
+                    return_freed_memory()  # idle now: the finished requests' keys and values go back to the host
         finally:
             self._shutdown()
 

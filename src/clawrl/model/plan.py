@@ -6,7 +6,8 @@ device of a given size, and what to change when it does not. It is arithmetic ov
 architecture, written from how the engine and the trainer hold their tensors:
 
 * weights: every parameter at the serving dtype, once in the server and once in the trainer (two
-  processes, two copies);
+  processes, two copies), or once for both when the trainer maps the server's copy (`shared_base`:
+  on a CPU today, `clawrl.model.weights`);
 * the server's keys and values: every concurrent session's prompt and answer, plus the prefix cache's
   budget (`--prefix-cache-gib`);
 * the adapter (LoRA) or every weight (full): fp32 adapter weights, their gradients and AdamW's two
@@ -76,6 +77,7 @@ class Workload:
     prefix_cache_gib: float = 0.0  # the hf engine's prefix cache budget
     dtype_bytes: int = 2  # weights and activations: 2 for bfloat16, 4 for float32
     train: bool = True  # a trainer process beside the server
+    shared_base: bool = False  # the trainer maps the server's copy of the base (today: on a CPU, `--share-weights`)
     full: bool = False  # every weight instead of a LoRA adapter
     lora_rank: int = 16
     reference_copy: bool = True  # full fine-tuning: a frozen copy for the teacher / KL reference
@@ -167,7 +169,10 @@ def plan(shape: Architecture, load: Workload, device_gib: float | None = None) -
 
 
 def trainer_parts(shape: Architecture, load: Workload, weights: int) -> list[Part]:
-    parts = [Part("trainer weights", "trainer", weights, "the trainer process loads its own copy")]
+    if load.shared_base and not load.full:
+        parts = [Part("trainer weights", "trainer", 0, "maps the server's copy (a LoRA trainer never writes it)")]
+    else:
+        parts = [Part("trainer weights", "trainer", weights, "the trainer process loads its own copy")]
     if load.full:
         state = shape.parameters * load.dtype_bytes * 3  # gradients and AdamW's two moments, in the weights' dtype
         parts.append(Part("gradients and optimizer state", "trainer", state, "every weight, AdamW"))

@@ -37,10 +37,12 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
 from clawrl.engines.base import ScoredResponse
 from clawrl.engines.hf import resolve_device, resolve_dtype
 from clawrl.engines.scoring import score_response
+from clawrl.model.weights import shared_weights
 from clawrl.store import Store
 from clawrl.store.episodes import EpisodeStore
 from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
@@ -99,7 +101,9 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         dtype = resolve_dtype(engine_config.dtype, self.device)
         torch.manual_seed(config.train_seed)
-        base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
+        # on a CPU, the weights the server maps: one copy of the base on the host (LoRA never writes it)
+        weights = shared_weights(source, dtype, self.device, engine_config.cache_dir, engine_config.share_weights)
+        base = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, device_map=str(self.device))
         if config.activation_checkpointing:
             enable_activation_checkpointing(base)
         self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
@@ -109,7 +113,7 @@ class Trainer:
         if config.full:
             self.model: Any = base
             if config.kl_beta > 0 or (config.teacher == "base" and self.method != "rl"):
-                self.reference = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=str(self.device))
+                self.reference = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, device_map=str(self.device))
                 self.reference.eval().requires_grad_(False)
         else:
             self.model = get_peft_model(base, lora_config(config))
@@ -221,6 +225,7 @@ class Trainer:
             return
         self.head, self.step = version, self.step + 1
         self._report(version, parent, metrics)
+        return_freed_memory()  # the step's activations: memory the host gets back until the next step
 
     def _report(self, version: int, parent: int, metrics: StepMetrics) -> None:
         log.info(

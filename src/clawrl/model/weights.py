@@ -1,0 +1,103 @@
+"""One copy of the base weights for every process on a host (the server, the trainer, a judge).
+
+On a CPU, transformers loads safetensors weights that are already in the asked-for dtype by mapping
+the file: the parameters are pages of the file, which the kernel keeps once in its page cache
+however many processes map them, so the server and the trainer (its own process, DESIGN §2) hold
+one copy between them, each counted half in its proportional set size (PSS). Weights stored in
+another dtype (a bf16 checkpoint served in fp32, the CPU default) are converted by every process
+into private memory instead: two full copies. `shared_weights` converts them once, into a cache
+folder, and returns that folder for every process to map.
+
+A LoRA trainer never writes the base weights (only the adapter trains), so the mapped pages stay
+shared; full fine-tuning writes every weight and gets private copies, as it must. On a GPU each
+process still loads its own copy (`docs/sizing.md`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+# safetensors' names for the dtypes a checkpoint holds
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+CONVERTED_VERSION = "weights-v1"
+
+
+def stored_dtypes(model_dir: Path) -> set[torch.dtype]:
+    """The floating-point dtypes of the tensors in `model_dir`'s safetensors files (read from their headers)."""
+    dtypes = set()
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        with shard.open("rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        dtypes |= {SAFETENSORS_DTYPES[entry["dtype"]] for name, entry in header.items()
+                   if name != "__metadata__" and entry["dtype"] in SAFETENSORS_DTYPES}  # fmt: skip
+    return dtypes
+
+
+def shared_weights(source: str | Path, dtype: torch.dtype, device: torch.device, cache_dir: Path, enabled: bool = True) -> str:
+    """The model folder to load `source` from so that the processes of this host share its weights.
+
+    `source` itself when nothing needs converting (a GPU, a hub id, weights already in `dtype`) or
+    sharing is not `enabled`;
+    else a copy of it with the weights converted to `dtype`, made once under `cache_dir` (keyed by
+    the folder, its files' sizes and times, and the dtype) and reused by every process after.
+    """
+    model_dir = Path(source)
+    if not enabled or device.type != "cpu" or not model_dir.is_dir() or not any(model_dir.glob("*.safetensors")):
+        return str(source)
+    if stored_dtypes(model_dir) <= {dtype}:
+        return str(source)
+    target = Path(cache_dir) / CONVERTED_VERSION / f"{model_dir.name}-{_key(model_dir, dtype)}"
+    if not target.is_dir():
+        _convert(model_dir, dtype, target)
+    return str(target)
+
+
+def _key(model_dir: Path, dtype: torch.dtype) -> str:
+    digest = hashlib.sha256(str(model_dir.resolve()).encode() + str(dtype).encode())
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _convert(model_dir: Path, dtype: torch.dtype, target: Path) -> None:
+    """Write the converted copy beside `target` and rename it into place: a reader never sees half of it,
+    and when several processes convert at once the first rename wins."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for path in model_dir.iterdir():
+            if path.suffix == ".safetensors":
+                tensors = load_file(path)
+                converted = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+                save_file(converted, staging / path.name, metadata={"format": "pt"})
+            elif path.is_file():
+                shutil.copy2(path, staging / path.name)
+        _set_config_dtype(staging / "config.json", dtype)
+        staging.chmod(0o755)
+        os.rename(staging, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:
+    if not config_file.exists():
+        return
+    config = json.loads(config_file.read_text())
+    name = str(dtype).removeprefix("torch.")
+    config.update({key: name for key in ("dtype", "torch_dtype") if key in config})
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
