@@ -15,10 +15,14 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
+from clawrl.engines import prefix_attention
 from clawrl.engines.base import ScoredResponse
+from clawrl.engines.prefix_attention import ATTENTION_NAME, TreePass, tree_attention
 from clawrl.engines.scoring import (
     PrefixNode,
+    can_share_prefix,
     flat_tree,
+    response_hidden_states,
     pack_rows,
     packed_positions,
     prefix_tree,
@@ -169,11 +173,22 @@ def tree_depth(node: PrefixNode) -> int:
     return 1 + max((tree_depth(child) for child in node.children), default=0)
 
 
+@pytest.fixture(params=["one block", "blocks of 3 keys"])
+def attention_blocks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefix-tree attention over one block of keys (the tiny prompts fit in one), or over many."""
+    if request.param == "blocks of 3 keys":
+        monkeypatch.setattr(prefix_attention, "BLOCK_ELEMENTS", 1)
+        monkeypatch.setattr(prefix_attention, "MIN_BLOCK_KEYS", 3)
+
+
 @pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
-def test_prefix_trees_give_the_same_scores_and_gradients(tiny_model_dir: Path, adapter: bool, float64_norms: None) -> None:
+def test_prefix_trees_give_the_same_scores_and_gradients(
+    tiny_model_dir: Path, adapter: bool, float64_norms: None, attention_blocks: None
+) -> None:
     """On random prefix trees (a session's turns, a group's equal prompts, rows that share nothing),
     in float64: each shared prefix computed once gives the log-probs, entropies, top-K log-probs
-    and every gradient of the rows packed whole."""
+    and every gradient of the rows packed whole, whether the attention takes the keys in one block
+    or in many."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     if adapter:
         from peft import LoraConfig, get_peft_model
@@ -229,3 +244,129 @@ def test_whole_logits_refuse_shared_rows(models: tuple[torch.nn.Module, ...]) ->
     assert shared.shares_prefix
     with pytest.raises(ValueError, match="unshared"):
         response_logits(models[0], shared)
+
+
+def plain_attention(query: Tensor, key: Tensor, value: Tensor, real: Tensor | None, above: list[Tensor]) -> Tensor:
+    """The reference: softmax over every ancestor's keys and the pass's own, each row with its own copy of them.
+
+    A query sees every ancestor key, and own key j when j ≤ i and j is real (or j = i: a padding
+    position sees itself). [B, L, H, D], as transformers' attention functions return.
+    """
+    batch, heads, length, _ = query.shape
+    groups = heads // key.shape[1]
+    keys = torch.cat([tensor.expand(batch, -1, -1, -1) for tensor in above[0::2]] + [key], dim=2)
+    values = torch.cat([tensor.expand(batch, -1, -1, -1) for tensor in above[1::2]] + [value], dim=2)
+    positions = torch.arange(length)
+    own = (positions.unsqueeze(0) <= positions.unsqueeze(1)).expand(batch, -1, -1)
+    if real is not None:
+        own = own & (real.unsqueeze(1) | torch.eye(length, dtype=torch.bool))
+    seen = torch.cat([torch.ones(batch, length, keys.shape[2] - length, dtype=torch.bool), own], dim=-1)
+    scores = query @ keys.repeat_interleave(groups, 1).transpose(-1, -2) * query.shape[-1] ** -0.5
+    weights = torch.softmax(scores.masked_fill(~seen.unsqueeze(1), float("-inf")), dim=-1)
+    return (weights @ values.repeat_interleave(groups, 1)).transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("ancestors", "batch", "length", "padded"),
+    [
+        ((), 3, 6, True),  # rows that share nothing, padded
+        ((9,), 1, 7, False),  # a node under the root
+        ((9, 5, 12), 1, 4, False),  # a node three deep
+        ((40,), 4, 7, True),  # rows under one prefix, left- and right-padded, of different lengths
+        ((7, 3, 20), 2, 9, True),  # rows under a path of three nodes
+    ],
+)
+@pytest.mark.parametrize("block_keys", [3, 128])
+def test_tree_attention_is_softmax_attention_over_the_path_and_its_gradient_too(
+    ancestors: tuple[int, ...], batch: int, length: int, padded: bool, block_keys: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In float64, the blockwise attention of a pass (its ancestors' keys once for every row, its own
+    masked, the blocks merged through their log-sum-exps) equals a softmax over all the keys with a
+    copy per row, and so do the gradients of every input, the ancestors' summed over the rows."""
+    monkeypatch.setattr(prefix_attention, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(prefix_attention, "MIN_BLOCK_KEYS", block_keys)
+    generator = torch.Generator().manual_seed(len(ancestors) * 100 + batch * 10 + length)
+    kv_heads, groups, dim = 2, 3, 8
+
+    def draw(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    query, key, value = draw(batch, kv_heads * groups, length, dim), draw(batch, kv_heads, length, dim), draw(batch, kv_heads, length, dim)
+    above = [draw(1, kv_heads, count, dim) for count in ancestors for _ in range(2)]
+    real = None
+    if padded:  # row b: b tokens of left padding, then (b + 1) % 3 of right padding
+        real = torch.ones(batch, length, dtype=torch.bool)
+        for row in range(batch):
+            real[row, :row] = False
+            real[row, length - (row + 1) % 3 :] = False
+    inputs = [query, key, value, *above]
+    tree_pass = TreePass(tuple({0: (keys, values)} for keys, values in zip(above[0::2], above[1::2])), real)
+    module = torch.nn.Module()
+    module.layer_idx = 0
+    got, _ = prefix_attention.tree_attention_forward(module, query, key, value, None, dim**-0.5, tree_pass=tree_pass)
+    expected = plain_attention(query, key, value, real, above)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    weights = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    for got_grad, expected_grad in zip(
+        torch.autograd.grad((got * weights).sum(), inputs), torch.autograd.grad((expected * weights).sum(), inputs), strict=True
+    ):
+        torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-12)
+    assert tree_pass.made[0][0] is key  # what a node makes, the passes below it read as they are
+
+
+def saved_bytes(model: torch.nn.Module, rows) -> int:
+    """Bytes autograd keeps for the backward pass of `response_hidden_states` (each storage once)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        response_hidden_states(model, rows)
+    return sum(storages.values())
+
+
+def test_a_shared_prefix_is_kept_once_however_many_rows_read_it(models: tuple[torch.nn.Module, ...]) -> None:
+    """Six more rows under a 600-token prefix keep their own few tokens' activations for the
+    backward pass, not a copy each of the prefix's keys and values (which the rows once read
+    through a cache repeated per row)."""
+    model = models[0]
+    prefix = random_ids(600, seed=60)
+    config = model.config
+    prefix_keys_values = 600 * config.num_hidden_layers * 2 * config.num_key_value_heads * 32 * 4  # float32, head_dim 32
+
+    def kept(count: int) -> int:
+        prompts = [prefix + random_ids(3, seed=61 + row) for row in range(count)]
+        rows = pack_rows(prompts, [random_ids(2, seed=70 + row) for row in range(count)], torch.device("cpu"), share_prefix=True)
+        return saved_bytes(model, rows)
+
+    per_row = (kept(8) - kept(2)) / 6
+    assert per_row < prefix_keys_values / 4, (per_row, prefix_keys_values)
+
+
+def test_a_model_whose_attention_does_not_dispatch_by_name_cannot_run_a_tree_pass(
+    models: tuple[torch.nn.Module, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that attends its own way would let its rows ignore their prefix: the pass refuses,
+    and the model's attention is its own again afterwards."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = models[0]
+    decoder = model.get_decoder()
+    before = decoder.config._attn_implementation
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, ATTENTION_NAME, sdpa_attention_forward)
+    tree_pass = TreePass(({},), real=None)
+    with pytest.raises(RuntimeError, match="cannot share prompt prefixes"):
+        with tree_attention(decoder, tree_pass) as attention:
+            decoder(input_ids=torch.tensor([[5, 6, 7]]), position_ids=torch.tensor([[3, 4, 5]]), use_cache=False, **attention)
+    assert decoder.config._attn_implementation == before
+
+
+def test_a_model_with_attention_dropout_cannot_share_prefixes(tiny_model_dir: Path) -> None:
+    """The tree's attention has no dropout: such a model trains its rows unshared."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attention_dropout=0.1)
+    assert not can_share_prefix(model)
+    model.config.attention_dropout = 0.0
+    assert can_share_prefix(model)

@@ -415,8 +415,9 @@ def test_prefix_trees_give_the_step_of_unshared_samples(tiny_model_dir: Path, lo
 
 
 def test_activation_checkpointing_takes_the_same_step_without_sharing(tiny_model_dir: Path) -> None:
-    """Checkpointed layers recompute in the backward pass and drop the cache that would carry a
-    shared prefix, so a model trained that way trains its samples unshared: the same step."""
+    """Checkpointed layers recompute in the backward pass, after a prefix tree's attention was
+    switched back to the model's own, so a model trained that way trains its samples unshared: the
+    same step."""
     policy = load_policy(tiny_model_dir)
     train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
     prefix = random_ids(40, seed=9)

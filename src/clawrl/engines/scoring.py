@@ -20,30 +20,29 @@ padding changes nothing but the amount of work. All log-probs are of the RAW dis
 Prefix trees (`pack_rows(share_prefix=True)`): an agent re-sends a 24K-token prompt every turn, a
 session's turns share almost all of it, a group's G rollouts share all of it. The rows' prompts
 are arranged in a tree (`prefix_tree`): each node holds tokens that every row below it reads next,
-and goes through the decoder once, as one row, on top of its parent's keys and values; each row
-then runs only what it shares with no other row, attending to the keys and values of its path.
-Every row sees the same tokens at the same positions as it would alone, so the numbers are the
-same up to rounding, and the gradient of every row's loss flows back into the one pass over each
-shared node.
+and goes through the decoder once, as one row, attending to the keys and values of the nodes
+above it; each row then runs only what it shares with no other row, attending to the keys and
+values of its path. Those exist once per micro-batch, made by each node's one pass and read by
+every row below it without a copy per row (`engines.prefix_attention`: the softmax over a path's
+keys and a row's own, merged block by block through their log-sum-exps). Every row sees the same
+tokens at the same positions as it would alone, so the numbers are the same up to rounding, and
+the gradient of every row's loss flows back into the one pass over each shared node.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
-from transformers.cache_utils import Cache
 
 from clawrl.engines.base import ScoredResponse
+from clawrl.engines.prefix_attention import KeysValues, TreePass, tree_attention
 
 # A node of the prefix tree costs a forward pass of its own: fewer shared tokens than this are
 # cheaper to compute once per row than to split off (a chat template's opening, a common word).
@@ -211,12 +210,15 @@ def _row_group(
 
 
 def can_share_prefix(model: torch.nn.Module) -> bool:
-    """Whether `model` can run prefix trees: logits from its output layer, full attention, no per-layer checkpointing.
+    """Whether `model` can run prefix trees: logits from its output layer, full attention without dropout, no checkpointing.
 
-    Sliding-window and recurrent layers keep other state than keys and values, and transformers'
-    gradient checkpointing drops the cache that carries a prefix into its rows.
+    Sliding-window and recurrent layers keep other state than keys and values; a checkpointed
+    layer is recomputed in the backward pass, after its tree pass, with the model's own attention
+    (`engines.prefix_attention` is the model's for one pass only); the tree's attention has no dropout.
     """
     if not logits_are_the_output_layer(model):
+        return False
+    if getattr(model.config.get_text_config(), "attention_dropout", 0.0):
         return False
     # transformers 5.24 calls it activation checkpointing; earlier releases, gradient checkpointing
     checkpointing = getattr(model, "is_activation_checkpointing", None)
@@ -244,14 +246,16 @@ def response_logits(model: torch.nn.Module, rows: PackedRows) -> Tensor:
 def response_hidden_states(model: torch.nn.Module, rows: PackedRows) -> Tensor:
     """[B, R, H] the decoder's last hidden states at the positions that predict the response tokens.
 
-    Walks the prefix tree: a node's tokens go through the decoder once on top of its parent's
-    keys and values; its rows that go on alone run together on a copy of that cache, repeated
-    once per row (a differentiable copy: each row's gradient flows back into the node's one pass).
+    Walks the prefix tree: a node's tokens go through the decoder once, attending to its
+    ancestors' keys and values and causally to its own; its rows that go on alone run together,
+    attending to the keys and values of every node on their path, read once for all of them
+    (`engines.prefix_attention`), and causally to their own. Each row's gradient flows back into
+    the one pass of every node it read.
     """
     width = rows.response_ids.shape[1]
     decoder = model.get_decoder()
     parts: list[tuple[Tensor, Tensor]] = []
-    _walk(decoder, rows.root, None, 0, width, parts)
+    _walk(decoder, rows.root, (), 0, width, parts)
     batch = rows.response_ids.shape[0]
     if len(parts) == 1 and parts[0][0].numel() == batch:
         return parts[0][1]  # one group of every row, in order (a group's rows are sorted)
@@ -261,44 +265,37 @@ def response_hidden_states(model: torch.nn.Module, rows: PackedRows) -> Tensor:
 
 
 def _walk(
-    decoder: torch.nn.Module, node: PrefixNode, past: Cache | None, start: int, width: int, parts: list[tuple[Tensor, Tensor]]
+    decoder: torch.nn.Module,
+    node: PrefixNode,
+    ancestors: tuple[dict[int, KeysValues], ...],
+    start: int,
+    width: int,
+    parts: list[tuple[Tensor, Tensor]],
 ) -> None:
+    """Run `node` on top of `ancestors` (the keys and values of the nodes above it), then its children and alone rows."""
     length = node.token_ids.shape[1]
     if length:
         positions = torch.arange(start, start + length, device=node.token_ids.device).unsqueeze(0)
-        output = decoder(input_ids=node.token_ids, position_ids=positions, use_cache=True,
-                         **{_cache_argument(decoder): _copy(past)})  # fmt: skip
-        past = output.cache if "cache" in output else output.past_key_values
+        node_pass = TreePass(ancestors, real=None)
+        _tree_pass(decoder, node.token_ids, positions, node_pass)
+        ancestors = (*ancestors, node_pass.made)
     for child in node.children:
-        _walk(decoder, child, past, start + length, width, parts)
+        _walk(decoder, child, ancestors, start + length, width, parts)
     group = node.alone
     if group is None or group.response_width == 0:
         return  # nothing of these rows is scored (a padded column of zeros is never read)
-    batch = group.input_ids.shape[0]
-    attention_mask = group.attention_mask
-    inputs: dict[str, Any] = {"use_cache": False}
-    if past is not None:
-        cache = _copy(past)
-        cache.batch_repeat_interleave(batch)
-        attention_mask = torch.cat([attention_mask.new_ones(batch, start + length), attention_mask], dim=1)
-        inputs = {"use_cache": True, _cache_argument(decoder): cache}
-    output = decoder(input_ids=group.input_ids, attention_mask=attention_mask, position_ids=group.position_ids, **inputs)
-    states = output.last_hidden_state[:, -group.response_width :, :]
-    parts.append((group.rows, F.pad(states, (0, 0, 0, width - group.response_width))))
+    if ancestors:
+        states = _tree_pass(decoder, group.input_ids, group.position_ids, TreePass(ancestors, group.attention_mask.bool()))
+    else:  # rows that share nothing: transformers' own attention, as unshared packing runs them
+        states = decoder(input_ids=group.input_ids, attention_mask=group.attention_mask, position_ids=group.position_ids,
+                         use_cache=False).last_hidden_state  # fmt: skip
+    parts.append((group.rows, F.pad(states[:, -group.response_width :, :], (0, 0, 0, width - group.response_width))))
 
 
-def _copy(cache: Cache | None) -> Cache | None:
-    """A cache that can grow without changing `cache`: its layers' tensors are shared, and replaced, not written, on update."""
-    if cache is None:
-        return None
-    duplicate = copy.copy(cache)
-    duplicate.layers = [copy.copy(layer) for layer in cache.layers]
-    return duplicate
-
-
-def _cache_argument(module: torch.nn.Module) -> str:
-    # transformers 5.24 renamed `past_key_values` to `cache`; older releases know only the first
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+def _tree_pass(decoder: torch.nn.Module, input_ids: Tensor, position_ids: Tensor, tree_pass: TreePass) -> Tensor:
+    """One pass of the prefix tree through `decoder`: its last hidden states [b, L, H]; `tree_pass.made` fills in."""
+    with tree_attention(decoder, tree_pass) as attention:
+        return decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention).last_hidden_state
 
 
 def _at_least_float32(values: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ architecture, written from how the engine and the trainer hold their tensors:
   and a frozen copy for the OPD teacher or the KL reference;
 * activations: the tensors autograd keeps per token and layer (`ACTIVATION_ELEMENTS`), times the
   tokens one micro-batch runs: the rows' whole padded prompts and answers, or with prefix sharing the
-  shared prefix once, each row's own part, and today a copy of the prefix's keys and values per row;
+  shared prefix once and each row's own part (the rows read the prefix's one copy of keys and values);
   with activation checkpointing each layer's input only, plus one layer's worth;
 * logits: one chunk of `logit_chunk_tokens` positions over the vocabulary, in fp32, with its
   log-softmax and gradient.
@@ -140,13 +140,8 @@ def training_activations(shape: Architecture, load: Workload) -> tuple[int, str]
         kept = tokens * shape.hidden_size * load.dtype_bytes * shape.num_hidden_layers + tokens * per_layer
         return int(kept), f"{tokens} positions, checkpointed layers"
     kept = tokens * per_layer * shape.num_hidden_layers
-    note = f"{tokens} positions"
-    if shared:
-        # today each row below the prefix attends to a copy of the prefix's keys and values
-        copies = load.micro_batch_size * load.prompt_tokens * shape.kv_bytes_per_token * load.dtype_bytes // 2
-        kept += copies
-        note += f" (prefix once) + {load.micro_batch_size} copies of its keys and values"
-    return int(kept), note
+    # the rows below a shared prefix read its one copy of keys and values (engines/prefix_attention.py)
+    return int(kept), f"{tokens} positions" + (" (the prefix once)" if shared else "")
 
 
 def plan(shape: Architecture, load: Workload, device_gib: float | None = None) -> Plan:
