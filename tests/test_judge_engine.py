@@ -173,7 +173,7 @@ def _turns(store: Store, session_id: str) -> list[dict[str, Any]]:
 
 SAY_WHEN = "Please say the day and the hour."
 WRITE_POEM = "Please write a long poem about autumn leaves instead."
-TWO_DIRECTIVES = [user(f"no. {SAY_WHEN} {WRITE_POEM}")]  # the rule judge: -1, one candidate per directive
+TWO_DIRECTIVES = [user(f"no. {SAY_WHEN} {WRITE_POEM}")]  # the rule judge: -1, the reply, then each directive
 
 
 @pytest.fixture(scope="module")
@@ -211,5 +211,9 @@ def test_rule_hints_are_chosen_under_the_teacher_the_trainer_uses(
     assert asyncio.run(_with_engine(engine, judge_under_version_1)) == 1
     judgment = store.judgment("t1")
     assert judgment.score == -1
-    assert [candidate.hint for candidate in judgment.hint_candidates] == [SAY_WHEN, WRITE_POEM]
-    assert judgment.hint == chosen
+    overlaps = {candidate.hint: candidate.overlap for candidate in judgment.hint_candidates}
+    # one candidate per directive, after the whole reply as one hint (`judge/hints.py`)
+    assert list(overlaps)[1:] == [SAY_WHEN, WRITE_POEM]
+    other = WRITE_POEM if chosen == SAY_WHEN else SAY_WHEN
+    assert overlaps[chosen] > overlaps[other]
+    assert judgment.hint == choose_hint(list(overlaps), list(overlaps.values()))

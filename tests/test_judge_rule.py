@@ -1,7 +1,8 @@
-"""The `rule` judge backend on realistic next states (issue 3).
+"""The `rule` judge backend on realistic next states (issue 3; the offline judge since issue 27).
 
-Decision under test: an unrelated follow-up question, with no sign of complaint, is the user
-moving on and scores +1.
+Decision under test: moving on with a word of acknowledgement ("now write a test") scores +1; a
+bare question, about the answer or about something else, scores 0, as the labelled corpus's
+careful readers scored it ("Totally random but what's the capital of Australia?" is 0 there).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ def tool(content: str) -> list[dict[str, str]]:
         "Great, that works!",
         "Thank you so much",
         "No problem, that's what I needed. Thanks!",
-        "What's the capital of Australia?",  # an unrelated follow-up: moving on
         "Now write a unit test for the parser.",
     ],
 )
@@ -65,8 +65,12 @@ def test_restating_the_same_request_scores_minus_one() -> None:
     assert rule_score(user("summarise this article in three short sentences"), previous_user_text=request) == -1
 
 
-def test_a_reply_without_any_signal_scores_zero() -> None:
-    assert rule_score(user("The article is from 2019."), previous_user_text="Summarise this article.") == 0
+@pytest.mark.parametrize("reply", ["What's the capital of Australia?", "Where did the 2019 figure come from?"])
+def test_a_bare_question_scores_zero(reply: str) -> None:
+    assert rule_score(user(reply), previous_user_text="Summarise this article in three sentences.") == 0
+
+
+def test_nothing_next_scores_zero() -> None:
     assert rule_score([]) == 0
 
 
@@ -80,6 +84,11 @@ def test_a_reply_without_any_signal_scores_zero() -> None:
         json.dumps({"stdout": "", "stderr": "boom", "exit_code": 2}),
         json.dumps({"error": "city not found"}),
         json.dumps({"ok": False, "message": "rate limited"}),
+        "npm ERR! code ERESOLVE\nnpm ERR! ERESOLVE unable to resolve dependency tree",
+        "src/app.ts:27:14 - error TS2339: Property 'total' does not exist on type 'Order'.",
+        "tests/test_login.py ....F....\n\n=================== FAILURES ===================",
+        "curl: (6) Could not resolve host: api.example.com",
+        "Found 2 errors.",
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:
@@ -92,10 +101,16 @@ def test_errors_in_tool_results_score_minus_one(result: str) -> None:
         json.dumps({"city": "Paris", "temperature_c": 21, "conditions": "sunny", "error": None}),
         json.dumps({"stdout": "3 passed", "exit_code": 0}),
         "Wrote 120 bytes to notes.md",
+        "14 passed, 0 failed in 0.42s",
+        "Found 0 errors.",
     ],
 )
 def test_successful_tool_results_score_plus_one(result: str) -> None:
     assert rule_score(tool(result)) == 1
+
+
+def test_a_run_that_did_nothing_scores_zero() -> None:
+    assert rule_score(tool("collected 0 items\n\n===== no tests ran in 0.01s =====")) == 0
 
 
 def test_a_failed_call_among_several_results_scores_minus_one() -> None:

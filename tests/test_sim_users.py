@@ -1,5 +1,10 @@
-"""Simulated users: preference detectors on realistic answers, replies the rule judge reads as a
-person's, the session protocol, and the LLM-driven voice against a scripted OpenAI-compatible server."""
+"""Simulated users: preference detectors on realistic answers, requests the rule judge reads as a
+person's, reactions drawn from the held-out corpus, the session protocol, and the LLM-driven voice
+against a scripted OpenAI-compatible server.
+
+What the judge makes of the held-out reactions is never asserted here: that is what the learning
+benchmark measures (its judge agreement), and a test on it would invite tuning on held-out words.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,13 @@ from typing import Any
 
 import pytest
 
+from clawrl.judge.corpus import TUNING, load_part
 from clawrl.judge.rule import rule_hints, rule_score
 from clawrl.sim.corpus import Problem
 from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import (
+    COMPLAINT_STYLES,
+    PRAISE_STYLES,
     STUDENT,
     TEACHER,
     Cue,
@@ -27,6 +35,7 @@ from clawrl.sim.users import (
     ScriptedVoice,
     UserSession,
     has_markup,
+    held_out_reactions,
     is_warm,
     problems,
     student_satisfied,
@@ -101,8 +110,6 @@ def test_teacher_wants_long_and_warm() -> None:
 # --------------------------------------------------------------------------- replies and the rule judge
 
 REQUESTS = ("corrections", "step_corrections", "repeated_corrections", "reasks")  # -1, with a hint
-COMPLAINTS = ("give_up_next", "give_up_done", "vague_corrections")  # -1, no hint needed
-PRAISE = ("praise_next", "praise_done")
 
 
 def judged(text: str) -> tuple[int, list[str]]:
@@ -123,16 +130,25 @@ def test_the_rule_judge_reads_requests_as_a_person_means_them(persona: Persona, 
 
 
 @pytest.mark.parametrize("persona", [STUDENT, TEACHER], ids=lambda p: p.name)
-def test_the_rule_judge_reads_the_other_replies_as_a_person_means_them(persona: Persona) -> None:
-    for kind in COMPLAINTS + PRAISE:
-        for phrasing in getattr(persona, kind):
-            score, _ = judged(phrasing.format(question=STICKERS.question))
-            assert score == (1 if kind in PRAISE else -1), phrasing
-    for phrasing in persona.vague_corrections:
-        assert judged(phrasing)[1] == [], phrasing  # a complaint that does not say why
+def test_moving_on_is_never_read_as_a_complaint(persona: Persona) -> None:
     for phrasing in (*persona.move_on_next, *persona.move_on_done):  # nothing said about the answer
         score, hints = judged(phrasing.format(question=STICKERS.question))
         assert score >= 0 and not hints, phrasing
+
+
+def test_reactions_are_held_out_replies_chosen_by_their_labels() -> None:
+    """Praise is what the corpus's readers scored +1, complaints -1 with no directive; none is in the tuning part."""
+    reactions = held_out_reactions()
+    held_out = load_part("held_out")
+    tuning = {item.reply.lower() for item in load_part(TUNING)}
+    assert reactions.praise and reactions.complaints
+
+    def labelled(text: str, score: int, styles: tuple[str, ...]) -> bool:
+        return any(item.reply == text and item.language == "en" and item.score == score and item.style in styles
+                   and item.hint is None for item in held_out)
+
+    assert all(labelled(text, 1, PRAISE_STYLES) and text.lower() not in tuning for text in reactions.praise)
+    assert all(labelled(text, -1, COMPLAINT_STYLES) and text.lower() not in tuning for text in reactions.complaints)
 
 
 # --------------------------------------------------------------------------- the session protocol
@@ -147,10 +163,10 @@ def test_satisfying_answers_get_thanks_and_the_next_problem_then_done() -> None:
     first, second = user.problems
     assert first.question in user.first_message()
     reply = user.react(render_plain(first, random.Random(0)))
-    assert second.question in reply.text and not reply.done
-    assert rule_score([{"role": "user", "content": reply.text}], first.question) == 1
+    praise = held_out_reactions().praise
+    assert not reply.done and any(reply.text == f"{said} {second.question}" for said in praise)
     reply = user.react(render_plain(second, random.Random(0)))
-    assert reply.done and rule_score([{"role": "user", "content": reply.text}]) == 1
+    assert reply.done and reply.text in praise
     assert user.first_attempts == [True, True] and user.satisfied
 
 
@@ -172,8 +188,8 @@ def test_the_user_gives_up_after_the_retries_and_moves_on() -> None:
     user.first_message()
     user.react(render_ai(first, random.Random(0)))
     gave_up = user.react(render_ai(first, random.Random(1)))
-    assert second.question in gave_up.text and not gave_up.done
-    assert rule_score([{"role": "user", "content": gave_up.text}], first.question) == -1
+    assert not gave_up.done
+    assert any(gave_up.text == f"{said} {second.question}" for said in held_out_reactions().complaints)
 
 
 def test_the_turn_limit_ends_the_session() -> None:
@@ -346,7 +362,7 @@ def test_a_quiet_user_says_nothing_when_satisfied() -> None:
     assert not reply.done and reply.text in [p.format(question=second.question) for p in STUDENT.move_on_next]
     assert rule_score([{"role": "user", "content": reply.text}], first.question) >= 0
     done = user.react(render_plain(second, random.Random(0)))
-    assert done.done and done.text in STUDENT.move_on_done and rule_score([{"role": "user", "content": done.text}]) == 0
+    assert done.done and done.text in STUDENT.move_on_done and rule_score([{"role": "user", "content": done.text}]) >= 0
     assert user.first_attempts == [True, True]
     complaint = session(quiet_rate=1.0)
     complaint.first_message()
@@ -358,9 +374,7 @@ def test_a_vague_user_complains_without_saying_why() -> None:
     first = user.problems[0]
     user.first_message()
     reply = user.react(render_ai(first, random.Random(0)))
-    assert reply.text in STUDENT.vague_corrections
-    assert rule_score([{"role": "user", "content": reply.text}], first.question) <= 0
-    assert rule_hints([{"role": "user", "content": reply.text}]) == []
+    assert reply.text in held_out_reactions().complaints  # labelled -1 with no directive (above)
     assert user.first_attempts == [False]
 
 
@@ -372,7 +386,7 @@ def test_a_user_who_moves_on_never_complains() -> None:
     first, second = user.problems
     user.first_message()
     reply = user.react(render_ai(first, random.Random(0)))
-    assert second.question in reply.text and rule_score([{"role": "user", "content": reply.text}], first.question) == 1
+    assert second.question in reply.text and rule_score([{"role": "user", "content": reply.text}], first.question) >= 0
 
 
 def test_a_wrong_user_reacts_to_the_opposite_of_the_truth() -> None:
@@ -383,8 +397,7 @@ def test_a_wrong_user_reacts_to_the_opposite_of_the_truth() -> None:
     assert second.question not in complaint.text
     assert rule_score([{"role": "user", "content": complaint.text}], first.question) == -1
     praise = user.react(render_ai(first, random.Random(0)))  # not satisfying, but the user is happy
-    assert second.question in praise.text
-    assert rule_score([{"role": "user", "content": praise.text}], first.question) == 1
+    assert any(praise.text == f"{said} {second.question}" for said in held_out_reactions().praise)
     assert user.first_attempts == [True]  # what the benchmark scores is still the truth
 
 
@@ -394,7 +407,9 @@ def test_noise_is_deterministic_given_the_seed() -> None:
 
 
 def test_the_scripted_voice_speaks_only_the_evaluation_pool() -> None:
-    pretraining = {text.format(question="") for persona in (STUDENT, TEACHER) for text in persona.pretraining.complaints()}
+    pretraining = {text.format(question="") for persona in (STUDENT, TEACHER)
+                   for text in (*persona.pretraining.complaints(), *persona.pretraining_praise_next,
+                                *persona.pretraining_praise_done)}
     rng = random.Random(0)
     for persona in (STUDENT, TEACHER):
         for intent in Intent:

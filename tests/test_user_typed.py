@@ -17,9 +17,9 @@ REQUEST = "Summarise this article about the river in three sentences."
 REPLIES = [
     "thanks, perfect",  # +1
     "this looks too AI-like, rewrite it without the bold and the numbered list",  # -1 with a hint
-    "What about the bridge downstream?",  # moving on: +1
+    "ok, now do the same for the bridge article.",  # moving on: +1
     "Summarise this article about the river in three short sentences.",  # a restatement: -1
-    "The article is from 2019.",  # nothing to go on: 0
+    "Who wrote the article?",  # a question about it, nothing to go on: 0
 ]
 
 

@@ -114,8 +114,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_port(serve_config.host, serve_config.port)
     check_writable_dir(store_config.run_dir, "--run-dir")
     model = _checked_model(engine_config)
+    judge_config, judge_reason = _chosen_judge(judge_config, model.model)
     _check_judge_model(judge_config)
     store = _open_store(store_config)
+    logging.getLogger("clawrl").info("judge: %s (%s)", judge_config.judge, judge_reason)
     # imported once everything is checked: they take seconds (torch, transformers)
     import uvicorn
 
@@ -162,8 +164,8 @@ def _resolved_model(config: EngineConfig) -> str:
 
 
 def _check_judge_model(config: JudgeConfig) -> None:
-    """A second model for `--judge engine --judge-model` must be loadable too (the judge loads it later)."""
-    if config.judge == "engine" and config.judge_model and not is_locally_built(config.judge_model):
+    """A second model for `--judge engine[+rule] --judge-model` must be loadable too (the judge loads it later)."""
+    if config.judge in ("engine", "engine+rule") and config.judge_model and not is_locally_built(config.judge_model):
         check_model(config.judge_model, flag="--judge-model")
 
 
@@ -191,6 +193,14 @@ def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_con
     return TrainerProcess(engine_config, store_config, config, background).start()
 
 
+def _chosen_judge(config: JudgeConfig, served_model: str | None) -> tuple[JudgeConfig, str]:
+    """`config` with the judge `--judge auto` stands for, and why it was chosen (logged once all is checked)."""
+    from clawrl.judge.choice import choose_judge
+
+    choice = choose_judge(config, served_model)
+    return config.model_copy(update={"judge": choice.judge}), choice.reason
+
+
 def _judge_worker(
     store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None, teacher: Any = "base"
 ) -> Any:
@@ -209,8 +219,10 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if config.judge == "off":
         print("error: --judge off leaves nothing to run", file=sys.stderr)
         return 2
+    config, reason = _chosen_judge(config, None)
     _check_judge_model(config)
     store = _store(args)
+    logging.getLogger("clawrl").info("judge: %s (%s)", config.judge, reason)
     from clawrl.background import step_back  # with torch: seconds
 
     step_back(config_from_args(BackgroundConfig, args))

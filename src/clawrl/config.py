@@ -270,11 +270,15 @@ def parse_cpu_list(text: str) -> set[int]:
 class JudgeConfig(_Settings):
     """The judge loop (DESIGN §5): which backend scores turns, and how the worker paces itself."""
 
-    judge: Literal["rule", "openai", "engine", "off"] = Field(
-        "rule",
-        description="Judge backend: `rule` (deterministic rules over the next state; the CPU default), "
+    judge: Literal["auto", "rule", "openai", "engine", "engine+rule", "off"] = Field(
+        "auto",
+        description="Judge backend: `auto` (the default: the served model judges its own turns, as `engine`, "
+        "unless it is one of the tiny models, which get `rule`; with --judge-url and --judge-model, `openai`; "
+        "with --judge-model alone, `engine` on that model), `rule` (the offline judge: rules, a lexicon and a "
+        "small classifier trained on a labelled corpus of replies), "
         "`openai` (a language model behind any OpenAI-compatible endpoint: --judge-url, --judge-model), "
-        "`engine` (the serving model itself, or a second local model named by --judge-model) or "
+        "`engine` (the serving model itself, or a second local model named by --judge-model), "
+        "`engine+rule` (the engine's votes with the offline judge's score as one more vote) or "
         "`off` (record only; run `clawrl judge` elsewhere).",
     )
     judge_concurrency: int = Field(4, ge=1, description="Turns judged at the same time per worker.")
@@ -301,7 +305,8 @@ class JudgeConfig(_Settings):
         3,
         ge=1,
         description="PRM votes (and hint-judge samples) per turn, run concurrently; the majority wins, a tie is 0 "
-        "(3, as upstream: one sampled vote is noisy). The rule judge is deterministic and ignores it.",
+        "(3, as upstream: one sampled vote is noisy). The rule judge is deterministic and ignores it; "
+        "`engine+rule` adds its score as vote m + 1.",
     )
     judge_temperature: float = Field(
         0.6,
@@ -620,7 +625,7 @@ class BenchConfig(_Settings):
         ge=0,
         le=1,
         description="Noisy user: probability that an unsatisfied user does not complain but asks the next question "
-        "(or leaves), which the rule judge reads as moving on.",
+        "(or leaves), with nothing said about the answer.",
     )
     serve_args: str = Field(
         "",

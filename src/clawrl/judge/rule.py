@@ -1,21 +1,26 @@
-"""The `rule` judge backend: deterministic keyword rules over the next state (DESIGN §5).
+"""The `rule` judge backend: the offline judge (DESIGN §5; issue 27).
 
-It needs no model, so the CPU demo and the tests can judge turns offline. The rules follow the
-PRM rubric: an error in a tool result, or a user who corrects, rejects or repeats, is -1; a user
-who thanks, approves or moves on, or a tool that succeeds, is +1; anything else is 0. Negative
-signals win over positive ones, because "thanks, but that's wrong" is a correction.
+It needs no model, so the tiny model, the CPU demo and the tests can judge turns offline. It
+follows the PRM rubric: an error in a tool result, or a user who corrects, rejects or repeats, is
+-1; a user who thanks, approves or moves on, or a tool that succeeds, is +1; anything else
+(a question about the answer, a "hmm") is 0.
 
-A new question with no negative signal counts as moving on (+1): the user would not leave a
-wrong answer behind to ask something else. The rules cannot tell a pointed question ("why is it
-so long?") from a new one; that is what the model-backed judges are for.
+* **Tool results** are read by rules: an error, a failed test or build, a non-zero exit code or a
+  structured failure (`{"error": ...}`) is -1; a run that did nothing ("no tests ran") is 0; any
+  other output is +1.
+* **What the user wrote** is read by a classifier (`classifier.py`) over the reply's character
+  n-grams and the counts of a multilingual lexicon of cues (`lexicon.py`), trained on the tuning
+  part of a labelled corpus of replies (`corpus.py`) in ten languages: it reads "no, that's
+  perfect" as praise, "oh great, now it sounds like a lawyer wrote it" as a complaint and "would
+  you mind making it more polite?" as a correction. One rule stands before it: a reply that
+  repeats most of the request's words is the request asked again, -1.
+* **Hints** are the user's directive clauses (`hints.py`: "could you make it shorter" gives "Make
+  it shorter."), offered when the reply is not praise and the classifier reads it as saying how
+  the answer should have been; a correction with no directive clause in it ("it's Mr. Romero, not
+  Ms.") is its own hint. Overlap-guided selection (`judge/selection.py`) picks among several.
 
-The hints are the user's directive clauses ("don't ...", "without ...", "use ..."), one candidate
-per directive: the parts of the reply that say how the response should have been. As with the
-language-model judges' several hint samples, overlap-guided selection (`judge/selection.py`)
-then picks the one the teacher can best use.
-
-The rules read only what the user typed (`messages.user_typed`): a timestamp, a context block or
-a memory section that the user's agent wrapped around "thanks, perfect" must neither hide the
+Everything reads only what the user typed (`messages.user_typed`): a timestamp, a context block
+or a memory section that the user's agent wrapped around "thanks, perfect" must neither hide the
 thanks nor make the reply look like a restatement of the request it shares the wrapping with.
 """
 
@@ -25,51 +30,43 @@ import json
 import re
 from typing import Any
 
-from clawrl.judge.parsing import MIN_HINT_CHARS
+from clawrl.judge.classifier import ReplyModel, default_model
+from clawrl.judge.hints import MAX_HINTS, directive_hints, reply_hint
 from clawrl.messages import content_text, user_typed
 from clawrl.types import Message
 
 RESTATEMENT_JACCARD = 0.6
-MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
+DIRECTION_THRESHOLD = 0.4  # the classifier's probability that a reply says how the answer should be
 
 _TOOL_ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b\w*(?:error|exception):|\bfatal:|command not found"
-    r"|no such file or directory|permission denied|segmentation fault|non-?zero exit",
-    re.IGNORECASE,
+    r"|no such file or directory|permission denied|segmentation fault|non-?zero exit"
+    # what failing tools print besides "error:": package managers, compilers, linkers, test runners,
+    # network clients, servers and git
+    r"|\bERR!|\berror [A-Z]+\d+\b|\bfound [1-9]\d* errors?\b|\b[1-9]\d* (?:failed|errors?)\b|^FAILED\b|={3,} FAILURES ={3,}"
+    r"|\bfailed:|\btest failed\b|\bbuild failed\b|\bcould not resolve\b|\bcannot stat\b|\bcannot (?:open|find|access)\b"
+    r"|\btoo many requests\b|\brate limit(?:ed)? exceeded\b|\[emerg\]|\binvalid option\b|\bundefined reference\b"
+    r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
+    r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:",
+    re.IGNORECASE | re.MULTILINE,
 )
 _EXIT_CODE = re.compile(
     r"\b(?:exit(?:ed)?(?:\s+with)?[\s_]?(?:code|status)|return[\s_]?code|returncode)[\"']?\s*[:=]?\s*(-?\d+)",
     re.IGNORECASE,
 )
-_NEGATIVE = re.compile(
-    r"^\s*(?:no|nope|nah)\b(?!\s+(?:problem|worries|thanks))|\bwrong\b|\bincorrect\b|\bre-?write\b|\bre-?do\b"
-    r"|\btry again\b|\bthat(?:'s| is|s) not\b|\bnot what i\b|\bi meant\b|\bi said\b|\bnot quite\b"
-    r"|\bai-?like\b|\bsounds like (?:an )?ai\b|\b(?:doesn't|does not|didn't|did not) work\b|\bnot working\b"
-    r"|\bstill (?:broken|failing|wrong)\b|\byou (?:forgot|missed)\b|\bfix it\b",
-    re.IGNORECASE,
-)
-_POSITIVE = re.compile(
-    r"\bthanks?\b|\bthank you\b|\bthx\b|\bperfect\b|\bgreat\b|\bawesome\b|\bexcellent\b|\bnice\b"
-    r"|\b(?:that|it) works\b|\bworks now\b|\blooks good\b|\blgtm\b|\bexactly\b|\bdone\b|\bgot it\b"
-    r"|\blove it\b|^\s*(?:ok|okay|now|next|also|moving on)\b",
-    re.IGNORECASE,
-)
-_DIRECTIVE = re.compile(
-    r"\b(?:don't|do not|never|avoid|stop|without|use|please|you should|rewrite it|make it|keep it|i meant)\b",
-    re.IGNORECASE,
-)
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+_TOOL_DID_NOTHING = re.compile(r"\bno tests ran\b|\bcollected 0 items\b", re.IGNORECASE)
 _WORD = re.compile(r"[a-z0-9']+")
 
 
-def judge_by_rules(request_messages: list[Message], next_state_messages: list[Message]) -> tuple[int, list[str]]:
+def judge_by_rules(
+    request_messages: list[Message], next_state_messages: list[Message], model: ReplyModel | None = None
+) -> tuple[int, list[str]]:
     """(score, hint candidates) of the response to `request_messages` that `next_state_messages` followed.
 
     Both sides are read as the user typed them (`user_typed`): the lines an agent repeats in every
     user message are boilerplate, so the request's last user message and the reply leave out the
     lines they share (and the request, when there is no reply, those it shares with the user
-    message before it). A directive inside praise ("thanks! please also add tests") is a new
-    request, not a correction, so a +1 carries no hints.
+    message before it). `model` is the classifier (the one trained on the tuning part by default).
     """
     # Messages with no typed words (an agent's context block sent as a message of its own) are
     # neither the request nor the reply's neighbour.
@@ -84,11 +81,14 @@ def judge_by_rules(request_messages: list[Message], next_state_messages: list[Me
         {"role": "user", "content": user_typed(message, request)} if message["role"] == "user" else message
         for message in next_state_messages
     ]
-    score = rule_score(reply, previous_user_text=previous_text)
-    return score, (rule_hints(reply) if score <= 0 else [])
+    model = model or default_model()
+    score = rule_score(reply, previous_user_text=previous_text, model=model)
+    return score, judged_hints(_user_text(reply), score, previous_text, model)
 
 
-def rule_score(next_state_messages: list[dict[str, Any]], previous_user_text: str | None = None) -> int:
+def rule_score(
+    next_state_messages: list[dict[str, Any]], previous_user_text: str | None = None, model: ReplyModel | None = None
+) -> int:
     """+1, -1 or 0 for the response that `next_state_messages` followed.
 
     `previous_user_text` is the request the response answered; without it a restatement
@@ -99,28 +99,51 @@ def rule_score(next_state_messages: list[dict[str, Any]], previous_user_text: st
         return -1
     user_text = _user_text(next_state_messages)
     if user_text:
-        return _user_score(user_text, previous_user_text)
+        return _user_score(user_text, previous_user_text, model or default_model())
+    if tool_results and all(_TOOL_DID_NOTHING.search(result) for result in tool_results):
+        return 0
     return 1 if tool_results else 0
 
 
 def rule_hints(next_state_messages: list[dict[str, Any]]) -> list[str]:
-    """The user's directive clauses, one hint candidate each (more than 10 characters, no repeats).
+    """The user's directive clauses, one hint candidate each (`hints.directive_hints`), whatever the score.
 
-    In each sentence the directive runs from its first trigger word to the sentence's end, so
-    "too AI-like, rewrite it without the bold" gives "Rewrite it without the bold." and a list
+    In each sentence the directive runs from its first trigger to the sentence's end, so "too
+    AI-like, rewrite it without the bold" gives "Rewrite it without the bold." and a list
     ("don't use bold, italics or lists") stays whole.
     """
-    clauses = [_directive(sentence) for sentence in _SENTENCE_END.split(_user_text(next_state_messages))]
-    usable = [clause for clause in clauses if clause and len(clause) >= MIN_HINT_CHARS]
-    return list(dict.fromkeys(usable))[:MAX_HINTS]
+    return directive_hints(_user_text(next_state_messages))
 
 
-def _user_score(text: str, previous_user_text: str | None) -> int:
-    if _NEGATIVE.search(text) or (previous_user_text and _is_restatement(text, previous_user_text)):
+def judged_hints(user_text: str, score: int, previous_user_text: str | None, model: ReplyModel) -> list[str]:
+    """The hints the judge offers for a reply it scored `score`: the reply as one hint, then each directive clause.
+
+    None for praise (a directive inside praise, "thanks! now add tests", is a new request, not a
+    correction) and none for a reply that says nothing of how the answer should be ("this is
+    useless"), as the classifier's direction head reads it; a clause of a -1 reply is offered
+    whatever that head says.
+    """
+    if score == 1 or not user_text:
+        return []
+    clauses = directive_hints(user_text)
+    directs = model.direction_probability(user_text, previous_user_text) >= DIRECTION_THRESHOLD
+    if not directs and not (score == -1 and clauses):
+        return []
+    whole = reply_hint(user_text)
+    candidates = list(dict.fromkeys([*([whole] if whole else []), *clauses]))[:MAX_HINTS]
+    return candidates or [_quoted(user_text)]
+
+
+def _user_score(text: str, previous_user_text: str | None, model: ReplyModel) -> int:
+    if previous_user_text and _is_restatement(text, previous_user_text):
         return -1
-    if _POSITIVE.search(text) or "?" in text:
-        return 1
-    return 0
+    probabilities = model.score_probabilities(text, previous_user_text)
+    return max(probabilities, key=probabilities.get)
+
+
+def _quoted(text: str) -> str:
+    """A correction too short to stand alone as a hint ("Grams?"), quoted."""
+    return f'The user replied: "{" ".join(text.split())}"'
 
 
 def _is_restatement(text: str, previous: str) -> bool:
@@ -150,14 +173,6 @@ def _is_json_failure(result: str) -> bool:
         or value.get("success") is False
         or str(value.get("status", "")).lower() in {"error", "failed", "failure"}
     )
-
-
-def _directive(sentence: str) -> str | None:
-    match = _DIRECTIVE.search(sentence)
-    if match is None:
-        return None
-    clause = sentence[match.start() :].strip().rstrip(".!?;,")
-    return clause[0].upper() + clause[1:] + "." if clause else None
 
 
 def _user_text(messages: list[dict[str, Any]]) -> str:

@@ -15,6 +15,8 @@ import uuid
 
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine
+from clawrl.judge.choice import choose_judge
+from clawrl.judge.classifier import ReplyModel
 from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
@@ -27,35 +29,49 @@ log = logging.getLogger(__name__)
 
 
 class RuleJudge:
-    """Deterministic rules over the next state (`judge/rule.py`); what the CPU demo uses."""
+    """The offline judge (`judge/rule.py`): rules, a lexicon and a small classifier; what the tiny models use.
+
+    `model` is the classifier; by default the one trained on the tuning part of the corpus.
+    """
 
     name = "rule"
 
+    def __init__(self, model: ReplyModel | None = None) -> None:
+        self.model = model
+
     async def judge(self, case: TurnContext) -> BackendVerdict:
-        score, hints = judge_by_rules(case.turn.messages, case.next_messages)
+        # on a thread: the first call trains the classifier (about a second) and serving shares this loop
+        score, hints = await asyncio.to_thread(judge_by_rules, case.turn.messages, case.next_messages, self.model)
         return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=hints, source="rule")
 
 
 def build_backend(
     config: JudgeConfig, serving_engine: Engine | None = None, engine_config: EngineConfig | None = None
 ) -> JudgeBackend:
-    """The backend `--judge` names; raises ValueError when it cannot judge as configured.
+    """The backend `--judge` names (`auto`: see `judge/choice.py`); raises ValueError when it cannot judge as configured.
 
     `serving_engine` is the engine of `clawrl serve`, which `--judge engine` uses unless
     `--judge-model` names a second model (built from `engine_config` with that model).
     """
+    served_model = engine_config.model if serving_engine is not None and engine_config is not None else None
+    judge = choose_judge(config, served_model).judge
     # the language-model backends are imported here, not at the top: they build on this module's types
-    if config.judge == "rule":
+    if judge == "rule":
         return RuleJudge()
-    if config.judge == "openai":
+    if judge == "openai":
         from clawrl.judge.openai_backend import OpenAIJudge
 
         return OpenAIJudge.from_config(config)
-    if config.judge == "engine":
+    if judge in ("engine", "engine+rule"):
         from clawrl.judge.engine_backend import EngineJudge
 
-        return EngineJudge.from_config(config, serving_engine, engine_config or EngineConfig())
-    raise ValueError(f"judge backend {config.judge!r} cannot judge")
+        engine_judge = EngineJudge.from_config(config, serving_engine, engine_config or EngineConfig())
+        if judge == "engine":
+            return engine_judge
+        from clawrl.judge.combined import EngineAndRuleJudge
+
+        return EngineAndRuleJudge(engine_judge, RuleJudge())
+    raise ValueError(f"judge backend {judge!r} cannot judge")
 
 
 def hint_candidates(case: TurnContext, verdict: BackendVerdict) -> list[str]:

@@ -142,10 +142,10 @@ def corrected_chat(rng: random.Random) -> Chat:
             messages.append({"role": "user", "content": complaint.format(question=problem.question)})
             messages.append({"role": "assistant", "content": render(_followed(persona.name, rng), problem, rng)})
         if index + 1 < len(asked):
-            praise = rng.choice(persona.praise_next).format(question=asked[index + 1].question)
+            praise = rng.choice(persona.pretraining_praise_next).format(question=asked[index + 1].question)
             messages.append({"role": "user", "content": praise})
     if rng.random() < 0.5:
-        messages += [{"role": "user", "content": rng.choice(persona.praise_done)},
+        messages += [{"role": "user", "content": rng.choice(persona.pretraining_praise_done)},
                      {"role": "assistant", "content": rng.choice(CLOSINGS)}]
     return messages
 

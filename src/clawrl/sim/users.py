@@ -20,9 +20,15 @@ session ends with a "done" message after the last problem or at the turn limit. 
 without saying why, moves on without complaining, or is wrong about the answer; what the benchmark
 scores stays ``persona.satisfied``. *How* the user says it is the voice's job: ``ScriptedVoice``
 picks from the phrasings below (what the CPU benchmark uses), ``LLMVoice`` asks a language model behind any OpenAI-compatible endpoint to
-write the message in character (for real models on a GPU). The scripted phrasings are written so
-that the rule judge (``clawrl.judge.rule``) scores them as a person would: corrections say
-"rewrite", "try again", "not", "AI-like"; praise says "thanks", "great", "perfect".
+write the message in character (for real models on a GPU).
+
+What the scripted user says *about* an answer without asking for a change (praise, a complaint
+that does not say why, giving up) comes from the held-out part of the judge's labelled corpus of
+replies (``held_out_reactions``: English replies of the styles praise, one-word and emoji scored
++1; complaints without direction and one-word replies scored -1), words the offline judge was
+never tuned on, so the benchmark's judge agreement is an honest figure (issue 27). The
+corrections that ask for the preferred style stay the personas' own words: they carry the habit
+the benchmark teaches, which no corpus reply asks for.
 
 The phrasings that say how an answer should be (``Requests``) come in two pools per persona that
 share no hint string (issue 12): the tiny model is pre-trained on the ``pretraining`` pool
@@ -37,11 +43,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from enum import Enum
 from typing import Protocol
 
 import httpx
 
+from clawrl.judge.corpus import TUNING, load_part
 from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import PROBLEMS, Problem
 
@@ -126,21 +134,19 @@ class Persona:
     openers: tuple[str, ...]  # "{question}" is replaced
     pretraining: Requests  # what the tiny model is pre-trained on; never said by the simulated user
     evaluation: Requests  # what the simulated user says; never in the pre-training corpus
-    praise_next: tuple[str, ...]  # "{question}" is the next problem
-    praise_done: tuple[str, ...]
-    give_up_next: tuple[str, ...]
-    give_up_done: tuple[str, ...]
-    # The noisy user's phrasings (evaluation only): a complaint with no directive in it, and the
-    # next question (or goodbye) with nothing said about the answer.
-    vague_corrections: tuple[str, ...]
+    # Praise in the pre-training conversations (`clawrl.sim.chats`); the simulated user praises in
+    # held-out words instead (`held_out_reactions`).
+    pretraining_praise_next: tuple[str, ...]  # "{question}" is the next problem
+    pretraining_praise_done: tuple[str, ...]
+    # The quiet user's next question (or goodbye), with nothing said about the answer.
     move_on_next: tuple[str, ...]  # "{question}" is the next problem
     move_on_done: tuple[str, ...]
 
     def evaluation_phrasings(self) -> tuple[str, ...]:
         """Everything the simulated user may say in reaction to an answer, with "{question}" left empty."""
-        said = (*self.evaluation.complaints(), *self.praise_next, *self.praise_done, *self.give_up_next,
-                *self.give_up_done, *self.vague_corrections, *self.move_on_next, *self.move_on_done)
-        return tuple(text.format(question="") for text in said)
+        said = (*self.evaluation.complaints(), *self.move_on_next, *self.move_on_done)
+        reactions = held_out_reactions()
+        return (*(text.format(question="") for text in said), *reactions.praise, *reactions.complaints)
 
 
 STUDENT = Persona(
@@ -205,18 +211,15 @@ STUDENT = Persona(
             "Asking again: {question} Try again. Use ordinary sentences with no formatting and show each step of the sum.",
         ),
     ),
-    praise_next=(
+    pretraining_praise_next=(
         "thanks! next one: {question}",
         "perfect, that's how I like it. {question}",
         "great, thank you. another one: {question}",
         "nice, got it. {question}",
         "ok, moving on. {question}",
     ),
-    praise_done=("thanks, that's all for today!", "great, I'm done. thank you!", "perfect, that's everything. bye!"),
-    give_up_next=("forget it, still too AI-like. next one: {question}", "ugh, not what I asked for. next: {question}"),
-    give_up_done=("forget it, it's still too AI-like. I'm done.", "that's still not what I meant. done for today."),
-    vague_corrections=("hmm, that's not it. try again.", "no, not like that.", "nope, that's not what I wanted.",
-                       "that's not right. again."),
+    pretraining_praise_done=("thanks, that's all for today!", "great, I'm done. thank you!",
+                             "perfect, that's everything. bye!"),
     move_on_next=("{question}", "{question}", "another one: {question}"),
     move_on_done=("that's all for now.", "I have to go.", "bye"),
 )
@@ -272,15 +275,12 @@ TEACHER = Persona(
             "Once more: {question} Try again, and make it thorough and kind, it's for children.",
         ),
     ),
-    praise_next=(
+    pretraining_praise_next=(
         "lovely, thank you! that's perfect for the class. next: {question}",
         "great, the kids will like this. thanks! another one: {question}",
         "perfect, thank you. {question}",
     ),
-    praise_done=("thank you, that's all I needed for tomorrow!", "great, that's everything. thanks!"),
-    give_up_next=("not what I need, forget it. next: {question}", "that's not right either. let's move on: {question}"),
-    give_up_done=("that's still not what I meant. I'll write it myself, done.", "no, still not right. that's all for today."),
-    vague_corrections=("not quite what I had in mind. try again.", "no, that's not it.", "hmm, not quite. again."),
+    pretraining_praise_done=("thank you, that's all I needed for tomorrow!", "great, that's everything. thanks!"),
     move_on_next=("{question}", "next one: {question}", "{question}"),
     move_on_done=("that's all for now.", "I have to go.", "bye for now"),
 )
@@ -297,6 +297,43 @@ def evaluation_hints(persona: Persona) -> set[str]:
 
 
 PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER)}
+
+
+# --------------------------------------------------------------------------- held-out reactions
+
+HELD_OUT_PART = "held_out"  # the corpus part the offline judge is never tuned on (`clawrl.judge.corpus`)
+PRAISE_STYLES = ("praise", "one_word", "emoji")
+COMPLAINT_STYLES = ("complaint_no_direction", "one_word")
+
+
+@dataclass(frozen=True)
+class Reactions:
+    """What the simulated user says about an answer when it asks for no change, in words the judge was not tuned on."""
+
+    praise: tuple[str, ...]  # scored +1 by the corpus's labellers
+    complaints: tuple[str, ...]  # scored -1, with no directive in them
+
+
+@cache
+def held_out_reactions(language: str = "en") -> Reactions:
+    """The held-out corpus's replies of the kinds a user says about an answer, chosen by their labels alone.
+
+    Nobody picked them by reading them: every reply of the language, the styles and the score
+    qualifies, whatever the judge makes of it, except any that the tuning part also has word for
+    word (a bare emoji, say): the judge was tuned on those.
+    """
+    tuned = {_plain(item.reply) for item in load_part(TUNING)}
+    replies = [item for item in load_part(HELD_OUT_PART)
+               if item.role == "user" and item.language == language and _plain(item.reply) not in tuned]
+    return Reactions(
+        praise=tuple(item.reply for item in replies if item.style in PRAISE_STYLES and item.score == 1),
+        complaints=tuple(item.reply for item in replies
+                         if item.style in COMPLAINT_STYLES and item.score == -1 and item.hint is None),
+    )
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def problems(rng: random.Random, count: int) -> list[Problem]:
@@ -350,25 +387,36 @@ class Voice(Protocol):
 
 
 class ScriptedVoice:
-    """Picks one of the persona's evaluation-pool phrasings: deterministic given the session's rng."""
+    """Picks a phrasing: the persona's evaluation pool to ask, held-out corpus replies to react.
+
+    Deterministic given the session's rng.
+    """
 
     def say(self, cue: Cue, rng: random.Random) -> str:
-        persona, requests = cue.persona, cue.persona.evaluation
+        persona, requests, reactions = cue.persona, cue.persona.evaluation, held_out_reactions()
+        reaction = {
+            Intent.PRAISE_NEXT: reactions.praise,
+            Intent.PRAISE_DONE: reactions.praise,
+            Intent.GIVE_UP_NEXT: reactions.complaints,
+            Intent.GIVE_UP_DONE: reactions.complaints,
+            Intent.CORRECT_VAGUELY: reactions.complaints,
+        }.get(cue.intent)
+        if reaction is not None:
+            said = rng.choice(reaction)
+            return f"{said} {cue.question}" if cue.intent in _FOLLOWED_BY_THE_NEXT_PROBLEM else said
         phrasings = {
             Intent.OPEN: persona.openers,
             Intent.CORRECT: requests.corrections,
             Intent.CORRECT_STEPS: requests.step_corrections,
             Intent.CORRECT_AGAIN: requests.repeated_corrections,
             Intent.REASK: requests.reasks,
-            Intent.PRAISE_NEXT: persona.praise_next,
-            Intent.PRAISE_DONE: persona.praise_done,
-            Intent.GIVE_UP_NEXT: persona.give_up_next,
-            Intent.GIVE_UP_DONE: persona.give_up_done,
-            Intent.CORRECT_VAGUELY: persona.vague_corrections,
             Intent.MOVE_ON_NEXT: persona.move_on_next,
             Intent.MOVE_ON_DONE: persona.move_on_done,
         }[cue.intent]
         return rng.choice(phrasings).format(question=cue.question or "")
+
+
+_FOLLOWED_BY_THE_NEXT_PROBLEM = (Intent.PRAISE_NEXT, Intent.GIVE_UP_NEXT)
 
 
 _LLM_INSTRUCTIONS = {
@@ -407,7 +455,7 @@ class LLMVoice:
         if cue.intent in (Intent.OPEN, Intent.REASK, Intent.MOVE_ON_NEXT, Intent.MOVE_ON_DONE):
             return ScriptedVoice().say(cue, rng)
         reaction = self._complete(cue, seed=rng.randrange(2**31))
-        if cue.intent in (Intent.PRAISE_NEXT, Intent.GIVE_UP_NEXT):
+        if cue.intent in _FOLLOWED_BY_THE_NEXT_PROBLEM:
             return f"{reaction} {cue.question}"
         return reaction
 
@@ -470,7 +518,7 @@ class UserSession:
     max_retries: int = 1
     wrong_rate: float = 0.0  # the user is wrong: reacts as if the answer's satisfaction were flipped
     quiet_rate: float = 0.0  # a satisfied user says nothing about it: just the next question, or leaves
-    vague_rate: float = 0.0  # a complaint does not say why: no directive, so the rule judge finds no hint
+    vague_rate: float = 0.0  # a complaint does not say why: a held-out complaint labelled with no directive
     move_on_rate: float = 0.0  # an unsatisfied user does not complain: just the next question, or leaves
     first_attempts: list[bool] = field(default_factory=list)
     turns: int = 0

@@ -1,0 +1,283 @@
+"""The offline judge's classifier: a reply's score and whether it says how the answer should be.
+
+A logistic regression over sparse features of the reply (what the user typed): its character
+n-grams and words (folded, `lexicon.fold`), the counts of the lexicon's cues, where in the reply
+those cues stand (first or after a "but"), and how much of the request it repeats. Two heads
+share the features: the score (-1, 0, +1; softmax) and the direction (does the reply say how the
+answer should have been; sigmoid), which decides whether the judge offers a hint.
+
+It is trained on the tuning part of the labelled corpus and nothing else (`default_model`), at
+first use, by full-batch gradient descent from zeros: deterministic, about a second of one CPU
+core, no weights file to ship or to drift from the corpus. Tool outputs are not its business: the rules
+read those (`rule.py`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from clawrl.judge.corpus import TUNING, LabelledReply, load_part
+from clawrl.judge.lexicon import cue_counts, cue_spans, fold
+
+SCORES = (-1, 0, 1)
+CHAR_NGRAMS = (2, 3, 4)
+CUE_WEIGHT = 3.0  # cue counts weigh more than any one n-gram: they carry over to unseen phrasings
+L2 = 0.003  # weight decay (chosen by cross-validation within the tuning part, as are the weights below)
+STEPS = 1000
+LEARNING_RATE = 2.0
+
+LEANING_WEIGHT = 1.0  # logit per log-count of a cue, before the classifier's own weights
+SCORE_LEANINGS = {
+    "thanks": 1, "praise": 1, "works": 1, "done": 1, "positive_emoji": 1, "negated_complaint": 1, "move_on": 1,
+    "complaint": -1, "too": -1, "sarcasm": -1, "negative_emoji": -1, "emphasis": -1, "request_frame": -1,
+    "imperative": -1, "this_not_that": -1, "actually": -1,
+    "hesitation": 0, "self_question": 0,
+}
+DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually")
+_SHADOWED_BY = (("complaint", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"))
+_CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too")
+_SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
+                "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
+_WORD = re.compile(r"[^\W\d_]+|\d+|[\u3040-\u30ff\u3400-\u9fff]", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class ReplyModel:
+    """The two heads' weights over a fixed feature vocabulary (features unseen in training count for nothing)."""
+
+    vocabulary: dict[str, int]
+    score_weights: np.ndarray  # (features, 3): columns in SCORES order
+    direction_weights: np.ndarray  # (features,)
+
+    def score_probabilities(self, reply: str, request: str | None) -> dict[int, float]:
+        logits = self._row(reply, request) @ self.score_weights + score_leaning(reply)
+        return {score: float(p) for score, p in zip(SCORES, _softmax(logits)[0], strict=True)}
+
+    def direction_probability(self, reply: str, request: str | None) -> float:
+        return float(_sigmoid(self._row(reply, request) @ self.direction_weights + direction_leaning(reply)))
+
+    def _row(self, reply: str, request: str | None) -> np.ndarray:
+        row = np.zeros(len(self.vocabulary))
+        for name, value in reply_features(reply, request).items():
+            index = self.vocabulary.get(name)
+            if index is not None:
+                row[index] = value
+        return row
+
+
+def score_leaning(reply: str) -> np.ndarray:
+    """The lexicon's own reading, as logits the classifier starts from (-1, 0, +1 in SCORES order).
+
+    Each cue leans one way (`SCORE_LEANINGS`) by LEANING_WEIGHT per log-count. A cue the tuning part
+    seldom shows ("too long", "kürzer") would earn the classifier almost no weight of its own; the
+    leaning keeps what the word means, and the classifier learns where it misleads ("great" in
+    "oh great, now ..."). A cue inside a stronger one counts only as the stronger one: "bad" in "not
+    bad", "great" in "oh great".
+    """
+    logits = np.zeros(len(SCORES))
+    for name, count in _unshadowed_counts(reply).items():
+        leaning = SCORE_LEANINGS.get(name)
+        if leaning is not None and count:
+            logits[SCORES.index(leaning)] += LEANING_WEIGHT * math.log1p(count)
+    return logits
+
+
+def direction_leaning(reply: str) -> float:
+    """The lexicon's reading of whether the reply says how the answer should be, as a logit."""
+    counts = _unshadowed_counts(reply)
+    return LEANING_WEIGHT * sum(math.log1p(counts[name]) for name in DIRECTION_CUES)
+
+
+def _unshadowed_counts(reply: str) -> dict[str, int]:
+    counts = cue_counts(reply)
+    for weak, strong in _SHADOWED_BY:
+        strong_spans = cue_spans(reply, strong)
+        counts[weak] = sum(not any(a < end and start < b for a, b in strong_spans) for start, end in cue_spans(reply, weak))
+    return counts
+
+
+def reply_features(reply: str, request: str | None) -> dict[str, float]:
+    """Sparse features of what the user typed in reply (and of the request it answers)."""
+    folded = " ".join(fold(reply).split())
+    features: dict[str, float] = {"bias": 1.0}
+    features.update(_ngram_features(folded))
+    features.update(_cue_features(reply))
+    features.update(_shape_features(reply, folded, request))
+    return features
+
+
+def _ngram_features(folded: str) -> dict[str, float]:
+    """Character n-grams and words, each block scaled to unit length so long replies weigh as short ones."""
+    padded = f" {folded} "
+    grams = {f"c{n}:{padded[i:i + n]}" for n in CHAR_NGRAMS for i in range(len(padded) - n + 1)}
+    words = _WORD.findall(folded)
+    tokens = {f"w:{word}" for word in words} | {f"b:{a} {b}" for a, b in zip(words, words[1:])}
+    features = {}
+    for block in (grams, tokens):
+        if block:
+            weight = 1.0 / math.sqrt(len(block))
+            features.update({name: weight for name in block})
+    return features
+
+
+def _cue_features(reply: str) -> dict[str, float]:
+    """Counts of each cue (log-scaled), and the cues that open the reply or follow a "but"."""
+    features = {f"cue:{name}": CUE_WEIGHT * math.log1p(count) for name, count in cue_counts(reply).items() if count}
+    head, tail = _split_at_contrast(reply)
+    features.update({f"first:{name}": CUE_WEIGHT for name, count in cue_counts(_first_clause(reply)).items() if count})
+    if tail:
+        features.update({f"head:{name}": CUE_WEIGHT for name, count in cue_counts(head).items() if count})
+        features.update({f"tail:{name}": CUE_WEIGHT for name, count in cue_counts(tail).items() if count})
+    return features
+
+
+def _shape_features(reply: str, folded: str, request: str | None) -> dict[str, float]:
+    words = _WORD.findall(folded)
+    features = {f"length:{_length_bucket(len(words))}": 1.0}
+    stripped = reply.strip()
+    if stripped.endswith(("?", "？")):
+        features["ends_with_question"] = 1.0
+    elif "?" in stripped or "？" in stripped:
+        features["has_question"] = 1.0
+    if words == [] and stripped:
+        features["symbols_only"] = 1.0  # emoji, punctuation
+    if any(len(word) >= 2 and word.isupper() and word.isalpha() for word in re.findall(r"\w+", reply)):
+        features["shouting"] = 1.0  # "a SHORT email": stress on what was asked for
+    if stripped.startswith(">"):
+        features["quotes_answer"] = 1.0
+    counts = cue_counts(reply)
+    asks = bool(features.get("ends_with_question") or features.get("has_question"))
+    if asks and not any(counts[name] for name in _CHANGE_CUES):
+        features["plain_question"] = 1.0  # asks about something, asks for no change
+    if not any(counts[name] for name in _SIGNAL_CUES):
+        features["no_cue_question" if asks else "no_cue_statement"] = 1.0  # "Grams?", "its 40x28 not 45x30"
+    features.update(_order_features(reply))
+    if request:
+        overlap = _request_overlap(folded, fold(request))
+        features["request_overlap"] = overlap
+        if overlap >= 0.5:
+            features["repeats_request"] = 1.0
+    return features
+
+
+def _order_features(reply: str) -> dict[str, float]:
+    """Moving on before a request ("ok, now write the tests") asks for something new, not a change."""
+    move_on = cue_spans(reply, "move_on")
+    requests = cue_spans(reply, "imperative") + cue_spans(reply, "request_frame")
+    if move_on and requests and move_on[0][0] <= min(start for start, _ in requests):
+        return {"move_on_then_request": 1.0}
+    return {}
+
+
+def _length_bucket(words: int) -> str:
+    return "0" if words == 0 else "1" if words == 1 else "2-3" if words <= 3 else "4-8" if words <= 8 else "9+"
+
+
+def _request_overlap(folded_reply: str, folded_request: str) -> float:
+    """Share of the reply's words (of three letters or more) that the request also has."""
+    reply_words = {word for word in _WORD.findall(folded_reply) if len(word) >= 3}
+    if not reply_words:
+        return 0.0
+    request_words = set(_WORD.findall(folded_request))
+    return len(reply_words & request_words) / len(reply_words)
+
+
+def _first_clause(reply: str) -> str:
+    return re.split(r"[.!?;,:\n。！？，、]", reply.strip(), maxsplit=1)[0]
+
+
+def _split_at_contrast(reply: str) -> tuple[str, str]:
+    """The reply before and after its first "but" (in any of the languages); no "but": (reply, "")."""
+    spans = cue_spans(reply, "contrast")
+    if not spans:
+        return reply, ""
+    start, end = spans[0]
+    return reply[:start], reply[end:]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_model(items: Iterable[LabelledReply]) -> ReplyModel:
+    """Both heads fitted to the users' replies among `items` (tool outputs are left to the rules)."""
+    replies = [item for item in items if item.role == "user"]
+    rows = [reply_features(item.reply, item.request) for item in replies]
+    vocabulary = {name: index for index, name in enumerate(sorted({name for row in rows for name in row}))}
+    scores = np.eye(len(SCORES))[[SCORES.index(item.score) for item in replies]]
+    directions = np.array([1.0 if item.hint_keywords else 0.0 for item in replies])
+    score_offsets = np.array([score_leaning(item.reply) for item in replies])
+    direction_offsets = np.array([direction_leaning(item.reply) for item in replies])
+    gram = _gram(rows, vocabulary)
+    score_mix = _fit(gram, scores, score_offsets, _softmax)
+    direction_mix = _fit(gram, directions, direction_offsets, _sigmoid)
+    return ReplyModel(vocabulary, _weights(rows, vocabulary, score_mix), _weights(rows, vocabulary, direction_mix))
+
+
+@cache
+def default_model() -> ReplyModel:
+    """The classifier trained on the corpus's tuning part: what the offline judge uses."""
+    return train_model(load_part(TUNING))
+
+
+def _gram(rows: list[dict[str, float]], vocabulary: dict[str, int]) -> np.ndarray:
+    """The replies' gram matrix (features @ features.T).
+
+    Most n-grams occur in one reply only and add to that reply's diagonal entry alone, so only the
+    shared ones go through the matrix product.
+    """
+    replies_with = np.zeros(len(vocabulary), dtype=int)
+    for row in rows:
+        replies_with[[vocabulary[name] for name in row]] += 1
+    shared = {index: column for column, index in enumerate(np.flatnonzero(replies_with > 1))}
+    shared_features = np.zeros((len(rows), len(shared)))
+    own = np.zeros(len(rows))
+    for i, row in enumerate(rows):
+        for name, value in row.items():
+            column = shared.get(vocabulary[name])
+            if column is None:
+                own[i] += value * value
+            else:
+                shared_features[i, column] = value
+    return shared_features @ shared_features.T + np.diag(own)
+
+
+def _fit(gram: np.ndarray, targets: np.ndarray, offsets: np.ndarray, output: Callable) -> np.ndarray:
+    """How much of each reply's features the weights hold (`mix`): a regularised logistic model over
+    fixed `offsets` (the lexicon's leanings), fitted by full-batch gradient descent from zeros.
+
+    There are far more features than replies, so the descent runs in the replies' space: every
+    gradient is a combination of the feature rows, hence the weights are `features.T @ mix` at every
+    step, and the logits `gram @ mix` with the replies' gram matrix (replies x replies). The same
+    steps as in the features' space, at a small fraction of the cost.
+    """
+    mix = np.zeros_like(targets, dtype=np.float64)
+    for _ in range(STEPS):
+        error = output(gram @ mix + offsets) - targets
+        mix -= LEARNING_RATE * (error / len(gram) + L2 * mix)
+    return mix
+
+
+def _weights(rows: list[dict[str, float]], vocabulary: dict[str, int], mix: np.ndarray) -> np.ndarray:
+    """features.T @ mix, row by row: the weights `_fit` describes."""
+    weights = np.zeros((len(vocabulary), *mix.shape[1:]))
+    for row, share in zip(rows, mix, strict=True):
+        columns = [vocabulary[name] for name in row]
+        values = np.array(list(row.values()))
+        weights[columns] += values.reshape(-1, *([1] * (mix.ndim - 1))) * share
+    return weights
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    logits = np.atleast_2d(logits)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def _sigmoid(values: np.ndarray | float) -> np.ndarray | float:
+    return 1.0 / (1.0 + np.exp(-values))

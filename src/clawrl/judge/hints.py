@@ -1,0 +1,171 @@
+"""Directive hints from what the user typed: the clauses that say how the answer should have been.
+
+One candidate per sentence that asks for a change, in any of the corpus's languages:
+
+* an English directive trigger ("don't ...", "without ...", "use ...", "please ...", "make it ...")
+  starts the clause, which runs to the sentence's end, as the rule judge always did:
+  "too AI-like, rewrite it without the bold" gives "Rewrite it without the bold."; "don't", "never",
+  "stop" and "use" count only where they open a clause ("I don't know" asks for nothing);
+* otherwise a request put as a question loses its frame and becomes an imperative: "could you
+  make it shorter?" gives "Make it shorter.", "¿puedes hacerlo más corto?" gives "Hacerlo más
+  corto.", "would you mind making it more polite?" gives "Make it more polite.";
+* otherwise a bare imperative ("ok but drop the last paragraph", "pásamelo en viñetas") starts
+  the clause where it opens one (after the sentence's start, a comma or a lead-in such as "but",
+  "also", "just"), so a verb in the middle of a question ("does the list have ...") is no directive;
+* Chinese and Japanese sentences that ask for a change are kept whole: their request frames come
+  at the end ("短くできますか").
+
+Beside them, the whole reply as one hint (`reply_hint`): every directive sentence as its clause,
+every other sentence as written except those that only praise or thank. A correction often
+lives in more than one sentence ("Could you keep it honest? I contributed, I didn't lead.") or in
+none that asks ("its 40x28 not 45x30"); the clauses alone would lose it.
+
+Nothing here decides whether a reply directs at all: the judge offers these candidates only when
+its classifier reads the reply as a correction (`rule.py`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from clawrl.judge.lexicon import cue_counts, cue_spans, fold
+from clawrl.judge.parsing import MIN_HINT_CHARS
+
+MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
+
+_DIRECTIVE = re.compile(
+    r"\b(?:don't|do not|never|avoid|stop|without|use|please|you should|rewrite it|make it|keep it|i meant)\b",
+    re.IGNORECASE,
+)
+# Triggers that direct only where they open a clause: "don't use bold" does, "I don't know" does not.
+_CLAUSE_OPENERS_ONLY = frozenset({"don't", "do not", "never", "use", "stop"})
+_DIRECTION_CUES = ("complaint", "too", "comparative", "emphasis", "contrast", "request_frame", "imperative")
+_APPROVAL_CUES = ("praise", "thanks", "works", "done", "hesitation", "laughter", "positive_emoji")
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？])|\n+")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
+# Question frames around a request: what is left once they go is the request itself.
+_QUESTION_FRAME = re.compile(
+    r"^(?:(?:so|and|but|ok|okay|also|hmm|hey),?\s+)?(?:"
+    r"(?:could|can|would|will) (?:you|u|ya)(?: please| maybe| perhaps| also| just)?(?: mind)?|cn u|"
+    r"(?:could|can) we(?: maybe| please| also| just)?|do you mind|any chance you could|"
+    r"(?:would it be|is it) possible to|i'?d like you to|i (?:want|need) you to|mind|"
+    r"(?:me |te |le |nos )?(?:lo |la |los |las )?(?:puedes|podr[ií]as|podr[ií]a|podemos)(?: por favor)?|"
+    r"(?:est-ce que )?(?:tu peux|tu pourrais|vous pourriez|vous pouvez|on pourrait|on peut)|pourriez-vous|pourrais-tu|"
+    r"peux-tu|pouvez-vous|est-ce qu'on pourrait|"
+    r"kannst du|k[öo]nntest du|k[öo]nnten sie|k[öo]nnen sie|k[öo]nnen wir|"
+    r"(?:voc[êe] )?(?:pode|podes|poderia|consegue)|d[áa] (?:pra|para)|seria poss[íi]vel|"
+    r"(?:mi )?(?:puoi|potresti|potete|riesci a)|"
+    r"kun je|kan je|kunt u|zou je|wil je|"
+    r"(?:не )?(?:можешь|могли бы вы|мог бы ты|могла бы ты)|можно"
+    r")\s+",
+    re.IGNORECASE,
+)
+_ASKED_OF_THE_ANSWER = re.compile(r"(?:can|could|would|will) (it|this|that|the \w+)(?: maybe| please)? ",
+                                  re.IGNORECASE)
+_GERUNDS = {
+    "making": "make", "adding": "add", "writing": "write", "using": "use", "changing": "change", "removing": "remove",
+    "dropping": "drop", "putting": "put", "including": "include", "mentioning": "mention", "keeping": "keep",
+    "giving": "give", "cutting": "cut", "taking": "take", "rewriting": "rewrite", "shortening": "shorten",
+    "explaining": "explain", "moving": "move", "translating": "translate", "switching": "switch", "saying": "say",
+    "replacing": "replace", "turning": "turn", "toning": "tone", "trimming": "trim", "sending": "send",
+}
+# Words that may stand between a clause boundary and the imperative that opens the clause.
+_LEAD_INS = frozenset(fold(word) for word in (
+    "but", "and", "also", "just", "then", "now", "so", "ok", "okay", "pls", "plz", "please", "wait", "maybe",
+    "though", "tho", "only", "oh", "y", "pero", "también", "solo", "ahora", "et", "mais", "aussi", "juste",
+    "maintenant", "und", "aber", "auch", "nur", "jetzt", "dann", "bitte", "noch", "e", "mas", "só", "agora",
+    "ma", "anche", "adesso", "però", "en", "maar", "ook", "nu", "alleen", "и", "но", "а", "тоже", "только",
+    "теперь", "ещё", "еще", "no", "nah", "nope", "hmm", "sí", "si", "oui", "ja", "sim",
+))
+
+
+def directive_hints(text: str) -> list[str]:
+    """The directive clause of each sentence of `text` (at least MIN_HINT_CHARS long, no repeats, at most MAX_HINTS)."""
+    clauses = [directive_clause(sentence) for sentence in _sentences(text)]
+    usable = [clause for clause in clauses if clause and len(clause) >= MIN_HINT_CHARS]
+    return list(dict.fromkeys(usable))[:MAX_HINTS]
+
+
+def reply_hint(text: str) -> str | None:
+    """The reply as one hint: directive sentences as their clauses, praise and thanks left out, the rest as written."""
+    parts = [directive_clause(sentence) or _as_context(sentence) for sentence in _sentences(text)]
+    hint = " ".join(part for part in parts if part)
+    return hint if len(hint) >= MIN_HINT_CHARS else None
+
+
+def directive_clause(sentence: str) -> str | None:
+    """The part of one sentence that asks for a change, as an imperative sentence; None when it asks for none."""
+    if _CJK.search(sentence):
+        return _as_sentence(sentence) if _asks_for_change(sentence) else None
+    english = _english_trigger(sentence)
+    start = _request_start(sentence)
+    if english is not None and (start is None or english <= start):
+        return _as_sentence(sentence[english:])
+    return _as_sentence(_imperative(sentence[start:])) if start is not None else None
+
+
+def _english_trigger(sentence: str) -> int | None:
+    """Where the first English directive trigger that directs here starts."""
+    for match in _DIRECTIVE.finditer(sentence):
+        if match.group().lower() not in _CLAUSE_OPENERS_ONLY or _opens_clause(sentence[: match.start()]):
+            return match.start()
+    return None
+
+
+def _asks_for_change(sentence: str) -> bool:
+    return any(cue_spans(sentence, name) for name in ("request_frame", "imperative", "too", "comparative", "emphasis"))
+
+
+def _as_context(sentence: str) -> str | None:
+    """A sentence that asks for nothing, kept unless it only praises, thanks or hesitates ("Boa, funcionou!")."""
+    counts = cue_counts(sentence)
+    approves_only = any(counts[name] for name in _APPROVAL_CUES) and not any(counts[name] for name in _DIRECTION_CUES)
+    if approves_only or not re.search(r"\w", sentence):
+        return None
+    return _as_sentence(sentence)
+
+
+def _request_start(sentence: str) -> int | None:
+    """Where the request opens: at a request frame anywhere, or at an imperative that opens a clause."""
+    frames = [start for start, _ in cue_spans(sentence, "request_frame")]
+    verbs = [start for start, _ in cue_spans(sentence, "imperative") if _opens_clause(sentence[:start])]
+    starts = frames + verbs
+    return min(starts) if starts else None
+
+
+def _opens_clause(before: str) -> bool:
+    """Whether a word after `before` opens a clause: nothing, a punctuation mark or up to two lead-ins before it."""
+    for _ in range(3):
+        before = before.rstrip()
+        if not before or before[-1] in ",;:—–-(¿¡\"'«>":
+            return True
+        words = before.split()
+        if fold(words[-1].strip(",.!")) not in _LEAD_INS:
+            return False
+        before = before[: len(before) - len(words[-1])]
+    return False
+
+
+def _imperative(clause: str) -> str:
+    """A request without its question frame: "could you make it shorter" -> "make it shorter"."""
+    clause = clause.lstrip("¿¡ ")
+    subject = _ASKED_OF_THE_ANSWER.match(clause)
+    if subject is not None:  # "can it be shorter" -> "it should be shorter"
+        return f"{subject[1]} should {clause[subject.end():]}"
+    unframed = _QUESTION_FRAME.sub("", clause, count=1)
+    if unframed == clause or not unframed:
+        return clause
+    first, _, rest = unframed.partition(" ")
+    return " ".join(part for part in (_GERUNDS.get(first.lower(), first), rest) if part)
+
+
+def _sentences(text: str) -> list[str]:
+    return [sentence.strip() for sentence in _SENTENCE_END.split(text) if sentence.strip()]
+
+
+def _as_sentence(clause: str) -> str | None:
+    clause = clause.strip().lstrip("¿¡").rstrip(".!?;,:。！？ ")
+    if not clause:
+        return None
+    end = "。" if _CJK.search(clause[-1]) else "."
+    return clause[0].upper() + clause[1:] + end

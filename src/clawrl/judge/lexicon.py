@@ -1,0 +1,379 @@
+"""Cue words of replies to an answer, in the ten languages of the labelled corpus (issue 27).
+
+Each cue names a way people react to an answer: thanking, praising, complaining, asking for a
+change (as a question, a polite request or a bare imperative), moving on to something new,
+asking about the answer, or praising with an edge of sarcasm. The offline judge counts them
+(`cue_counts`) and feeds the counts to its classifier beside the reply's character n-grams: the
+counts carry what a few hundred labelled replies cannot (a praise word the tuning part never
+used still reads as praise), the n-grams carry what the lists miss.
+
+The lists were written from the languages themselves, with the tuning part of the corpus as the
+only labelled guide; the held-out part was never read to extend them. Matching is on folded text
+(`fold`: lower case, accents and other combining marks dropped, typographic apostrophes made
+plain), so "nao" matches "não" and "Kürzer" matches "kurzer". Words match whole (a letter on
+either side breaks the match); Chinese and Japanese cues match anywhere, as those languages put
+no spaces between words. An entry is a regular-expression fragment, folded like the text (so it
+is written in lower case, escapes included: folding would turn an upper-case escape into another).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import cache, lru_cache
+
+_MARKLESS_BELOW = 0x0530  # Latin, Greek and Cyrillic letters end here: below it, accents come off
+# Chinese, Japanese and Korean script: no spaces between words, so cues match inside text.
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+
+CUES: dict[str, tuple[str, ...]] = {
+    "thanks": (
+        r"thanks?", r"thank (?:you|u)", r"thx", r"ty", r"tysm", r"ta", r"cheers", r"much appreciated", r"appreciate it",
+        r"gracias", r"muchas gracias", r"mil gracias", r"muchisimas gracias",
+        r"merci", r"merci beaucoup", r"mille mercis",
+        r"danke", r"dankeschon", r"vielen dank", r"danke schon", r"dank dir",
+        r"obrigad[oa]", r"valeu", r"brigad[oa]",
+        r"grazie", r"grazie mille", r"ti ringrazio",
+        r"dank(?:je|jewel|u)?(?: wel)?", r"bedankt",
+        r"спасибо", r"спс", r"благодарю",
+        r"谢谢", r"多谢", r"感谢", r"谢啦",
+        r"ありがとう", r"ありがと", r"どうも", r"助かりま", r"感謝",
+    ),
+    "praise": (
+        r"perfect(?:ly)?", r"perfct", r"great", r"awesome", r"excellent", r"nice", r"good", r"lovely", r"amazing",
+        r"brilliant", r"fantastic", r"wonderful", r"spot on", r"nailed it", r"love (?:it|this|that)", r"loved it",
+        r"exactly", r"lgtm", r"looks (?:good|great|right|fine)", r"sounds (?:good|great|right|perfect)",
+        r"helpful", r"lifesaver", r"life saver", r"10/10", r"delicious", r"beautiful", r"cool", r"sweet", r"neat",
+        r"solid", r"clear", r"superb", r"gracious", r"genius", r"legend", r"the one", r"just right", r"well done",
+        r"that'?s it", r"bang on", r"dope", r"fab", r"gorgeous", r"beautifully", r"crisp", r"clean",
+        r"perfecto", r"perfecta", r"genial", r"muy bien", r"excelente", r"estupendo", r"precioso", r"preciosa",
+        r"buenisim[oa]", r"justo lo que", r"me encanta", r"me encanto", r"de lujo", r"chulo", r"guay", r"bien",
+        r"parfait", r"parfaite", r"super", r"genial", r"top", r"nickel", r"impeccable", r"tres bien", r"trop bien",
+        r"exactement", r"j'adore", r"magnifique", r"au top", r"niquel", r"canon", r"bravo",
+        r"perfekt", r"toll", r"klasse", r"prima", r"passt", r"genau", r"sehr gut", r"gut", r"mega", r"spitze",
+        r"lecker", r"schick", r"wunderbar", r"hervorragend", r"ausgezeichnet", r"stark", r"geil", r"super",
+        r"perfeito", r"perfeita", r"otimo", r"otima", r"massa", r"boa", r"adorei", r"lindo", r"linda",
+        r"maravilh\w*", r"certinho", r"muito bom", r"muito boa", r"sensacional", r"top",
+        r"perfett[oa]", r"ottim[oa]", r"benissimo", r"bellissim[oa]", r"bell[oa]", r"bravo", r"fantastico",
+        r"esatto", r"chiarissim[oa]", r"grande", r"fico", r"stupendo", r"eccellente",
+        r"perfect", r"prima", r"mooi", r"geweldig", r"lekker", r"precies", r"goed", r"heerlijk", r"helemaal goed",
+        r"отлично", r"супер", r"класс", r"идеально", r"хорошо", r"здорово", r"круто", r"то что нужно", r"норм",
+        r"прекрасно", r"шикарно", r"замечательно", r"огонь", r"топ",
+        r"好的", r"很好", r"完美", r"太好了", r"不错", r"厉害", r"棒", r"满意", r"好极了", r"可以", r"没问题",
+        r"完璧", r"最高", r"いいね", r"素晴らしい", r"ばっちり", r"良い", r"いい感じ", r"さすが", r"美味しかった",
+        r"おいしかった", r"バッチリ", r"大丈夫",
+    ),
+    "works": (
+        r"(?:it|that|this) works", r"works(?: now| great| perfectly| fine)?", r"worked", r"working now",
+        r"(?:up and )?running", r"fixed it", r"that did it", r"did the trick", r"all good", r"passes", r"green",
+        r"funciona\w*", r"ya va", r"anda",
+        r"ca marche", r"ca fonctionne", r"marche (?:bien|nickel|parfaitement)", r"ca a marche",
+        r"funktioniert", r"klappt", r"hat geklappt", r"lauft",
+        r"funcionou", r"funciona", r"deu certo", r"rodou",
+        r"funziona\w*", r"va (?:bene|alla grande)",
+        r"werkt", r"het werkt",
+        r"работает", r"заработало", r"получилось",
+        r"有效", r"成功", r"好用", r"能用",
+        r"動いた", r"できた", r"動きました", r"うまくいき",
+    ),
+    "done": (
+        r"sent", r"sending", r"shipped", r"ship it", r"posted", r"posting", r"done", r"merged", r"deployed", r"submitted",
+        r"booked", r"printed", r"made (?:it|them)(?! up)", r"using (?:it|this)", r"will use", r"i'?ll use", r"saved",
+        r"enviado", r"lo mando", r"mandado", r"listo",
+        r"envoye", r"je l'envoie", r"c'est parti",
+        r"abgeschickt", r"schick (?:ich|es)", r"erledigt",
+        r"enviei", r"mandei", r"feito", r"pronto",
+        r"inviat[oa]", r"la mando", r"lo mando",
+        r"verstuurd", r"gedaan", r"klaar",
+        r"отправил\w*", r"отправлю", r"сделано", r"готово",
+        r"发了", r"已发", r"搞定", r"完成",
+        r"送りました", r"送った", r"送ります", r"完了",
+    ),
+    "move_on": (
+        r"now", r"next", r"moving on", r"another (?:one|thing|question)", r"next step", r"also,", r"ok(?:ay)? now",
+        r"ahora", r"siguiente", r"lo siguiente", r"y ahora", r"otra cosa",
+        r"maintenant", r"ensuite", r"et maintenant", r"autre chose", r"du coup",
+        r"jetzt", r"nun", r"als nachstes", r"dann", r"noch was",
+        r"agora", r"proximo", r"e agora", r"outra coisa",
+        r"adesso", r"ora", r"prossimo", r"poi", r"un'?altra cosa",
+        r"nu", r"volgende", r"en nu",
+        r"теперь", r"дальше", r"следующ\w*", r"а теперь",
+        r"现在", r"接下来", r"下一步", r"然后", r"另外",
+        r"次は", r"じゃあ", r"今度は", r"それでは",
+        # leaving: the user is done with the answer
+        r"bye", r"bye for now", r"(?:i )?(?:have|got|gotta) to go", r"gotta go", r"that'?s (?:all|it|everything)(?: for (?:now|today))?",
+        r"see you", r"good ?night", r"later", r"adios", r"hasta luego", r"nos vemos", r"eso es todo", r"ciao",
+        r"a plus", r"a bientot", r"c'est tout", r"tschuss", r"bis dann", r"bis spater", r"das war'?s", r"tchau",
+        r"ate mais", r"e isso", r"a dopo", r"e tutto", r"doei", r"tot later", r"dat was het", r"пока", r"до свидания",
+        r"на этом всё", r"на этом все", r"再见", r"拜拜", r"就这样", r"またね", r"じゃあね", r"以上です",
+    ),
+    "complaint": (
+        r"wrong", r"incorrect", r"not what i", r"not right", r"not quite", r"doesn'?t work", r"didn'?t work",
+        r"does not work", r"not working", r"still (?:broken|failing|wrong|not|doesn'?t)", r"useless", r"meh", r"ugh",
+        r"bad", r"terrible", r"awful", r"horrible", r"generic", r"boring", r"bland", r"cringe", r"cheesy",
+        r"off", r"way off", r"not even close", r"makes no sense", r"don'?t get it", r"doesn'?t make sense",
+        r"confusing", r"nope", r"nah", r"no way", r"mistake", r"broken", r"nonsense", r"garbage", r"trash",
+        r"lame", r"robotic", r"sounds like (?:a |an )?(?:ai|robot|bot|lawyer|template)", r"not it", r"not helpful",
+        r"doesn'?t feel right", r"missing", r"forgot", r"you (?:forgot|missed|ignored)", r"i said", r"i asked",
+        r"i meant", r"not what i (?:asked|wanted|meant)", r"again", r"hallucinat\w*", r"made (?:that|it) up",
+        r"made up", r"invented", r"never said", r"where did (?:that|this) come from", r"fail\w*", r"error",
+        r"mal", r"no funciona", r"no es (?:eso|asi|lo que)", r"no me convence", r"no me gusta", r"generico",
+        r"cursi", r"aburrido", r"fatal", r"sigue sin", r"otra vez", r"no sirve", r"equivocad[oa]", r"te has inventado",
+        r"he dicho", r"te dije", r"no era eso", r"suena a",
+        r"bof", r"nul", r"pas du tout", r"ne marche pas", r"marche pas", r"ca ne va pas", r"faux", r"banal",
+        r"rien d'original", r"toujours pas", r"ca sonne pas", r"pas ce que", r"je t'ai demande", r"n'importe quoi",
+        r"bizarre", r"c'est pas", r"ce n'est pas",
+        r"falsch", r"funktioniert nicht", r"geht nicht", r"schlecht", r"langweilig", r"fehlt", r"immer noch",
+        r"stimmt nicht", r"passt nicht", r"standardprogramm", r"nicht das", r"nochmal", r"klingt wie", r"so nicht",
+        r"quatsch", r"unsinn", r"ich sagte", r"ich hab doch",
+        r"errado", r"nao funciona", r"ruim", r"sem graca", r"tudo mal", r"nao gostei", r"generico", r"ainda nao",
+        r"nao e isso", r"nao era isso", r"esta mal", r"pessimo", r"eu disse", r"de novo", r"nada a ver",
+        r"sbagliato", r"non funziona", r"non va", r"non mi piace", r"non mi convince", r"non ci siamo",
+        r"non torna", r"noioso", r"banale", r"ancora", r"di nuovo", r"te l'ho detto", r"non e quello", r"boh",
+        r"mah",
+        r"fout", r"klopt niet", r"werkt niet", r"niet goed", r"saai", r"slecht", r"nog steeds", r"niet wat",
+        r"не то", r"неправильно", r"не работает", r"плохо", r"слабо", r"не цепляет", r"ошибка", r"опять", r"снова",
+        r"не так", r"ерунда", r"не подходит", r"я же (?:сказал|просил)\w*", r"скучно",
+        r"不对", r"错了", r"不行", r"不好", r"没用", r"还是不", r"不是我要的", r"我说的是", r"不太对", r"有问题",
+        r"違う", r"ちがう", r"だめ", r"ダメ", r"微妙", r"動かない", r"いまいち", r"エラー", r"って言った",
+    ),
+    "too": (
+        r"too (?:long|short|formal|informal|casual|stiff|wordy|much|many|vague|generic|complicated|basic|cold|dry|"
+        r"brief|small|big|technical|salesy|cheesy|stiff|pushy|polite|rude|aggressive|soft|harsh|simple)",
+        r"way too", r"overly", r"a bit much",
+        r"demasiado", r"muy (?:largo|corto|formal|generico)",
+        r"trop", r"beaucoup trop",
+        r"zu (?:lang|kurz|formell|steif|viel|allgemein|kompliziert|locker|kalt)", r"viel zu",
+        r"muito (?:longo|curto|formal|generico)", r"demais",
+        r"troppo", r"troppa",
+        r"te (?:lang|kort|formeel|veel|vaag)",
+        r"слишком", r"чересчур",
+        r"太长", r"太短", r"太正式", r"太复杂", r"太多",
+        r"長すぎ", r"短すぎ", r"硬すぎ", r"多すぎ",
+    ),
+    "negated_complaint": (
+        r"no complaints?", r"can'?t complain", r"not bad", r"nothing to (?:change|fix|add)", r"wouldn'?t change",
+        r"no changes? needed", r"no notes", r"don'?t change (?:a thing|anything)", r"nothing wrong", r"no problem",
+        r"not a (?:single )?thing to change", r"in a good way", r"none of (?:these|them|this) (?:are|is) bad",
+        r"no need to change", r"leave it as (?:it is|is)", r"keep it as is", r"couldn'?t be better",
+        r"no esta mal", r"nada que cambiar", r"no hace falta cambiar", r"no cambies nada", r"no hay que cambiar",
+        r"ni una pega", r"sin pegas", r"nada que objetar",
+        r"pas mal", r"rien a (?:redire|changer|dire|ajouter)", r"aucun souci", r"ne change rien", r"rien a jeter",
+        r"nicht schlecht", r"nix zu meckern", r"nichts zu meckern", r"passt alles", r"nichts zu andern",
+        r"keine einwande", r"gibt'?s nix", r"gibt es nichts",
+        r"nada a mudar", r"nao muda nada", r"nada mal", r"sem reclamac\w*", r"nao mexe", r"nao precisa mudar",
+        r"non mi dispiace", r"non cambierei", r"niente da (?:dire|cambiare|ridire)", r"non male", r"nulla da",
+        r"niet slecht", r"niks op aan te merken", r"niets aan (?:te )?veranderen", r"niks aan veranderen",
+        r"неплохо", r"не плохо", r"нечего менять", r"без замечаний", r"претензий нет", r"ничего не меняй",
+        r"没什么要改", r"不用改", r"挺好", r"没毛病", r"不需要改",
+        r"悪くない", r"問題ない", r"直すところ(?:は)?ない", r"変えなくて",
+    ),
+    "request_frame": (
+        r"could (?:you|u|we|it|this)", r"can (?:you|u|we|it|this|ya)", r"cn u", r"would (?:you|u) (?:mind|be able)",
+        r"would it be possible", r"is it possible", r"do you mind", r"mind (?:making|adding|changing|removing)",
+        r"please", r"pls", r"plz", r"pleas", r"i'?d (?:like|prefer|rather)", r"i (?:want|need) (?:it|you|the|a|them)",
+        r"i (?:wanted|was hoping for|would like)", r"what i (?:want|wanted|need) (?:is|was)",
+        r"we need", r"it should", r"should (?:be|say|have|mention|use|include)", r"shouldn'?t (?:you|it|this)",
+        r"needs to", r"need(?:s)? (?:it|to)", r"how about", r"what about", r"instead", r"rather than",
+        r"maybe (?:add|say|use|mention|make|drop|remove|change)", r"you might want to", r"better (?:to|if)",
+        r"let'?s", r"any chance", r"make sure",
+        r"puedes", r"podrias", r"podria", r"me lo (?:puedes|podrias)", r"le podrias", r"por favor", r"porfa", r"xfa",
+        r"quiero", r"necesito", r"prefiero", r"mejor", r"en vez de", r"en lugar de", r"seria posible", r"podemos",
+        r"tu peux", r"tu pourrais", r"pourriez-vous", r"vous pourriez", r"pourrais-tu", r"peux-tu", r"on pourrait",
+        r"on peut", r"est-ce qu'on (?:pourrait|peut)", r"s'il te plait", r"s'il vous plait", r"stp", r"svp",
+        r"je veux", r"je voudrais", r"il faut", r"il faudrait", r"plutot", r"au lieu de",
+        r"kannst du", r"konntest du", r"konnten sie", r"konnen sie", r"bitte", r"ich mochte", r"ich will",
+        r"ich brauche", r"lieber", r"statt", r"stattdessen", r"anstatt", r"sollte", r"muss", r"konnen wir",
+        r"pode", r"podes", r"poderia", r"consegue", r"da pra", r"da para", r"por favor", r"pfv", r"pf", r"quero",
+        r"preciso", r"prefiro", r"em vez de", r"ao inves", r"seria possivel", r"sera que (?:da|pode)",
+        r"puoi", r"potresti", r"potete", r"riesci", r"mi (?:fai|faresti|renderesti|metti)", r"per favore", r"vorrei",
+        r"voglio", r"meglio", r"invece di", r"anziche",
+        r"kun je", r"kan je", r"kunt u", r"zou je", r"wil je", r"graag", r"alsjeblieft", r"aub", r"liever",
+        r"in plaats van",
+        r"можешь", r"можно", r"не могли бы", r"не мог бы", r"пожалуйста", r"давай", r"хочу", r"нужно", r"надо",
+        r"лучше", r"вместо",
+        r"能不能", r"可以.{0,12}吗", r"请", r"帮我", r"改成", r"换成", r"不要", r"别", r"麻烦",
+        r"ください", r"してもらえ", r"できますか", r"いただけ", r"にして", r"お願い", r"欲しい", r"ほしい",
+    ),
+    "imperative": (
+        r"add", r"remove", r"drop", r"delete", r"cut", r"make", r"use", r"put", r"change", r"replace", r"swap",
+        r"switch", r"keep", r"include", r"mention", r"say", r"write", r"rewrite", r"shorten", r"explain", r"give",
+        r"list", r"label", r"round", r"fix", r"rename", r"move", r"sort", r"translate", r"check", r"skip", r"avoid",
+        r"don'?t", r"do not", r"stop", r"no more", r"lose the", r"get rid of", r"tone (?:it )?down", r"trim",
+        r"split", r"merge", r"turn (?:it|this) into", r"format", r"show", r"reject", r"ask", r"be (?:more|less)",
+        r"anade", r"agrega", r"pon", r"ponlo", r"ponla", r"quita", r"quitale", r"elimina", r"cambia", r"usa", r"haz",
+        r"hazlo", r"hazla", r"escribe", r"reescribe", r"menciona", r"incluye", r"dame", r"dejalo", r"dejala",
+        r"pasamelo", r"sustituye", r"traduce", r"explica", r"corrige", r"no pongas", r"sin", r"acorta", r"resume",
+        r"ajoute", r"enleve", r"retire", r"supprime", r"mets", r"change", r"utilise", r"fais", r"ecris",
+        r"reecris", r"mentionne", r"inclus", r"donne", r"garde", r"remplace", r"traduis", r"explique", r"corrige",
+        r"raccourcis", r"evite", r"ne mets pas", r"sans", r"precise", r"rajoute",
+        r"fug\w*", r"erganze", r"schreib", r"mach", r"nimm", r"entfern\w*", r"losch\w*", r"streich", r"andere",
+        r"ersetze", r"benutze", r"verwende", r"erwahne", r"gib", r"kurze", r"ubersetze", r"erklar\w*",
+        r"korrigier\w*", r"lass", r"ohne", r"kein", r"keine", r"trag", r"rechne", r"schick",
+        r"adiciona", r"acrescenta", r"coloca", r"poe", r"tira", r"remove", r"troca", r"muda", r"usa", r"faz",
+        r"escreve", r"reescreve", r"menciona", r"inclui", r"deixa", r"substitui", r"traduz", r"explica",
+        r"corrige", r"sem", r"encurta", r"ordena", r"cita", r"retira",
+        r"aggiungi", r"metti", r"togli", r"rimuovi", r"elimina", r"cambia", r"usa", r"fai", r"scrivi", r"riscrivi",
+        r"menziona", r"includi", r"dammi", r"lascia", r"sostituisci", r"traduci", r"spiega", r"correggi",
+        r"accorcia", r"evita", r"senza", r"ricontrolla", r"indica", r"rendila", r"rendilo",
+        r"voeg", r"zet", r"haal", r"verwijder", r"verander", r"gebruik", r"maak", r"schrijf", r"noem", r"geef",
+        r"vervang", r"vertaal", r"leg uit", r"corrigeer", r"zonder", r"vermeld",
+        r"добавь", r"убери", r"удали", r"поменяй", r"замени", r"используй", r"сделай", r"напиши", r"перепиши",
+        r"упомяни", r"включи", r"дай", r"оставь", r"переведи", r"объясни", r"исправь", r"сократи", r"без", r"укажи",
+        r"加上", r"添加", r"删掉", r"删除", r"去掉", r"改一下", r"改成", r"重写", r"提到",
+        r"翻译", r"解释", r"缩短", r"补充",
+        r"追加", r"削除", r"消して", r"変えて", r"使って", r"書いて", r"入れて", r"直して", r"短くして",
+    ),
+    "comparative": (
+        r"shorter", r"longer", r"simpler", r"briefer", r"firmer", r"warmer", r"friendlier", r"more", r"less", r"fewer",
+        r"bigger", r"smaller", r"clearer", r"a bit",
+        r"mas", r"menos", r"un poco",
+        r"plus", r"moins", r"un peu",
+        r"kurzer", r"langer", r"mehr", r"weniger", r"einfacher", r"strenger", r"etwas",
+        r"mais", r"menos", r"um pouco",
+        r"piu", r"meno", r"un po'?",
+        r"korter", r"langer", r"meer", r"minder", r"strenger", r"iets",
+        r"короче", r"длиннее", r"больше", r"меньше", r"проще", r"покороче", r"помягче", r"построже",
+        r"更", r"短一点", r"简短", r"一点",
+        r"もっと", r"もう少し", r"短く", r"長く",
+    ),
+    "contrast": (
+        r"but", r"though", r"tho", r"however", r"except", r"only thing", r"one thing", r"otherwise", r"although",
+        r"pero", r"aunque", r"solo que", r"mais", r"sauf", r"par contre", r"seulement", r"aber", r"allerdings",
+        r"doch", r"mas", r"porem", r"so que", r"ma", r"solo", r"maar", r"alleen", r"но", r"только", r"однако",
+        r"但", r"不过", r"可是", r"けど", r"でも", r"ただ",
+    ),
+    "sarcasm": (
+        r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)", r"(?:great|perfect|wonderful),? now",
+        r"yeah,? right", r"as if", r"very (?:robust|helpful|original|useful)", r"groundbreaking", r"thanks for nothing",
+        r"how original", r"wow", r"definitely", r"i'?m sure", r"in this economy", r"classic", r"sure\.", r"right\.",
+        r"totally", r"genius", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
+        r"bold move", r"love that for me", r"just what i needed",
+        r"gracias por nada", r"que original", r"claro,", r"si, claro", r"como no", r"vaya,", r"menudo",
+        r"bravo", r"merci du conseil", r"ah (?:genial|super|parfait)", r"on dirait vraiment", r"evidemment",
+        r"na toll", r"klar,", r"lauft bei dir", r"wir sind ja", r"super gemacht", r"na super", r"ganz toll",
+        r"e, porque", r"parabens", r"nossa,", r"ah sim",
+        r"eh certo", r"come no", r"ottima idea davvero", r"complimenti", r"certo,", r"geniale", r"ma certo",
+        r"ja hoor", r"lekker dan", r"geweldig hoor", r"tuurlijk",
+        r"ну конечно", r"ага,", r"гениально", r"спасибо, кэп", r"ну да", r"ну спасибо",
+        r"真是太.{0,10}了呢", r"呵呵", r"厉害了", r"真有创意", r"好厉害哦",
+        r"さすがです", r"へえ", r"なるほどね", r"すごいですね",
+    ),
+    "question_word": (
+        r"what", r"how", r"why", r"where", r"when", r"which", r"who", r"is (?:it|this|that|there)",
+        r"are (?:there|they|these)", r"does (?:it|this|that)", r"do (?:i|we|they)", r"can i", r"should i", r"will (?:it|this)",
+        r"what if", r"any idea",
+        r"como", r"por que", r"donde", r"cuando", r"cual", r"y si", r"se puede", r"funciona (?:tambien|igual)",
+        r"qu'est-ce", r"comment", r"pourquoi", r"quand", r"quel\w*", r"est-ce que", r"et si",
+        r"wie", r"warum", r"wo", r"wann", r"welche\w*", r"muss ich", r"geht das", r"und wenn", r"reicht",
+        r"o que", r"onde", r"qual", r"e se",
+        r"cosa", r"perche", r"dove", r"quale", r"si puo", r"devo",
+        r"wat", r"hoe", r"waarom", r"waar", r"wanneer", r"welke", r"moet ik",
+        r"что", r"как", r"почему", r"где", r"когда", r"какой", r"а если", r"считает",
+        r"什么", r"怎么", r"为什么", r"哪", r"多少", r"吗", r"呢",
+        r"何", r"どう", r"なぜ", r"どこ", r"いつ", r"ですか", r"ますか",
+    ),
+    "self_question": (  # the user asks about their own next step, not for a change: a clarifying question
+        r"should i", r"can i", r"do i (?:need|have)", r"is it (?:ok|okay|safe|fine)", r"does (?:it|this|that) (?:work|matter)",
+        r"debo", r"tengo que", r"puedo", r"je dois", r"est-ce que je", r"je peux", r"muss ich", r"soll ich", r"kann ich",
+        r"devo", r"posso", r"moet ik", r"kan ik", r"мне нужно", r"я могу", r"нужно ли", r"要带",
+        r"我需要", r"我可以", r"必要", r"いいですか",
+    ),
+    "emphasis": (  # the user repeats what they asked for, often in capitals (checked apart, `_shouting`)
+        r"i said", r"i asked", r"like i said", r"as i said", r"again:", r"once more", r"for the (?:second|third) time",
+        r"i repeat", r"te he dicho", r"he dicho", r"te dije", r"repito", r"je t'ai (?:dit|demande)", r"je repete",
+        r"ich (?:sagte|hab doch|habe doch)", r"nochmal:", r"eu disse", r"repito", r"te l'ho detto", r"ripeto",
+        r"ik zei", r"я же", r"повторяю", r"我说的是", r"我说了", r"って言った", r"と言いました",
+    ),
+    "actually": (  # a fact set straight: "it's actually a .tsv"
+        r"actually", r"in fact", r"en realidad", r"de hecho", r"en fait", r"eigentlich", r"na verdade", r"in realta",
+        r"eigenlijk", r"на самом деле", r"вообще-то", r"其实", r"実は", r"ではなく", r"じゃなくて", r"而不是", r"不是",
+    ),
+    "this_not_that": (  # "SQL Server, not Postgres", "marta no maria", "41 а не 14"
+        r"[\w.#/-]+,? (?:not|nicht|nich|non|niet|nao|pas|а не|no) (?:the |a |an |el |la |le |il |o |der |die |das )?"
+        r"[\w.#/-]+",
+    ),
+    "hesitation": (  # neither yes nor no yet: "hmm", "huh"
+        r"h+m+", r"hm+", r"huh", r"uh+", r"e+h+", r"m{2,}", r"bueno", r"pues", r"euh", r"bah", r"tja", r"hmpf",
+        r"ehm", r"uhm", r"ну", r"嗯", r"えっと", r"うーん",
+    ),
+    "laughter": (
+        r"lol", r"lmao", r"haha\w*", r"hehe\w*", r"jaja\w*", r"jeje\w*", r"xd", r"mdr", r"kkk+", r"rsrs\w*",
+        r"ahah\w*", r"хаха\w*", r"哈哈+", r"笑", r"ww+", r"😂", r"🤣",
+    ),
+    "positive_emoji": (
+        r"👍", r"👌", r"🙏", r"🔥", r"😍", r"🥰", r"❤", r"💯", r"🙌", r"🎉", r"👏", r"😊", r"😄", r"😁", r"🥂", r"✅",
+        r"😂", r"🤩", r"💪", r"🥲", r"🥺", r"😋", r"✨", r"💖", r"🤗", r"😀", r"🙂", r":\)", r":-\)", r":d", r"<3",
+    ),
+    "negative_emoji": (
+        r"👎", r"😬", r"🤥", r"😒", r"🙄", r"😞", r"😡", r"😤", r"🤦", r"😕", r"😐", r"🤔", r"😩", r"💀", r"😑",
+        r":\(", r":-\(", r"🤨", r"😖", r"🫠",
+    ),
+}
+
+
+def fold(text: str) -> str:
+    """Lower case, accents dropped from Latin, Greek and Cyrillic letters, apostrophes made plain.
+
+    Kana and other scripts keep their marks (the voicing marks of "だめ" are part of the word);
+    compatibility forms (full-width letters, half-width kana) become the usual ones.
+    """
+    return _folded(text)[0]
+
+
+def cue_counts(text: str) -> dict[str, int]:
+    """How many times each cue occurs in `text` (counted on the folded text)."""
+    return dict(_cue_counts(text))
+
+
+def cue_spans(text: str, name: str) -> list[tuple[int, int]]:
+    """Where the cue `name` occurs in `text`: (start, end) of each match, in `text`'s own positions."""
+    return list(_cue_spans(text, name))
+
+
+# A reply's cues are asked for many times over (features, leanings, hints): each is found once.
+@lru_cache(maxsize=4096)
+def _cue_counts(text: str) -> tuple[tuple[str, int], ...]:
+    folded = fold(text)
+    return tuple((name, len(pattern.findall(folded))) for name, pattern in _patterns().items())
+
+
+@lru_cache(maxsize=16384)
+def _cue_spans(text: str, name: str) -> tuple[tuple[int, int], ...]:
+    folded, origins = _folded(text)
+    origins = (*origins, len(text))  # a match may end at the end of the text
+    return tuple((origins[match.start()], origins[match.end()]) for match in _patterns()[name].finditer(folded))
+
+
+@lru_cache(maxsize=4096)
+def _folded(text: str) -> tuple[str, tuple[int, ...]]:
+    """The folded text, and for each of its characters the position in `text` it came from."""
+    pieces = [_folded_char(char) for char in text.replace("\u2019", "'").replace("\u2018", "'")]
+    origins = tuple(position for position, piece in enumerate(pieces) for _ in piece)
+    return "".join(pieces), origins
+
+
+@cache
+def _folded_char(char: str) -> str:
+    decomposed = unicodedata.normalize("NFKD", char)
+    if decomposed and ord(decomposed[0]) < _MARKLESS_BELOW:
+        return "".join(part for part in decomposed if not unicodedata.combining(part)).lower()
+    return unicodedata.normalize("NFKC", char).lower()
+
+
+@cache
+def _patterns() -> dict[str, re.Pattern[str]]:
+    return {name: _compiled(entries) for name, entries in CUES.items()}
+
+
+def _compiled(entries: tuple[str, ...]) -> re.Pattern[str]:
+    """One alternation; word entries bounded by non-letters, CJK entries matching anywhere."""
+    folded = sorted({fold(entry) for entry in entries}, key=len, reverse=True)
+    words = [entry for entry in folded if not _CJK.search(entry) and re.search(r"\w", entry)]
+    anywhere = [entry for entry in folded if entry not in words]
+    alternatives = []
+    if words:
+        alternatives.append(rf"(?<![^\W\d_])(?:{'|'.join(words)})(?![^\W\d_])")
+    if anywhere:
+        alternatives.append(f"(?:{'|'.join(anywhere)})")
+    return re.compile("|".join(alternatives))

@@ -1,0 +1,102 @@
+"""The labelled corpus of replies (issue 27): its split is fixed, and the offline judge is built from the tuning part only.
+
+The two parts were split once, apart from the code; their digests are pinned here, so moving an
+item between them, or editing either, fails this test. The held-out part may be read only by the
+evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
+and the classifier must never see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import clawrl
+from clawrl.judge import classifier
+from clawrl.judge.classifier import default_model, train_model
+from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
+from clawrl.judge.rule import judge_by_rules
+
+DIGESTS = {
+    "tuning.jsonl": "5980f8bc432b7e81d83c9572cde682deb65df66560172635b1b62477524a6f7c",
+    "held_out.jsonl": "31c2c68c4e9dece75cd41e73ad55376027f3c5c0f41cc63c08f742730e66fbba",
+}
+HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
+LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
+
+
+@pytest.mark.parametrize("name", sorted(DIGESTS))
+def test_each_part_is_the_one_split_once(name: str) -> None:
+    assert hashlib.sha256((CORPUS_DIR / name).read_bytes()).hexdigest() == DIGESTS[name]
+
+
+def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
+    tuning, held_out = load_part(TUNING), load_part("held_out")
+    assert (len(tuning), len(held_out)) == (385, 391)
+    assert not {item.id for item in tuning} & {item.id for item in held_out}
+    for item in (*tuning, *held_out):
+        assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)
+        assert (item.hint is None) == (item.hint_keywords is None)
+
+
+def test_nothing_under_src_but_the_simulated_users_names_the_held_out_part() -> None:
+    package = Path(clawrl.__file__).parent
+    readers = {path.relative_to(package) for path in package.rglob("*.py") if re.search(r"held.?out\.jsonl|\"held_out\"",
+                                                                                      path.read_text())}
+    assert readers == HELD_OUT_READERS
+
+
+def test_building_and_running_the_offline_judge_reads_the_tuning_part_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    original = Path.read_text
+
+    def recording(path: Path, *args: object, **kwargs: object) -> str:
+        read.append(path.name)
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", recording)
+    default_model.cache_clear()
+    try:
+        verdict = judge_by_rules([{"role": "user", "content": "Write a note."}], [{"role": "user", "content": "thanks!"}])
+    finally:
+        default_model.cache_clear()  # the next caller builds it again, unrecorded
+    assert verdict == (1, [])
+    assert read == ["tuning.jsonl"]
+
+
+def test_the_classifier_is_trained_deterministically() -> None:
+    items = load_part(TUNING)
+    first, second = train_model(items), train_model(items)
+    assert first.vocabulary == second.vocabulary
+    assert (first.score_weights == second.score_weights).all()
+    assert (first.direction_weights == second.direction_weights).all()
+
+
+def test_the_classifier_learns_what_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trained on replies that call one nonsense word praise and another a complaint, it reads them so."""
+    monkeypatch.setattr(classifier, "LEANING_WEIGHT", 0.0)  # the words only, no lexicon
+    items = [item for item in load_part(TUNING) if item.role == "user"][:40]
+    taught = [replace(item, reply=word, score=score, hint=None, hint_keywords=None)
+              for item in items for word, score in (("blorptastic", 1), ("zwonkish", -1))]
+    model = train_model(taught)
+    assert max(model.score_probabilities("blorptastic", None).items(), key=lambda pair: pair[1])[0] == 1
+    assert max(model.score_probabilities("zwonkish", None).items(), key=lambda pair: pair[1])[0] == -1
+
+
+@pytest.mark.parametrize(
+    ("hint", "keywords", "recalled"),
+    [
+        ("Add that I already called twice.", (("called",), ("twice", "two times")), True),
+        ("Add that I already CALLED two times.", (("called",), ("twice", "two times")), True),
+        ("Add that I called.", (("called",), ("twice", "two times")), False),
+        (None, (("called",),), False),
+    ],
+)
+def test_a_hint_is_recalled_when_every_keyword_group_matches(
+    hint: str | None, keywords: tuple[tuple[str, ...], ...], recalled: bool
+) -> None:
+    assert hint_recalled(hint, keywords) is recalled

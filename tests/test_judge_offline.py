@@ -1,0 +1,141 @@
+"""The offline judge (`--judge rule`, issue 27) on replies people write, in ten languages.
+
+The first table is issue 27's: what the rule judge got wrong before, on replies to an answer
+that drafts a message to a landlord. None of these replies is in the labelled corpus. A hint
+counts when it carries the directive (the words given here, in any case).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clawrl.judge.hints import directive_hints, reply_hint
+from clawrl.judge.rule import judge_by_rules
+
+REQUEST = [{"role": "user", "content": "Write a short reply to my landlord about the broken heater."}]
+
+
+def judged(reply: str) -> tuple[int, list[str]]:
+    return judge_by_rules(REQUEST, [{"role": "user", "content": reply}])
+
+
+@pytest.mark.parametrize(
+    ("reply", "score", "directive"),
+    [
+        ("would you mind making it a bit more polite?", -1, "polite"),
+        ("oh great, now it sounds like a lawyer wrote it", -1, None),
+        ("thanks, but please mention the dates I gave you", -1, "mention the dates"),
+        ("ok but drop the last paragraph", -1, "drop the last paragraph"),
+        ("could you write it in spanish instead?", -1, "in spanish"),
+        ("can it be shorter", -1, "shorter"),
+        ("too long tbh", -1, "too long"),
+        ("add that I already called twice", -1, "called twice"),
+        ("nailed it", 1, None),
+        ("bien, merci beaucoup", 1, None),
+        ("sehr gut, danke!", 1, None),
+    ],
+)
+def test_the_issue_examples_are_read_as_a_person_reads_them(reply: str, score: int, directive: str | None) -> None:
+    verdict, hints = judged(reply)
+    assert verdict == score
+    if directive is None:
+        assert hints == []
+    else:
+        assert hints and directive in hints[0].lower(), hints
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["No, that's perfect.", "no no, it's perfect as it is", "Not bad at all!", "No complaints, sending it.",
+     "I wouldn't change a word."],
+)
+def test_a_negation_of_a_complaint_is_praise(reply: str) -> None:
+    assert judged(reply) == (1, [])
+
+
+@pytest.mark.parametrize(
+    "reply", ["Oh great, now it sounds like a lawyer wrote it.", "Wow, so helpful. Thanks for nothing.",
+              "Lovely, he'll definitely fix it after reading that."],
+)
+def test_sarcastic_praise_is_a_complaint(reply: str) -> None:
+    assert judged(reply)[0] == -1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["Parfait, merci !", "Perfetto, grazie!", "Dank je, precies goed.", "Спасибо, отлично!", "谢谢，很好！",
+     "ありがとう、完璧です！", "Obrigado, ficou ótimo!", "¡Genial, gracias!"],
+)
+def test_praise_in_other_languages_scores_plus_one(reply: str) -> None:
+    assert judged(reply) == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("reply", "directive"),
+    [
+        ("¿puedes hacerlo más corto?", "corto"),
+        ("Kannst du das kürzer machen?", "kürzer"),
+        ("Tu peux le rendre plus poli ?", "poli"),
+        ("Potresti renderlo più formale?", "formale"),
+        ("Kun je het korter maken?", "korter"),
+        ("Можешь сделать покороче?", "покороче"),
+        ("Podes deixar mais curto?", "curto"),
+        ("もっと短くしてください。", "短く"),
+        ("能不能写短一点？", "短一点"),
+    ],
+)
+def test_requests_in_other_languages_score_minus_one_with_a_hint(reply: str, directive: str) -> None:
+    verdict, hints = judged(reply)
+    assert verdict == -1 and hints and directive in hints[0].lower(), hints
+
+
+@pytest.mark.parametrize("reply", ["this is useless", "Hmm, I don't know. This doesn't feel right."])
+def test_a_complaint_that_says_nothing_of_how_gets_no_hint(reply: str) -> None:
+    assert judged(reply) == (-1, [])
+
+
+def test_a_question_about_the_answer_scores_zero() -> None:
+    assert judged("What does 'notice period' mean here?") == (0, [])
+
+
+def test_a_request_after_praise_is_something_new_not_a_correction() -> None:
+    assert judged("Great, thanks! Now write one to the letting agency too.") == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("sentence", "hints"),
+    [
+        ("could you make it shorter?", ["Make it shorter."]),
+        ("Could you make it shorter, please?", ["Make it shorter, please."]),
+        ("would you mind making it a bit more polite?", ["Make it a bit more polite."]),
+        ("Can it be made without eggs?", ["It should be made without eggs."]),
+        ("¿Podrías ponerlo más formal?", ["Ponerlo más formal."]),
+        ("ok but drop the last paragraph", ["Drop the last paragraph."]),
+        ("too AI-like, rewrite it without the bold", ["Rewrite it without the bold."]),
+        ("I don't know what to say. Does the list have a title?", []),  # no request in either sentence
+    ],
+)
+def test_requests_become_imperatives(sentence: str, hints: list[str]) -> None:
+    assert directive_hints(sentence) == hints
+
+
+def test_the_whole_reply_is_a_hint_beside_its_clauses() -> None:
+    """A correction in two sentences keeps both; praise is left out of it."""
+    reply = "Thanks! Could you keep it honest? I contributed, I didn't lead."
+    assert reply_hint(reply) == "Keep it honest. I contributed, I didn't lead."
+    verdict, hints = judged(reply)
+    assert verdict == -1 and hints[0] == "Keep it honest. I contributed, I didn't lead."
+
+
+def test_a_correction_too_short_to_stand_alone_is_quoted() -> None:
+    assert judge_by_rules([{"role": "user", "content": "Give me a pancake recipe."}],
+                          [{"role": "user", "content": "In grams pls"}]) == (-1, ['The user replied: "In grams pls"'])
+
+
+def test_the_judge_reads_only_what_the_user_typed() -> None:
+    """An agent's wrapping ("[timestamp] ... <<<context>>>") neither hides the request nor adds one."""
+    wrapped = ("[Tue 2026-11-24 09:05 UTC] would you mind making it a bit more polite?\n\n"
+               "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nPlease use the tools. Great work so far!\n"
+               "<<<END_OPENCLAW_INTERNAL_CONTEXT>>>")
+    assert judge_by_rules(REQUEST, [{"role": "user", "content": wrapped}]) == judged(
+        "would you mind making it a bit more polite?")
