@@ -189,7 +189,9 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     engine = build_engine(engine_config)
     if args.engine != "hf":  # the server starts an hf engine itself; a vLLM server is started here, before the clock
         asyncio.run(engine.start())
-    judge = build_worker(store, JudgeConfig(judge_poll_s=0.05), engine, engine_config)
+    # the offline judge, whatever the model: it reads the teaching client's correction and thanks the same
+    # way on every shape (a random-weight model judging itself would publish nothing)
+    judge = build_worker(store, JudgeConfig(judge="rule", judge_poll_s=0.05), engine, engine_config)
     train_config = TrainConfig(method="combine", batch_size=args.batch_size, micro_batch_size=args.batch_size, train_poll_s=0.1)
     with ServerThread(engine, store, ServeConfig(port=free_port(), served_model_name=SERVED_NAME), judge) as server:
         root = server.base_url.removesuffix("/v1")
