@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from clawrl.model.folders import build_once
 
 # safetensors' names for the dtypes a checkpoint holds
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
@@ -57,9 +57,7 @@ def shared_weights(source: str | Path, dtype: torch.dtype, device: torch.device,
     if stored_dtypes(model_dir) <= {dtype}:
         return str(source)
     target = Path(cache_dir) / CONVERTED_VERSION / f"{model_dir.name}-{_key(model_dir, dtype)}"
-    if not target.is_dir():
-        _convert(model_dir, dtype, target)
-    return str(target)
+    return str(build_once(target, lambda staging: _convert(model_dir, dtype, staging)))
 
 
 def _key(model_dir: Path, dtype: torch.dtype) -> str:
@@ -71,27 +69,16 @@ def _key(model_dir: Path, dtype: torch.dtype) -> str:
     return digest.hexdigest()[:16]
 
 
-def _convert(model_dir: Path, dtype: torch.dtype, target: Path) -> None:
-    """Write the converted copy beside `target` and rename it into place: a reader never sees half of it,
-    and when several processes convert at once the first rename wins."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        for path in model_dir.iterdir():
-            if path.suffix == ".safetensors":
-                tensors = load_file(path)
-                converted = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
-                save_file(converted, staging / path.name, metadata={"format": "pt"})
-            elif path.is_file():
-                shutil.copy2(path, staging / path.name)
-        _set_config_dtype(staging / "config.json", dtype)
-        staging.chmod(0o755)
-        os.rename(staging, target)
-    except OSError:
-        if not target.is_dir():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def _convert(model_dir: Path, dtype: torch.dtype, staging: Path) -> None:
+    """Write `model_dir` with its floating-point weights in `dtype` into `staging`."""
+    for path in model_dir.iterdir():
+        if path.suffix == ".safetensors":
+            tensors = load_file(path)
+            converted = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in tensors.items()}
+            save_file(converted, staging / path.name, metadata={"format": "pt"})
+        elif path.is_file():
+            shutil.copy2(path, staging / path.name)
+    _set_config_dtype(staging / "config.json", dtype)
 
 
 def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:

@@ -28,15 +28,13 @@ whenever anything here changes what is built, so stale caches are not reused.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from clawrl.model.folders import build_once
 from clawrl.sim.corpus import build_corpus
 
 TINY_VERSION = "tiny-v2"  # v2: heads of 32 dimensions (vLLM)
@@ -199,25 +197,6 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
 
 
 def tiny_model_path(cache_dir: Path, seed: int = 0) -> Path:
-    """Return ``cache_dir / "tiny-v2-seed{seed}"``, building the model there first if missing.
-
-    The model is built in a temporary sibling directory and renamed into place, so a reader
-    never sees a half-written directory. When several processes build at once, the first rename
-    wins and the others discard their copy.
-    """
-    target = Path(cache_dir) / f"{TINY_VERSION}-seed{seed}"
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        build_tiny_model(staging, seed)
-        staging.chmod(0o755)  # mkdtemp makes it owner-only; the cache should read like any directory
-        os.rename(staging, target)
-    except OSError:
-        # Renaming onto an existing, non-empty directory fails: another builder won the race.
-        if not target.is_dir():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    """Return ``cache_dir / "tiny-v2-seed{seed}"``, building the model there first if missing
+    (`build_once`: never seen half-written, one winner when processes build at once)."""
+    return build_once(Path(cache_dir) / f"{TINY_VERSION}-seed{seed}", lambda staging: build_tiny_model(staging, seed))
