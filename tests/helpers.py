@@ -349,11 +349,16 @@ def healthz(base: str) -> dict[str, Any] | None:
         return None
 
 
-def wait_for_judgment(store: Store, turn_id: str) -> Any:
-    """The judgment of `turn_id` once the judge has recorded it; fails after 30 s."""
-    deadline = time.monotonic() + 30
+def wait_for_judgment(store: Store, turn_id: str, timeout: float = 30) -> Any:
+    """The judgment of `turn_id` once the judge has recorded it; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
     while (judgment := store.judgment(turn_id)) is None:
-        assert time.monotonic() < deadline, f"turn {turn_id} was never judged"
+        if time.monotonic() >= deadline:
+            case = store.turn_context(turn_id)
+            raise AssertionError(
+                f"turn {turn_id} was never judged ({case.turn.kind}, finish {case.turn.finish_reason}, "
+                f"next state {case.next_messages!r:.500}, answer {case.turn.response_text!r:.200})"
+            )
         time.sleep(0.05)
     return judgment
 

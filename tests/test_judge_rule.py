@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from clawrl.judge.rule import rule_hints, rule_score
+from clawrl.judge.rule import judge_by_rules, rule_hints, rule_score
 
 TRACEBACK = """Traceback (most recent call last):
   File "/tmp/run.py", line 3, in <module>
@@ -161,3 +161,35 @@ def test_no_directive_or_too_short_gives_no_hint(reply: str) -> None:
 
 def test_tool_results_give_no_hint() -> None:
     assert rule_hints(tool(TRACEBACK)) == []
+
+
+# OpenClaw's three notes when an answer showed the user nothing (openclaw 2026.9.6,
+# src/agents/embedded-agent-runner/run/incomplete-turn-recovery.ts), as it sends them: timestamped,
+# then its context block as a message of its own.
+OPENCLAW_RETRY_NOTES = [
+    "The previous attempt did not produce a user-visible answer. Continue from the current state and produce the "
+    "visible answer now. Do not restart from scratch.",
+    "The previous assistant turn recorded reasoning but did not produce a user-visible answer. Continue from that "
+    "partial turn and produce the visible answer now. Do not restate the reasoning or restart from scratch.",
+    "The previous assistant turn completed its tool calls but did not produce a user-visible answer. Continue from "
+    "the current transcript and produce the final user-visible answer now. Do not repeat completed tool calls or "
+    "restart from scratch. Tools are unavailable in this step: it is a text-only pass, so reply with plain text and "
+    "do not attempt any tool call.",
+]
+
+
+@pytest.mark.parametrize("note", OPENCLAW_RETRY_NOTES)
+def test_an_agents_retry_note_is_a_failed_answer_without_a_hint(note: str) -> None:
+    """The note is the agent's, not the user's: the empty answer failed, and "Do not restart from
+    scratch." is no correction to distil (it also cost the judge a scoring pass per candidate over
+    OpenClaw's 23K-token prompt)."""
+    request = [{"role": "user", "content": "[Wed 2026-11-25 12:51 UTC] Plan a day in Lyon for me."}]
+    context = {"role": "user", "content": "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>\nworkspace\n<<<END_OPENCLAW_INTERNAL_CONTEXT>>>"}
+    retry = [{"role": "user", "content": f"[Wed 2026-11-25 12:52 UTC] {note}"}, context]
+    assert judge_by_rules(request, retry) == (-1, [])
+
+
+def test_a_user_who_mentions_the_previous_attempt_is_still_read() -> None:
+    request = user("Plan a day in Lyon for me.")
+    score, hints = judge_by_rules(request, user("the previous attempt was better, go back to it"))
+    assert score == -1 and hints

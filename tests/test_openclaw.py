@@ -183,7 +183,9 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
         sessions = {session.id: store.session_turns(session.id) for session in store.list_sessions()}
         for turns in sessions.values():
             for entry in turns[:-1]:
-                wait_for_judgment(store, entry.turn.id)
+                # Picking among hints scores OpenClaw's ~23K-token prompt once per candidate (about
+                # 6 s each on one idle core): wait as long as the judge's own limit for one turn.
+                wait_for_judgment(store, entry.turn.id, timeout=judge.judge_timeout_s)
         (tmp_path / "requests.jsonl").write_text(  # what OpenClaw sent, for whoever reads a failure
             "".join(json.dumps({"messages": e.turn.messages, "tools": e.turn.tools, "sampling": e.turn.sampling}) + "\n"
                     for turns in sessions.values() for e in turns)  # fmt: skip

@@ -82,6 +82,21 @@ _WRAPPER_BLOCKS = re.compile(
 )
 
 
+# What an agent sends in the user's place when an answer showed the user nothing (the model
+# stopped at once, or wrote only reasoning or only tool calls): OpenClaw asks again with "The
+# previous attempt did not produce a user-visible answer. Continue from ..." (three variants). It
+# says the answer failed; its words are the agent's instructions, not the user's, so no judge may
+# read them as a correction to learn from.
+_AGENT_RETRY_NOTE = re.compile(
+    r"^The previous (?:attempt|assistant turn)\b[^\n]{0,120}?\bdid not produce a user-visible answer\b", re.IGNORECASE
+)
+
+
+def is_agent_retry_note(text: str) -> bool:
+    """Is `text` (as `user_typed` leaves it) an agent's note that the previous answer showed nothing?"""
+    return bool(_AGENT_RETRY_NOTE.match(text.strip()))
+
+
 def user_typed(message: Message, previous: Message | None = None) -> str:
     """The text the user authored in `message`, without the wrapping their agent added.
 

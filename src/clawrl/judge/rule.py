@@ -19,6 +19,10 @@ follows the PRM rubric: an error in a tool result, or a user who corrects, rejec
   the answer should have been; a correction with no directive clause in it ("it's Mr. Romero, not
   Ms.") is its own hint. Overlap-guided selection (`judge/selection.py`) picks among several.
 
+An agent's own note asking again after an answer that showed the user nothing (OpenClaw's "The
+previous attempt did not produce a user-visible answer ...") is -1 with no hint: the answer
+failed, and the note's words are the agent's, not a correction by the user.
+
 Everything reads only what the user typed (`messages.user_typed`): a timestamp, a context block
 or a memory section that the user's agent wrapped around "thanks, perfect" must neither hide the
 thanks nor make the reply look like a restatement of the request it shares the wrapping with.
@@ -32,7 +36,7 @@ from typing import Any
 
 from clawrl.judge.classifier import ReplyModel, default_model
 from clawrl.judge.hints import MAX_HINTS, directive_hints, reply_hint
-from clawrl.messages import content_text, user_typed
+from clawrl.messages import content_text, is_agent_retry_note, user_typed
 from clawrl.types import Message
 
 RESTATEMENT_JACCARD = 0.6
@@ -81,6 +85,8 @@ def judge_by_rules(
         {"role": "user", "content": user_typed(message, request)} if message["role"] == "user" else message
         for message in next_state_messages
     ]
+    if replies and all(is_agent_retry_note(user_typed(message, request)) for message in replies):
+        return -1, []  # the agent asked again because the answer showed the user nothing; no user words to hint with
     model = model or default_model()
     score = rule_score(reply, previous_user_text=previous_text, model=model)
     return score, judged_hints(_user_text(reply), score, previous_text, model)
