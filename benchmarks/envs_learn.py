@@ -4,7 +4,8 @@ For each arm and seed: `clawrl serve` in a subprocess with the family's tiny age
 (`clawrl.sim.agents`), `--method rl` and the rule judge; then rounds of
 
     evaluate: every eval task of the micro split, K episodes each, played as side turns
-              (never trained on), temperature 1, the same episode seeds in every round and arm
+              (never trained on), temperature 1, the same episode seeds in every round and arm of
+              a seed, other ones for each seed (`eval_seed` = 777 + seed)
     train:    G rollouts of each of N train tasks through the server (recorded, judged, turned
               into GRPO samples by the trainer), then wait until the trainer has trained every
               full batch and serving answers with the newest version
@@ -15,7 +16,10 @@ and a last evaluation. Arms differ only in the step reward:
     outcome     r_t = outcome * gamma^(T-1-t)                    (--step-judge-coef 0)
 
 Intervals: a two-level bootstrap over seeds and eval episodes; arms of one seed are paired
-episode by episode (same tasks, same seeds). Trainer settings: the chat learning benchmark's for
+episode by episode (same tasks, same seeds). Each seed plays its own eval episodes, so the seeds
+are independent samples (before, all shared seed 777 and the bootstrap counted one baseline sample
+three times). A difference's interval (`gain_ci`, the paired one) is the wider of that bootstrap and
+a Student-t interval over the per-seed differences (`clawrl.sim.stats.paired_difference`). Trainer settings: the chat learning benchmark's for
 `rl` (full fine-tuning, KL 0.3), batch 16, and the learning rate picked on tuning seed 100 among
 1e-4, 2e-4 and 5e-4 (the report seeds are 10-12; the terminal family was not tuned at all).
 
@@ -70,10 +74,15 @@ async def play(base_url: str, env: EnvConfig, split: str, planned: list[PlannedE
         return await run_rollouts(lambda: make_environment(env), policies, planned, config)
 
 
-def eval_plan(env: EnvConfig, samples: int) -> list[PlannedEpisode]:
-    """Every eval task, `samples` times, with seeds fixed for the whole benchmark."""
+def eval_seed(seed: int) -> int:
+    """The episode seed of a run's evaluations: the same in every round and arm of `seed`, other for each seed."""
+    return 777 + seed
+
+
+def eval_plan(env: EnvConfig, samples: int, seed: int) -> list[PlannedEpisode]:
+    """Every eval task, `samples` times, with episode seeds fixed for every round and arm of `seed`."""
     tasks = asyncio.run(make_environment(env).tasks("eval"))
-    config = RolloutConfig(policy="oracle", episodes=len(tasks) * samples, group_size=samples, seed=777)
+    config = RolloutConfig(policy="oracle", episodes=len(tasks) * samples, group_size=samples, seed=eval_seed(seed))
     return plan_episodes(tasks, config)
 
 
@@ -93,7 +102,7 @@ def run_arm(arm: str, seed: int, family: str, args: argparse.Namespace, out: Pat
     env = micro_env_config(family)
     model_dir = agent_model_path(env.cache_dir, family)
     run_dir = out / f"{family}-{arm}-seed{seed}"
-    evaluation = eval_plan(env, args.eval_samples)
+    evaluation = eval_plan(env, args.eval_samples, seed)
     train_tasks = asyncio.run(make_environment(env).tasks("train"))
     port = free_port()
     curve: list[dict[str, Any]] = []
@@ -117,7 +126,7 @@ def run_arm(arm: str, seed: int, family: str, args: argparse.Namespace, out: Pat
             wait_for_samples(episodes, timeout_s=300)
             settle(agent, training, args.train_flags["batch_size"], timeout_s=600)
         agent.close()
-    return {"arm": arm, "seed": seed, "family": family, "curve": curve}
+    return {"arm": arm, "seed": seed, "family": family, "eval_seed": eval_seed(seed), "curve": curve}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,7 +144,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             points.append({"round": round_number, "eval_reward": mean([mean(g) for g in groups]), "ci": [low, high]})
         first = {seed: curve[0]["outcomes"] for seed, curve in curves.items()}
         last = {seed: curve[rounds - 1]["outcomes"] for seed, curve in curves.items()}
-        summary["arms"][arm] = {"seeds": sorted(curves), "curve": points, "gain": paired_difference(last, first)}
+        gain = paired_difference(last, first)
+        summary["arms"][arm] = {"seeds": sorted(curves), "curve": points, "gain": gain, "gain_ci": gain["ci"] if gain else None}
     if {"integrated", "outcome"} <= set(by_arm):
         finals = {arm: {seed: curve[-1]["outcomes"] for seed, curve in by_arm[arm].items()} for arm in ("integrated", "outcome")}
         summary["paired"]["integrated-outcome"] = paired_difference(finals["integrated"], finals["outcome"])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from clawrl.config import BenchConfig, parse_seeds
+from clawrl.sim.metrics import t_interval, wider
 from clawrl.sim.report import write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import (
@@ -50,8 +51,11 @@ def test_pairing_is_per_prompt_and_per_seed() -> None:
     assert paired_groups(first, second) == {0: [1.0, 0.0, 0.0, 0.0], 1: [0.0, 1.0, 1.0, 0.0]}  # seed 5: one arm only
     difference = paired_difference(first, second)
     assert difference["mean"] == pytest.approx((0.25 + 0.5) / 2) and difference["seeds"] == 2
-    low, high = difference["ci"]
+    low, high = difference["bootstrap_ci"]
     assert 0 <= low <= difference["mean"] <= high <= 1
+    # two seeds that disagree (0.25 and 0.5): the t-interval (t = 12.7 with one degree of freedom) is the wider
+    assert difference["t_ci"] == pytest.approx([0.375 - 12.706 * 0.125, 0.375 + 12.706 * 0.125])
+    assert difference["ci"] == difference["t_ci"]
     assert paired_difference(first, second) == difference  # deterministic
     assert paired_difference(first, second, seed=1)["mean"] == difference["mean"]
     with pytest.raises(ValueError):
@@ -170,3 +174,15 @@ def test_merging_runs_of_another_user_or_the_same_arm_twice_is_refused(tmp_path:
         result = subprocess.run([sys.executable, "-m", "clawrl.cli", "bench", "merge", *map(str, dirs),
                                  "--out", str(tmp_path / "merged")], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_interval_over_seeds_is_the_t_interval_and_the_reported_one_the_wider() -> None:
+    assert t_interval([0.1, 0.2, 0.3]) == pytest.approx((0.2 - 4.303 * 0.1 / 3**0.5, 0.2 + 4.303 * 0.1 / 3**0.5))
+    assert t_interval([0.4]) is None  # one seed says nothing of how runs vary
+    assert wider((0.0, 0.1), (0.0, 0.3)) == (0.0, 0.3) and wider((0.0, 0.3), (0.1, 0.2)) == (0.0, 0.3)
+    assert wider((0.0, 0.1), None) == (0.0, 0.1)
+    # seeds that agree exactly: the t-interval has width 0 and the bootstrap (prompts resampled) stands
+    same = {seed: [True, False, True, True] for seed in range(3)}
+    base = {seed: [False, False, True, True] for seed in range(3)}
+    difference = paired_difference(same, base)
+    assert difference["t_ci"] == pytest.approx([0.25, 0.25]) and difference["ci"] == difference["bootstrap_ci"]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from clawrl.envs.sandbox import sandbox_available
+from clawrl.sim.metrics import wider
 
 ROOT = Path(__file__).resolve().parent.parent
 UNAVAILABLE = sandbox_available()
@@ -58,5 +59,7 @@ def test_the_learning_benchmark_summarises_curves_gains_and_the_paired_arms() ->
     assert all(low <= point["eval_reward"] <= high for point in curve for low, high in [point["ci"]])
     gain = summary["arms"]["integrated"]["gain"]
     assert gain["mean"] == 0.5 and gain["seeds"] == 2 and gain["ci"][0] > 0
+    assert summary["arms"]["integrated"]["gain_ci"] == gain["ci"] == list(wider(tuple(gain["bootstrap_ci"]), tuple(gain["t_ci"])))
+    assert len({envs_learn.eval_seed(seed) for seed in (10, 11, 12)}) == 3  # each seed its own eval episodes
     assert summary["paired"]["integrated-outcome"]["mean"] == 0.25
     assert "integrated-outcome: +0.250" in envs_learn.table(summary)

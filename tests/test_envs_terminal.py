@@ -18,7 +18,7 @@ from clawrl.envs.protocol import Action
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.terminal import TerminalEnv, load_tasks
-from clawrl.envs.terminal_tasks import generate_tasks, generated_tasks_dir
+from clawrl.envs.terminal_tasks import EVAL_WORDS, TRAIN_WORDS, generate_tasks, generated_tasks_dir
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 HAS_GIT = shutil.which("git") is not None
@@ -66,6 +66,38 @@ def test_the_generator_writes_at_least_30_harbor_task_folders(tasks_dir: Path, t
                for task in tasks.values())  # fmt: skip
     if HAS_GIT:
         assert any(re.search(r"message `[^`]+ [^`]+`", text) for text in instructions)
+
+
+def task_text(task_dir: Path) -> str:
+    """Everything a task shows or holds: instruction, solution, tests and every workspace file (and path)."""
+    files = sorted(p for p in task_dir.rglob("*") if p.is_file() and ".git" not in p.parts)
+    text = "\n".join(p.relative_to(task_dir).as_posix() + "\n" + p.read_bytes().decode("utf-8", "replace") for p in files)
+    return text.replace("Harbor", "")  # the task format's name in the Dockerfile's and test.sh's comments, not a task's
+
+
+def test_no_name_an_eval_task_uses_occurs_in_any_training_task(tasks_dir: Path) -> None:
+    """A gain on eval must not be a name recalled from training: the splits draw from separate pools."""
+    assert not set(EVAL_WORDS) & set(TRAIN_WORDS)
+    tasks = load_tasks(tasks_dir).values()
+    eval_text = "\n".join(task_text(task.path) for task in tasks if task.split == "eval")
+    train_text = "\n".join(task_text(task.path) for task in tasks if task.split == "train")
+    eval_names = {word for word in EVAL_WORDS if re.search(rf"\b{word}\b", eval_text, re.IGNORECASE)}
+    assert len(eval_names) >= 15  # the eval tasks do use the pool
+    assert not [word for word in EVAL_WORDS if re.search(rf"\b{word}\b", train_text, re.IGNORECASE)]
+    assert {word for word in TRAIN_WORDS if re.search(rf"\b{word}\b", train_text)}
+
+
+def test_no_two_eval_tasks_of_a_template_that_names_things_ask_the_same(tasks_dir: Path) -> None:
+    """The benchmark's eval tasks (TERMINAL_MICRO) once held "Copy lumen.conf to backup/..." twice."""
+    by_template: dict[str, list[str]] = {}
+    for task in load_tasks(tasks_dir).values():
+        if task.split == "eval":
+            by_template.setdefault(task.id.rsplit("-", 1)[0], []).append(task.instruction)
+    named = {template: texts for template, texts in by_template.items()
+             if any(re.search(rf"\b{word}\b", text) for word in EVAL_WORDS for text in texts)}  # fmt: skip
+    assert {"files-mkdir_write", "files-backup_copy", "archives-gzip_file"} <= set(named)
+    for template, texts in named.items():
+        assert len(set(texts)) == len(texts), template
 
 
 @needs_sandbox

@@ -89,6 +89,10 @@ def test_nothing_next_scores_zero() -> None:
         "tests/test_login.py ....F....\n\n=================== FAILURES ===================",
         "curl: (6) Could not resolve host: api.example.com",
         "Found 2 errors.",
+        "CMake Error at CMakeLists.txt:1 (cmake_minimum_required):\n  CMake 3.24 or higher is required.",
+        "ERROR 1054 (42S22) at line 1: Unknown column 'customer_id' in 'field list'",
+        'HTTP 401 Unauthorized\n{"message": "missing api key"}',
+        "#N/A",
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:
@@ -103,6 +107,8 @@ def test_errors_in_tool_results_score_minus_one(result: str) -> None:
         "Wrote 120 bytes to notes.md",
         "14 passed, 0 failed in 0.42s",
         "Found 0 errors.",
+        "Error handling docs generated in site/errors.html",
+        "HTTP/1.1 200 OK\ncontent-type: application/json",
     ],
 )
 def test_successful_tool_results_score_plus_one(result: str) -> None:
@@ -111,6 +117,7 @@ def test_successful_tool_results_score_plus_one(result: str) -> None:
 
 def test_a_run_that_did_nothing_scores_zero() -> None:
     assert rule_score(tool("collected 0 items\n\n===== no tests ran in 0.01s =====")) == 0
+    assert rule_score(tool("")) == 0  # printed nothing: no sign either way
 
 
 def test_a_failed_call_among_several_results_scores_minus_one() -> None:

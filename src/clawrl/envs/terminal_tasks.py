@@ -12,7 +12,10 @@ Each task is a folder any Harbor-style runner can read:
 Categories: files, text, permissions, archives and git. Every template is played in `VARIANTS`
 variants with different names and contents; the first `EVAL_VARIANTS` of each template are the
 eval split, the others train, so eval asks for the same skills on material the model has not seen
-(several variants per template, so that an eval measures the skill rather than one set of names). Git tasks are
+(several variants per template, so that an eval measures the skill rather than one set of names).
+The two splits draw their names from separate pools (`EVAL_WORDS`, `TRAIN_WORDS`): no name an eval
+task uses occurs in any training task, so a gain on eval is not a name recalled from training; and
+no two eval tasks have the same instruction. Git tasks are
 generated only when git is installed (the sandbox sees the host's /usr, and preparing a
 repository needs git here): on a machine without git the other tasks are the same ones.
 
@@ -37,12 +40,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GENERATOR_VERSION = 5  # bump when the tasks change, so caches of the old set are not reused
+GENERATOR_VERSION = 6  # bump when the tasks change, so caches of the old set are not reused
 VARIANTS = 6
 EVAL_VARIANTS = 3
 REWARD_FILE = "/logs/verifier/reward.txt"
-WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
-          "lumen", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sierra", "tundra", "umber", "violet")
+EVAL_WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper", "kestrel",
+              "lumen", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "sierra", "tundra", "umber", "violet")
+TRAIN_WORDS = ("amber", "birch", "cobalt", "dune", "elm", "falcon", "glacier", "hazel", "iris", "jasper", "kelp",
+               "lagoon", "mesa", "nimbus", "opal", "prairie", "quill", "reef", "saffron", "thistle", "upland", "willow")
+WORDS = EVAL_WORDS + TRAIN_WORDS  # every name the built-in tasks use (made-up demonstrations avoid them all)
+_MAX_REDRAWS = 20
 _DOCKERFILE = """\
 # For Docker-based runners (Harbor); clawrl's sandbox uses workspace/ directly and ignores this file.
 FROM debian:bookworm-slim
@@ -85,23 +92,40 @@ def generated_tasks_dir(cache_dir: Path, seed: int) -> Path:
 
 
 def generate_tasks(
-    out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str, ...] = (), words: Sequence[str] = WORDS
+    out_dir: Path, seed: int, with_git: bool, prefixes: tuple[str, ...] = (), words: Sequence[str] | None = None
 ) -> list[Path]:
     """Write every task folder under `out_dir` (only those whose id starts with one of `prefixes`, when given).
 
-    `words` are the names the tasks' files, directories and contents are made of: the built-in set
-    uses `WORDS`; another pool gives the same skills on other names (the tiny agent's demonstrations).
+    `words` are the names the tasks' files, directories and contents are made of: by default eval
+    tasks use `EVAL_WORDS` and training tasks `TRAIN_WORDS`; a pool given here serves both splits
+    (the same skills on other names: the tiny agent's demonstrations).
     """
     written = []
     for category, name, template in _TEMPLATES:
         if (category == "git" and not with_git) or not f"{category}-{name}-".startswith(prefixes or ""):
             continue
+        instructions: set[str] = set()
         for variant in range(VARIANTS):
-            rng = random.Random(f"terminal:{seed}:{name}:{variant}")
+            split = "eval" if variant < EVAL_VARIANTS else "train"
+            pool = words if words is not None else EVAL_WORDS if split == "eval" else TRAIN_WORDS
+            spec = _distinct_variant(template, pool, f"terminal:{seed}:{name}:{variant}", instructions)
             task_dir = out_dir / f"{category}-{name}-{variant}"
-            _write_task(task_dir, template(rng, words), category, "eval" if variant < EVAL_VARIANTS else "train", seed)
+            _write_task(task_dir, spec, category, split, seed)
             written.append(task_dir)
     return written
+
+
+def _distinct_variant(
+    template: Callable[[random.Random, Sequence[str]], TaskSpec], words: Sequence[str], key: str, seen: set[str]
+) -> TaskSpec:
+    """The template's variant for `key`, drawn again (with a numbered key) while its instruction repeats one in `seen`."""
+    spec = template(random.Random(key), words)
+    for redraw in range(1, _MAX_REDRAWS + 1):
+        if spec.instruction not in seen:
+            break
+        spec = template(random.Random(f"{key}:{redraw}"), words)
+    seen.add(spec.instruction)
+    return spec
 
 
 def made_up_task(prefixes: tuple[str, ...], rng: random.Random, words: Sequence[str]) -> TaskSpec:

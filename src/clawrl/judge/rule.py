@@ -51,7 +51,10 @@ _TOOL_ERROR = re.compile(
     r"|\bfailed:|\btest failed\b|\bbuild failed\b|\bcould not resolve\b|\bcannot stat\b|\bcannot (?:open|find|access)\b"
     r"|\btoo many requests\b|\brate limit(?:ed)? exceeded\b|\[emerg\]|\binvalid option\b|\bundefined reference\b"
     r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
-    r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:",
+    r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:"
+    # a line that opens with the word ("CMake Error at ...", "ERROR 1054 (42S22): ..."), an HTTP
+    # client or server error status, a spreadsheet's error value
+    r"|^\s*(?:\w+ )?(?:error|fatal)(?= at\b| \d| ?\(| ?\[)|\bHTTP(?:/[\d.]+)? [45]\d\d\b|^\s*#(?:N/?A|NV|VALUE!|REF!|DIV/0!|NAME\?)\s*$",
     re.IGNORECASE | re.MULTILINE,
 )
 _EXIT_CODE = re.compile(
@@ -106,8 +109,8 @@ def rule_score(
     user_text = _user_text(next_state_messages)
     if user_text:
         return _user_score(user_text, previous_user_text, model or default_model())
-    if tool_results and all(_TOOL_DID_NOTHING.search(result) for result in tool_results):
-        return 0
+    if tool_results and all(_TOOL_DID_NOTHING.search(result) or not result.strip() for result in tool_results):
+        return 0  # ran and did nothing, or printed nothing at all: no sign either way
     return 1 if tool_results else 0
 
 

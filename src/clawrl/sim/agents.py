@@ -86,7 +86,7 @@ from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.swe import SWEEnv
 from clawrl.envs.swe_generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
 from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
-from clawrl.envs.terminal_tasks import GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
+from clawrl.envs.terminal_tasks import EVAL_WORDS, GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
 from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
 from clawrl.envs.web.env import WebEnv
 from clawrl.envs.web.oracle import oracle_reply
@@ -545,7 +545,7 @@ def opening_drill(tokenizer: PreTrainedTokenizerFast, rng: random.Random, tools:
     where the solving habit, and the typo habit, copy. The benchmark's names (`WORDS`) never appear.
     """
     words: list[str] = []
-    while len(words) < len(WORDS):
+    while len(words) < len(EVAL_WORDS):  # a pool as large as one split's
         if (name := made_up_name(rng, letters=rng.random() < 0.5)) not in WORDS and name not in words:
             words.append(name)
     spec = made_up_task(TERMINAL_MICRO, rng, words)

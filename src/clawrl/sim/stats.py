@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from clawrl.sim.metrics import bootstrap_ci, mean
+from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
 
 # The pairs the report gives a paired difference for (first minus second), when both arms ran.
 PAIRS = (
@@ -41,20 +41,27 @@ def paired_groups(first: Mapping[int, Sequence[bool | float]], second: Mapping[i
 
 def paired_difference(first: Mapping[int, Sequence[bool | float]], second: Mapping[int, Sequence[bool | float]],
                       resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
-    """Mean over seeds of the per-seed mean difference first − second, with a paired bootstrap interval.
+    """Mean over seeds of the per-seed mean difference first − second, with an interval that holds.
 
-    The interval resamples seeds, then, within each chosen seed, the shared held-out prompts, each
-    drawn prompt carrying both arms' outcomes (`metrics.bootstrap_ci` over the per-prompt
-    differences). Deterministic given `seed`. None when no seed has both arms.
+    Two intervals, and `ci` is the wider: a paired bootstrap that resamples seeds, then, within
+    each chosen seed, the shared held-out prompts, each drawn prompt carrying both arms' outcomes
+    (`metrics.bootstrap_ci` over the per-prompt differences); and a Student-t interval over the
+    per-seed mean differences (`metrics.t_interval`). With few seeds the bootstrap can only draw
+    a handful of seed sets and is too narrow when the seeds disagree; the t-interval says so.
+    Deterministic given `seed`. None when no seed has both arms.
     """
     groups = paired_groups(first, second)
     if not groups:
         return None
-    low, high = bootstrap_ci(list(groups.values()), resamples, level, seed)
+    per_seed = {s: mean(group) for s, group in groups.items()}
+    bootstrap = bootstrap_ci(list(groups.values()), resamples, level, seed)
+    over_seeds = t_interval(list(per_seed.values()))
     return {
-        "mean": mean([mean(group) for group in groups.values()]),
-        "ci": [low, high],
-        "per_seed": {str(s): mean(group) for s, group in groups.items()},
+        "mean": mean(list(per_seed.values())),
+        "ci": list(wider(bootstrap, over_seeds)),
+        "bootstrap_ci": list(bootstrap),
+        "t_ci": list(over_seeds) if over_seeds else None,
+        "per_seed": {str(s): value for s, value in per_seed.items()},
         "seeds": len(groups),
     }
 
