@@ -1,7 +1,10 @@
 """The labelled corpus of replies (issue 27): its split is fixed, and the offline judge is built from the tuning part only.
 
-The two parts were split once, apart from the code; their digests are pinned here, so moving an
-item between them, or editing either, fails this test. The held-out part may be read only by the
+The two parts are fixed; their digests are pinned here, so moving an item between them, or editing
+either, fails this test. Second edition (issue 27): the first held-out part (391 items, split from
+the same writing as the tuning part) had its judge errors read once, so it joined the tuning part;
+the held-out part now is 416 replies written afterwards by another writer who saw neither the code
+nor the corpus, and whose figures were measured once, after the judge was built. The held-out part may be read only by the
 evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
 and the classifier must never see it.
 """
@@ -22,8 +25,8 @@ from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
 DIGESTS = {
-    "tuning.jsonl": "5980f8bc432b7e81d83c9572cde682deb65df66560172635b1b62477524a6f7c",
-    "held_out.jsonl": "31c2c68c4e9dece75cd41e73ad55376027f3c5c0f41cc63c08f742730e66fbba",
+    "tuning.jsonl": "07c02d2930323aebe8afaeade6ce0374f849efc77cd4c0d1d6dc3136311fd9bb",
+    "held_out.jsonl": "0591ce9eab48c11f9dbbef2dfc707fbbba6af51b8b48d20710b032b5f18e350e",
 }
 HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
@@ -36,7 +39,7 @@ def test_each_part_is_the_one_split_once(name: str) -> None:
 
 def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
     tuning, held_out = load_part(TUNING), load_part("held_out")
-    assert (len(tuning), len(held_out)) == (385, 391)
+    assert (len(tuning), len(held_out)) == (776, 416)
     assert not {item.id for item in tuning} & {item.id for item in held_out}
     for item in (*tuning, *held_out):
         assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)

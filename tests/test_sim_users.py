@@ -24,8 +24,10 @@ from clawrl.sim.corpus import Problem
 from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import (
     COMPLAINT_STYLES,
+    PERSONAS,
     PRAISE_STYLES,
     STUDENT,
+    STUDENT_STRICT,
     TEACHER,
     Cue,
     Intent,
@@ -37,7 +39,10 @@ from clawrl.sim.users import (
     has_markup,
     held_out_reactions,
     is_warm,
+    on_topic,
     problems,
+    result_correct,
+    satisfies,
     student_satisfied,
     teacher_satisfied,
 )
@@ -411,9 +416,64 @@ def test_the_scripted_voice_speaks_only_the_evaluation_pool() -> None:
                    for text in (*persona.pretraining.complaints(), *persona.pretraining_praise_next,
                                 *persona.pretraining_praise_done)}
     rng = random.Random(0)
-    for persona in (STUDENT, TEACHER):
+    for persona in PERSONAS.values():
         for intent in Intent:
             if intent is Intent.CORRECT_STEPS and not persona.evaluation.step_corrections:
                 continue
+            if intent is Intent.CORRECT_RESULT and not persona.evaluation.result_corrections:
+                continue  # only the strict student checks the result
             for _ in range(10):
                 assert ScriptedVoice().say(Cue(intent, persona, "", None), rng) not in pretraining
+
+
+# --------------------------------------------------------------------------- correctness beside the style
+
+CARDS = Problem(
+    question="A shop puts 11 cards in every pack. How many cards are in 12 full packs?",
+    steps=("Each pack has 11 cards.", "12 packs hold 12 × 11 = 132 cards."),
+    answer="132 cards",
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "about_it", "right"),
+    [
+        ("Each pack has 11 cards, so 12 packs hold 12 × 11 = 132 cards.", True, True),
+        ("Each pack has 11 cards, so 12 packs hold 12 × 11 = 122 cards.", True, False),  # on topic, wrong sum
+        ("So the answer is 132.", True, True),  # terse, but the question's answer
+        ("2 × 2 + 2 × 6 = 22 m", False, False),  # seen after training in the demo: a perimeter, not the cards
+        ("10 × 3 = 305. That gives 30.", False, False),
+        ("There are 1,320 cards... no: 12 × 11 = 132.", True, True),
+    ],
+)
+def test_an_answer_is_on_topic_when_it_uses_the_problems_numbers_and_right_when_it_ends_on_the_result(
+    answer: str, about_it: bool, right: bool
+) -> None:
+    assert on_topic(answer, CARDS) is about_it
+    assert result_correct(answer, CARDS) is right
+
+
+def test_no_user_is_satisfied_by_a_stylish_answer_to_another_problem_and_each_says_so() -> None:
+    off_topic = "First, 4 + 5 = 9. Then 9 × 2 = 18. So the answer is 18."  # plain, every step: the student's style
+    assert student_satisfied(off_topic, CARDS) and not satisfies(STUDENT, off_topic, CARDS)
+    for persona in PERSONAS.values():
+        user = UserSession(persona, [CARDS, CUPCAKES], random.Random(0))
+        user.first_message()
+        reply = user.react(off_topic)
+        assert not reply.done and reply.text in [text.format(question=CARDS.question)
+                                                 for text in persona.evaluation.topic_corrections]
+        assert CARDS.question in reply.text and user.first_attempts == [False]
+
+
+def test_the_strict_student_wants_the_style_and_the_right_result() -> None:
+    wrong = "Each pack has 11 cards. So 12 packs hold 12 × 11 = 122 cards."
+    right = "Each pack has 11 cards. So 12 packs hold 12 × 11 = 132 cards."
+    assert STUDENT.satisfied(wrong, CARDS) and not STUDENT_STRICT.satisfied(wrong, CARDS)
+    assert STUDENT_STRICT.satisfied(right, CARDS)
+    user = UserSession(STUDENT_STRICT, [CARDS, CUPCAKES], random.Random(0))
+    user.first_message()
+    complaint = user.react(wrong)
+    assert complaint.text in STUDENT_STRICT.evaluation.result_corrections and user.first_attempts == [False]
+    assert user.react(right).text.endswith(CUPCAKES.question)  # satisfied: thanks, then the next problem
+    # the strict student is no pre-training persona: the tiny model's corpus is what it was
+    assert STUDENT_STRICT.pretraining == STUDENT.pretraining and not STUDENT.evaluation.result_corrections

@@ -560,9 +560,10 @@ class BenchConfig(_Settings):
         Path("runs/bench-learn"),
         description="Output directory: results.json, report.md, learning.png, and one run directory per arm and seed.",
     )
-    persona: Literal["student", "teacher"] = Field(
+    persona: Literal["student", "teacher", "student-strict"] = Field(
         "student",
-        description="Simulated user: `student` (every step, no bold or numbered lists) or `teacher` (detailed, warm).",
+        description="Simulated user: `student` (every step, no bold or numbered lists), `teacher` (detailed, warm) "
+        "or `student-strict` (the student's style and the right result).",
     )
     model: str = Field(
         "tiny-pretrained",

@@ -108,7 +108,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"на этом всё", r"на этом все", r"再见", r"拜拜", r"就这样", r"またね", r"じゃあね", r"以上です",
     ),
     "complaint": (
-        r"wrong", r"incorrect", r"not what i", r"not right", r"not quite", r"doesn'?t work", r"didn'?t work",
+        r"wrong", r"incorrect", r"not what i", r"thanks for nothing", r"gracias por nada", r"merci pour rien", r"not right", r"not quite", r"doesn'?t work", r"didn'?t work",
         r"does not work", r"not working", r"still (?:broken|failing|wrong|not|doesn'?t)", r"useless", r"meh", r"ugh",
         r"bad", r"terrible", r"awful", r"horrible", r"generic", r"boring", r"bland", r"cringe", r"cheesy",
         r"off", r"way off", r"not even close", r"makes no sense", r"don'?t get it", r"doesn'?t make sense",
@@ -142,9 +142,10 @@ CUES: dict[str, tuple[str, ...]] = {
         r"brief|small|big|technical|salesy|cheesy|stiff|pushy|polite|rude|aggressive|soft|harsh|simple)",
         r"way too", r"overly", r"a bit much",
         r"demasiado", r"muy (?:largo|corto|formal|generico)",
-        r"trop", r"beaucoup trop",
+        # "trop" and "demais" alone also intensify praise ("trop bien", "fofinho demais")
+        r"trop (?:long|longue|court|courte|formel|formelle|familier|vague|technique|compliqu\w*|sec|froid)", r"beaucoup trop",
         r"zu (?:lang|kurz|formell|steif|viel|allgemein|kompliziert|locker|kalt)", r"viel zu",
-        r"muito (?:longo|curto|formal|generico)", r"demais",
+        r"muito (?:longo|curto|formal|generico)", r"(?:longo|longa|curto|curta|formal|complicad\w|tecnic\w) demais",
         r"troppo", r"troppa",
         r"te (?:lang|kort|formeel|veel|vaag)",
         r"слишком", r"чересчур",
@@ -246,7 +247,7 @@ CUES: dict[str, tuple[str, ...]] = {
     "sarcasm": (
         r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)", r"(?:great|perfect|wonderful),? now",
         r"yeah,? right", r"as if", r"very (?:robust|helpful|original|useful)", r"groundbreaking", r"thanks for nothing",
-        r"how original", r"wow", r"definitely", r"i'?m sure", r"in this economy", r"classic", r"sure\.", r"right\.",
+        r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", r"sure\.", r"right\.",
         r"totally", r"genius", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
         r"bold move", r"love that for me", r"just what i needed",
         r"gracias por nada", r"que original", r"claro,", r"si, claro", r"como no", r"vaya,", r"menudo",

@@ -51,7 +51,9 @@ from clawrl.sim.models import resolve_model
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
-from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems
+from clawrl.sim.users import (
+    PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, on_topic, problems, result_correct, satisfies,
+)
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 
@@ -200,8 +202,14 @@ def evaluate(agent: Agent, persona: Persona, work: Workload, system_prompt: str,
 
     with ThreadPoolExecutor(max_workers=len(work.heldout)) as pool:
         answers = list(pool.map(answer, range(len(work.heldout))))
-    outcomes = [persona.satisfied(text, problem) for text, (_, problem) in zip(answers, work.heldout, strict=True)]
-    return Evaluation(session, version, outcomes, answers[0])
+    asked = [problem for _, problem in work.heldout]
+    return Evaluation(
+        session, version,
+        outcomes=[persona.satisfied(text, problem) for text, problem in zip(answers, asked, strict=True)],
+        example=answers[0],
+        on_topic=[on_topic(text, problem) for text, problem in zip(answers, asked, strict=True)],
+        correct=[result_correct(text, problem) for text, problem in zip(answers, asked, strict=True)],
+    )
 
 
 def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int,
@@ -217,7 +225,7 @@ def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int,
         reply = agent.complete(messages, seed=request_seed(seed, turn))
         messages.append({"role": "assistant", "content": reply.text})
         if truths is not None:
-            truths[reply.turn_id] = user.persona.satisfied(reply.text, user.problem)
+            truths[reply.turn_id] = satisfies(user.persona, reply.text, user.problem)
         message = user.react(reply.text)
         messages.append({"role": "user", "content": message.text})
         continued.append(reply.turn_id)

@@ -31,7 +31,7 @@ from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.styles import Style, render
-from clawrl.sim.users import PERSONAS, STUDENT, TEACHER, Persona, evaluation_hints, problems
+from clawrl.sim.users import PERSONAS, PRETRAINING_PERSONAS, STUDENT, TEACHER, Persona, evaluation_hints, problems
 
 Chat = list[dict[str, str]]
 
@@ -106,7 +106,7 @@ def ask(persona: Persona, question: str, rng: random.Random) -> str:
 def default_chat(rng: random.Random) -> Chat:
     """A question with no instruction, answered in the default style mix."""
     problem = problems(rng, 1)[0]
-    persona = rng.choice(list(PERSONAS.values()))
+    persona = rng.choice(PRETRAINING_PERSONAS)
     return [*_start(rng), {"role": "user", "content": ask(persona, problem.question, rng)},
             {"role": "assistant", "content": render(default_style(rng), problem, rng)}]
 
@@ -131,7 +131,7 @@ def hinted_chat(rng: random.Random) -> Chat:
 
 def corrected_chat(rng: random.Random) -> Chat:
     """A session as the simulated users play it: complaints are followed, praise moves on."""
-    persona = rng.choice(list(PERSONAS.values()))
+    persona = rng.choice(PRETRAINING_PERSONAS)
     asked = problems(rng, rng.randint(1, 2))
     messages = [*_start(rng), {"role": "user", "content": ask(persona, asked[0].question, rng)}]
     for index, problem in enumerate(asked):

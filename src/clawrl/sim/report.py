@@ -2,14 +2,18 @@
 
 `results.json` has one entry per arm under `arms`: `baseline` and `final` (mean held-out
 preference score over seeds, before the first session and after the last), `ci` (95% bootstrap
-interval of `final`), `sessions_to_align` (median over seeds; null when most seeds never aligned),
+interval of `final`), `on_topic_baseline`/`on_topic_final` and `correct_baseline`/`correct_final`
+(the shares of held-out answers that use the problem's numbers, and whose last number is the
+reference result: correctness beside the style the score measures; with `on_topic_ci`,
+`correct_ci`), `sessions_to_align` (median over seeds; null when most seeds never aligned),
 `upstream_sessions_to_align` (the figure upstream reported for the matching method, if any),
 `judge` (the judge against the user's hidden ground truth), `training` (trained arms: staleness,
 samples dropped as stale, importance weights), and the per-seed figures and score curves behind
 them. Beside them: `report_seeds` (this run's seeds outside the tuning seeds), `tuning_seeds`,
 `catch_up`, `user_noise`, `hint_strings_shared_with_pretraining`, `judge_agreement` (pooled over
 every run) and `paired["<a>-<b>"]` = `{mean, ci, per_seed, seeds}`, the paired difference a − b
-of the final held-out scores (``clawrl.sim.stats``).
+of the final held-out scores (``clawrl.sim.stats``), with `on_topic`, `correct` and `correct_ci`:
+the same difference of the correctness shares.
 """
 
 from __future__ import annotations
@@ -51,6 +55,30 @@ def median_sessions(values: Sequence[int | None]) -> float | None:
     return None if low is None or high is None else (low + high) / 2
 
 
+def _share_over_seeds(runs: Sequence[RunResult], which: str, when: str) -> float | None:
+    """Mean over seeds of an evaluation's share (`on_topic_share`, `correct_share`); None if not measured."""
+    shares = [getattr(getattr(run, when), which) for run in runs]
+    return None if any(share is None for share in shares) else mean(shares)
+
+
+def _share_ci(runs: Sequence[RunResult], which: str) -> list[float] | None:
+    """The bootstrap interval of the final evaluation's per-prompt `which` (on_topic, correct)."""
+    groups = [[float(ok) for ok in getattr(run.final, which)] for run in runs]
+    return list(bootstrap_ci(groups)) if all(groups) else None
+
+
+def correctness(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """The shares of held-out answers about the problem asked and with the right result, before and after."""
+    return {
+        "on_topic_baseline": _share_over_seeds(runs, "on_topic_share", "baseline"),
+        "on_topic_final": _share_over_seeds(runs, "on_topic_share", "final"),
+        "on_topic_ci": _share_ci(runs, "on_topic"),
+        "correct_baseline": _share_over_seeds(runs, "correct_share", "baseline"),
+        "correct_final": _share_over_seeds(runs, "correct_share", "final"),
+        "correct_ci": _share_ci(runs, "correct"),
+    }
+
+
 def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
     aligned = [sessions_to_align(run.session_satisfied, ALIGN_WINDOW) for run in runs]
     low, high = bootstrap_ci([[float(ok) for ok in run.final.outcomes] for run in runs])
@@ -59,6 +87,7 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
         "baseline": mean([run.baseline.score for run in runs]),
         "final": mean([run.final.score for run in runs]),
         "ci": [low, high],
+        **correctness(runs),
         "sessions_to_align": median_sessions(aligned),
         "upstream_sessions_to_align": UPSTREAM_SESSIONS_TO_ALIGN.get(runs[0].arm),
         "judge": judge_agreement([pair for run in runs for pair in run.judged]),
@@ -83,6 +112,21 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
         "example_before": runs[0].baseline.example,
         "example_after": runs[0].final.example,
     }
+
+
+def paired_with_correctness(arms: Mapping[str, Sequence[RunResult]]) -> dict[str, dict[str, Any]]:
+    """The paired differences of the final held-out scores, each with the same difference of the
+    on-topic and the correct shares beside it (`on_topic`, `correct`: mean and `ci`; `correct_ci`)."""
+    finals = {which: {arm: {run.seed: getattr(run.final, which) for run in arm_runs} for arm, arm_runs in arms.items()
+                      if all(getattr(run.final, which) for run in arm_runs)}
+              for which in ("outcomes", "on_topic", "correct")}  # fmt: skip
+    paired = paired_differences(finals["outcomes"])
+    for which in ("on_topic", "correct"):
+        for name, difference in paired_differences(finals[which]).items():
+            if name in paired:
+                paired[name][which] = {"mean": difference["mean"], "ci": difference["ci"]}
+                paired[name][f"{which}_ci"] = difference["ci"]
+    return paired
 
 
 def write_report(config: BenchConfig, train_flags: Mapping[str, dict[str, Any]], runs: Sequence[RunResult],
@@ -116,8 +160,7 @@ def write_report(config: BenchConfig, train_flags: Mapping[str, dict[str, Any]],
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
         "arms": {arm: {**summarize_arm(arm_runs, config.sessions), "train_flags": train_flags.get(arm)}
                  for arm, arm_runs in arms.items()},
-        "paired": paired_differences({arm: {run.seed: run.final.outcomes for run in arm_runs}
-                                      for arm, arm_runs in arms.items()}),
+        "paired": paired_with_correctness(arms),
     }
     out = Path(config.out)
     text = json.dumps(results, indent=1) + "\n"
@@ -194,6 +237,25 @@ def report_table(results: dict[str, Any]) -> str:
             f"{minutes:.1f} |"
         )
     return "\n".join(lines)
+
+
+def correctness_table(results: dict[str, Any]) -> str:
+    """Beside the style score: the shares of held-out answers on the problem asked and with the right result."""
+    lines = ["| arm | on topic before | after | 95% CI after | right result before | after | 95% CI after |",
+             "|---|---|---|---|---|---|---|"]
+    for name, arm in results["arms"].items():
+        if arm.get("on_topic_final") is None:
+            continue
+        lines.append(
+            f"| {ARM_LABELS.get(name, name)} | {arm['on_topic_baseline']:.2f} | **{arm['on_topic_final']:.2f}** | "
+            f"{_interval(arm['on_topic_ci'])} | {arm['correct_baseline']:.2f} | **{arm['correct_final']:.2f}** | "
+            f"{_interval(arm['correct_ci'])} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _interval(bounds: Sequence[float] | None) -> str:
+    return f"[{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else "n/a"
 
 
 def _upstream_text(arm: str) -> str:
@@ -273,6 +335,10 @@ def report_card(results: dict[str, Any], command: str) -> str:
         "",
         report_table(results),
         "",
+        *(["Correctness beside the style: the share of held-out answers about the problem asked (they use at least two "
+           "of its numbers) and the share whose last number is the reference result. The score above measures style "
+           "only (the strict student's excepted).", "", correctness_table(results), ""]
+          if correctness_table(results) else []),
         "Upstream's sessions to align (OpenClaw-RL: Hybrid, GRPO, OPD, Mem0) were measured with another model and "
         "another user; they place these figures, they are not a like-for-like comparison.",
         "",
@@ -303,17 +369,30 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
+    figure, (axes, correct_axes) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
+    colors = {}
     for name, arm in results["arms"].items():
         sessions = range(len(arm["curve"]))
         (line,) = axes.step(sessions, arm["curve"], where="post", label=ARM_LABELS.get(name, name), linewidth=2)
         axes.fill_between(sessions, arm["curve_low"], arm["curve_high"], step="post", alpha=0.15, color=line.get_color())
+        colors[name] = line.get_color()
     axes.set_xlabel("sessions with the simulated user")
     axes.set_ylabel("held-out preference score")
     axes.set_ylim(-0.02, 1.02)
     axes.set_title(f"Learning the {results['persona']}'s preference ({results['seeds']} seeds)")
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize=8)
+    # Second panel: correctness beside the style, before and after (a line per arm and measure)
+    for name, arm in results["arms"].items():
+        for which, style in (("on_topic", "-"), ("correct", ":")):
+            if arm.get(f"{which}_final") is not None:
+                correct_axes.plot([0, 1], [arm[f"{which}_baseline"], arm[f"{which}_final"]], style, marker="o",
+                                  color=colors[name], label=f"{name}: {which.replace('_', ' ')}")
+    correct_axes.set_xticks([0, 1], ["before", "after"])
+    correct_axes.set_ylim(-0.02, 1.02)
+    correct_axes.set_ylabel("share of held-out answers")
+    correct_axes.set_title("On the problem asked (solid), right result (dotted)")
+    correct_axes.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -18,10 +18,22 @@ class Evaluation:
     version: int
     outcomes: list[bool]  # one per held-out prompt: did the answer satisfy the preference?
     example: str  # the answer to the first held-out prompt
+    # Correctness beside the style, per held-out prompt (`users.on_topic`, `users.result_correct`);
+    # empty in runs recorded before they were measured
+    on_topic: list[bool] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
 
     @property
     def score(self) -> float:
         return sum(self.outcomes) / len(self.outcomes)
+
+    @property
+    def on_topic_share(self) -> float | None:
+        return sum(self.on_topic) / len(self.on_topic) if self.on_topic else None
+
+    @property
+    def correct_share(self) -> float | None:
+        return sum(self.correct) / len(self.correct) if self.correct else None
 
 
 @dataclass
@@ -55,7 +67,8 @@ class RunResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunResult:
         """A run back from `to_json` (runs.json), e.g. to report runs made by several invocations together."""
-        evaluations = [Evaluation(e["session"], e["version"], list(e["outcomes"]), e["example"])
+        evaluations = [Evaluation(e["session"], e["version"], list(e["outcomes"]), e["example"],
+                                  list(e.get("on_topic", [])), list(e.get("correct", [])))
                        for e in data["evaluations"]]
         return cls(data["arm"], data["seed"], evaluations, list(data["session_satisfied"]), data.get("versions", 0),
                    data.get("seconds", 0.0), [(int(score), bool(truth)) for score, truth in data.get("judged", [])],

@@ -5,7 +5,14 @@ Two personas ask grade-school word problems and react to the answers the way peo
 * the **student** wants every step shown, but no bold, headings or numbered lists: an answer
   like that is "too AI-like";
 * the **teacher** wants answers detailed enough for a child (at least ``TEACHER_MIN_WORDS``
-  words) with a few warm, encouraging words.
+  words) with a few warm, encouraging words;
+* the **strict student** (``student-strict``) wants the student's style *and* the right result.
+
+Whatever the preference, an answer about another problem (``on_topic``: it uses fewer than two of
+the question's numbers) satisfies nobody: every user says so ("that's a different problem, not
+mine") and asks again (issue 28). The held-out score stays the persona's preference, reported
+beside two shares of correctness that no persona's score hides: answers on topic, and answers whose
+last number is the reference result (``result_correct``).
 
 The preference is hidden from the model: it only ever sees the user's reactions ("thanks!",
 "too AI-like, rewrite it without the bold", the question asked again, "done"). The preference
@@ -18,7 +25,7 @@ the question asked again, up to ``max_retries`` times, then the user gives up an
 session ends with a "done" message after the last problem or at the turn limit. A noisy user
 (``UserSession``'s rates, all 0 by default) sometimes says nothing when satisfied, complains
 without saying why, moves on without complaining, or is wrong about the answer; what the benchmark
-scores stays ``persona.satisfied``. *How* the user says it is the voice's job: ``ScriptedVoice``
+scores stays ``persona.satisfied``, and the user's truth ``satisfies``. *How* the user says it is the voice's job: ``ScriptedVoice``
 picks from the phrasings below (what the CPU benchmark uses), ``LLMVoice`` asks a language model behind any OpenAI-compatible endpoint to
 write the message in character (for real models on a GPU).
 
@@ -42,7 +49,7 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from enum import Enum
 from typing import Protocol
@@ -89,6 +96,36 @@ def shows_every_step(answer: str, problem: Problem) -> bool:
     return equations(answer) >= max(1, equations(" ".join(problem.steps)))
 
 
+_ANY_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def numbers_in(text: str) -> list[str]:
+    """The numbers written in `text`, in order, without thousands separators ("1,200" is "1200")."""
+    return [number.replace(",", "").rstrip(".") for number in _ANY_NUMBER.findall(text)]
+
+
+def on_topic(answer: str, problem: Problem) -> bool:
+    """Is the answer about the problem asked? It uses at least two of the question's numbers (all, if
+    fewer), or it ends on the right result ("So the answer is 38." answers the question, if tersely).
+
+    What a person notices first: "2 × 2 + 2 × 6 = 22 m" is no answer to "11 cards in every pack,
+    how many in 12 packs?", however well it is laid out.
+    """
+    asked = set(numbers_in(problem.question))
+    return len(asked & set(numbers_in(answer))) >= min(2, len(asked)) or result_correct(answer, problem)
+
+
+def result_correct(answer: str, problem: Problem) -> bool:
+    """Is the answer's last number the reference result? ("... = 63. So the answer is 63." is.)"""
+    written, expected = numbers_in(answer), numbers_in(problem.answer)
+    return bool(written and expected) and float(written[-1]) == float(expected[0])
+
+
+def student_strict_satisfied(answer: str, problem: Problem) -> bool:
+    """The student's style, on the problem asked, with the right result."""
+    return student_satisfied(answer, problem) and on_topic(answer, problem) and result_correct(answer, problem)
+
+
 def word_count(text: str) -> int:
     return len(_WORD.findall(text))
 
@@ -118,9 +155,13 @@ class Requests:
     step_corrections: tuple[str, ...]  # the first complaint about an answer whose only fault is missing working
     repeated_corrections: tuple[str, ...]  # when the rewrite is still not right
     reasks: tuple[str, ...]  # the question again, with a nudge; "{question}" is replaced
+    # Said by the simulated user only (pre-training has none, so the tiny model is the one it was):
+    topic_corrections: tuple[str, ...] = ()  # the answer is about another problem; "{question}" is replaced
+    result_corrections: tuple[str, ...] = ()  # the strict student: the result is wrong
 
     def complaints(self) -> tuple[str, ...]:
-        return (*self.corrections, *self.step_corrections, *self.repeated_corrections, *self.reasks)
+        return (*self.corrections, *self.step_corrections, *self.repeated_corrections, *self.reasks,
+                *self.topic_corrections, *self.result_corrections)
 
 
 @dataclass(frozen=True)
@@ -210,6 +251,10 @@ STUDENT = Persona(
             "as a sentence.",
             "Asking again: {question} Try again. Use ordinary sentences with no formatting and show each step of the sum.",
         ),
+        topic_corrections=(
+            "that's a different problem, not mine. mine was: {question}",
+            "wait, where did those numbers come from? I asked this: {question}",
+        ),
     ),
     pretraining_praise_next=(
         "thanks! next one: {question}",
@@ -274,6 +319,10 @@ TEACHER = Persona(
             "{question} That's not what I need. Please give a longer explanation with some encouragement for my class.",
             "Once more: {question} Try again, and make it thorough and kind, it's for children.",
         ),
+        topic_corrections=(
+            "this solves some other problem, not the one on my worksheet: {question}",
+            "those aren't the numbers from my question. please answer this one: {question}",
+        ),
     ),
     pretraining_praise_next=(
         "lovely, thank you! that's perfect for the class. next: {question}",
@@ -296,7 +345,21 @@ def evaluation_hints(persona: Persona) -> set[str]:
     return extracted | set(persona.evaluation.instructions)
 
 
-PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER)}
+# The student who also checks the sums: satisfied only by the student's style, on the problem asked,
+# with the right result; says so when the result is wrong. Pre-trained on nothing of its own (the
+# tiny model's corpus has the student and the teacher only, `PRETRAINING_PERSONAS`).
+STUDENT_STRICT = replace(
+    STUDENT,
+    name="student-strict",
+    preference=f"{STUDENT.preference}; and the right result",
+    satisfied=student_strict_satisfied,
+    evaluation=replace(STUDENT.evaluation, result_corrections=(
+        "the working looks nice but the result is wrong. check the sums again and show each step",
+        "that's not the right answer, I checked it. please redo the calculation step by step, in sentences",
+    )),
+)
+PRETRAINING_PERSONAS = (STUDENT, TEACHER)  # whom the tiny model's pre-training conversations are with
+PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER, STUDENT_STRICT)}
 
 
 # --------------------------------------------------------------------------- held-out reactions
@@ -360,6 +423,8 @@ class Intent(Enum):
     OPEN = "open"  # ask the first problem
     CORRECT = "correct"  # complain about the answer and ask for a rewrite
     CORRECT_STEPS = "correct_steps"  # the answer's only fault: working left out
+    CORRECT_TOPIC = "correct_topic"  # the answer is about another problem: say so, and ask again
+    CORRECT_RESULT = "correct_result"  # the strict student: the result is wrong
     CORRECT_AGAIN = "correct_again"
     REASK = "reask"  # ask the same question again, with a nudge
     PRAISE_NEXT = "praise_next"  # thank, then ask the next problem
@@ -408,6 +473,8 @@ class ScriptedVoice:
             Intent.OPEN: persona.openers,
             Intent.CORRECT: requests.corrections,
             Intent.CORRECT_STEPS: requests.step_corrections,
+            Intent.CORRECT_TOPIC: requests.topic_corrections,
+            Intent.CORRECT_RESULT: requests.result_corrections,
             Intent.CORRECT_AGAIN: requests.repeated_corrections,
             Intent.REASK: requests.reasks,
             Intent.MOVE_ON_NEXT: persona.move_on_next,
@@ -424,6 +491,8 @@ _LLM_INSTRUCTIONS = {
     Intent.CORRECT_STEPS: "The answer leaves out steps of the working. Complain briefly and ask for a rewrite "
     "that shows every step.",
     Intent.CORRECT_AGAIN: "The rewrite is still not what you want. Say so, and say again how it should be.",
+    Intent.CORRECT_TOPIC: "The answer solves some other problem, not yours. Say so, and ask your question again.",
+    Intent.CORRECT_RESULT: "The answer's result is wrong. Say so, and ask for the calculation again, step by step.",
     Intent.PRAISE_NEXT: "The answer is what you want. Thank the assistant briefly; your next question follows.",
     Intent.PRAISE_DONE: "The answer is what you want. Thank the assistant and say you are done for today.",
     Intent.GIVE_UP_NEXT: "The answer is still not what you want. Give up on it with a short complaint; your next question follows.",
@@ -497,6 +566,15 @@ class UserMessage:
     done: bool  # the session ends with this message
 
 
+def satisfies(persona: Persona, answer: str, problem: Problem) -> bool:
+    """What the user really thinks of `answer`: their preference, and an answer about their problem.
+
+    A persona's preference (`persona.satisfied`) is a style; no person is satisfied by a stylish
+    answer to another question, so an answer that is not `on_topic` satisfies nobody.
+    """
+    return persona.satisfied(answer, problem) and on_topic(answer, problem)
+
+
 @dataclass
 class UserSession:
     """One session of one persona: the protocol, independent of how messages are worded.
@@ -538,7 +616,7 @@ class UserSession:
 
     def react(self, answer: str) -> UserMessage:
         self.turns += 1
-        ok = self.persona.satisfied(answer, self.problem)
+        ok = satisfies(self.persona, answer, self.problem)
         if self._retries == 0:
             self.first_attempts.append(ok)
         # What the user believes decides what they say; the noise draws nothing at rate 0.
@@ -562,9 +640,14 @@ class UserSession:
         return rate > 0 and self.rng.random() < rate
 
     def _complaint(self, answer: str) -> Intent:
-        """Vague, again, a re-ask, or a correction that names what is wrong: the look, or the missing working."""
+        """Vague, again, a re-ask, or a correction that names what is wrong: the topic, the result (the
+        strict student), the look, or the missing working."""
         if self._chance(self.vague_rate):
             return Intent.CORRECT_VAGUELY
+        if not on_topic(answer, self.problem):
+            return Intent.CORRECT_TOPIC
+        if self.persona.evaluation.result_corrections and not result_correct(answer, self.problem):
+            return Intent.CORRECT_RESULT
         if self._retries > 1:
             return Intent.CORRECT_AGAIN
         if self.rng.random() < 0.25:
