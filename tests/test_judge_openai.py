@@ -284,7 +284,7 @@ def test_a_worker_killed_mid_judgment_leaves_the_turn_to_a_restarted_worker(judg
     record(store, "t2", "s1", [user("no, rewrite it")], "Friday.", continues_turn_id="t1", next_state=[user("no, rewrite it")])
     judge_server.script(prm=[Hang(30)])  # the first worker's call hangs: it is mid-judgment when killed
     command = [sys.executable, "-m", "clawrl.cli", "judge", "--run-dir", str(tmp_path), "--judge", "openai",
-               "--judge-url", judge_server.url, "--judge-model", MODEL, "--judge-lease-s", "1", "--judge-poll-s", "0.05"]
+               "--judge-url", judge_server.url, "--judge-model", MODEL, "--judge-lease-s", "4", "--judge-poll-s", "0.05"]
     worker_process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -302,8 +302,8 @@ def test_a_worker_killed_mid_judgment_leaves_the_turn_to_a_restarted_worker(judg
     judge_server.script(prm=["The user asked for a rewrite. \\boxed{-1}"] * config.prm_m)
 
     async def until_judged() -> None:
-        deadline = time.monotonic() + 10
-        while await asyncio.to_thread(store.judgment, "t1") is None:  # once the lease expires
+        deadline = time.monotonic() + 15
+        while await asyncio.to_thread(store.judgment, "t1") is None:  # once the lease (4 s) expires
             assert time.monotonic() < deadline, "the turn was never judged"
             if not await restarted.judge_available():
                 await asyncio.sleep(0.05)
