@@ -114,7 +114,8 @@ def test_teacher_wants_long_and_warm() -> None:
 
 # --------------------------------------------------------------------------- replies and the rule judge
 
-REQUESTS = ("corrections", "step_corrections", "repeated_corrections", "reasks")  # -1, with a hint
+REQUESTS = ("corrections", "step_corrections", "repeated_corrections", "reasks", "topic_corrections",
+            "result_corrections")  # -1, with a hint
 
 
 def judged(text: str) -> tuple[int, list[str]]:
@@ -123,7 +124,7 @@ def judged(text: str) -> tuple[int, list[str]]:
     return rule_score(next_state, previous_user_text=CUPCAKES.question), rule_hints(next_state)
 
 
-@pytest.mark.parametrize("persona", [STUDENT, TEACHER], ids=lambda p: p.name)
+@pytest.mark.parametrize("persona", [STUDENT, TEACHER, STUDENT_STRICT], ids=lambda p: p.name)
 @pytest.mark.parametrize("pool", ["pretraining", "evaluation"])
 def test_the_rule_judge_reads_requests_as_a_person_means_them(persona: Persona, pool: str) -> None:
     requests: Requests = getattr(persona, pool)
@@ -343,11 +344,13 @@ def played(persona: Persona, seed: int, **noise: float) -> tuple[list[str], list
 
 # What the user meant to say in these sessions before the noise options existed: with every rate at
 # 0 the protocol must not change, only the words.
+# (A second complaint about one problem is worded as the first: the benchmark's user asks for one
+# rewrite, so a "still not right" of its own was never said; issue 28.)
 TIDY = {
-    ("student", 0): "open correct correct_again praise_next praise_next correct praise_done",
-    ("student", 3): "open reask praise_next praise_next correct correct_again praise_done",
-    ("teacher", 1): "open praise_next reask correct_again give_up_next correct correct_again give_up_done",
-    ("teacher", 2): "open correct correct_again give_up_next correct correct_again praise_next praise_done",
+    ("student", 0): "open correct correct praise_next praise_next correct praise_done",
+    ("student", 3): "open reask praise_next praise_next correct correct praise_done",
+    ("teacher", 1): "open praise_next reask correct give_up_next correct correct give_up_done",
+    ("teacher", 2): "open correct correct give_up_next reask reask praise_next praise_done",
 }
 
 

@@ -9,8 +9,8 @@ Two personas ask grade-school word problems and react to the answers the way peo
 * the **strict student** (``student-strict``) wants the student's style *and* the right result.
 
 Whatever the preference, an answer about another problem (``on_topic``: it uses fewer than two of
-the question's numbers) satisfies nobody: every user says so ("that's a different problem, not
-mine") and asks again (issue 28). The held-out score stays the persona's preference, reported
+the question's numbers) satisfies nobody: every user says so ("that's not what I asked, those
+aren't my numbers") and asks again (issue 28). The held-out score stays the persona's preference, reported
 beside two shares of correctness that no persona's score hides: answers on topic, and answers whose
 last number is the reference result (``result_correct``).
 
@@ -153,8 +153,10 @@ class Requests:
     instructions: tuple[str, ...]  # asking for the preferred style up front
     corrections: tuple[str, ...]  # the first complaint about an answer
     step_corrections: tuple[str, ...]  # the first complaint about an answer whose only fault is missing working
-    repeated_corrections: tuple[str, ...]  # when the rewrite is still not right
     reasks: tuple[str, ...]  # the question again, with a nudge; "{question}" is replaced
+    # In pre-training only: a complaint when the rewrite is still not right (the simulated user, who
+    # asks for one rewrite, gives up instead)
+    repeated_corrections: tuple[str, ...] = ()
     # Said by the simulated user only (pre-training has none, so the tiny model is the one it was):
     topic_corrections: tuple[str, ...] = ()  # the answer is about another problem; "{question}" is replaced
     result_corrections: tuple[str, ...] = ()  # the strict student: the result is wrong
@@ -242,18 +244,14 @@ STUDENT = Persona(
             "you missed some steps of the working. rewrite it so each calculation is written out",
             "that's not enough for me to follow. please write out every step as a sentence with its sum",
         ),
-        repeated_corrections=(
-            "still too AI-like. please leave out the bold and the numbering completely",
-            "that's not it, it's still formatted. rewrite it as a paragraph with no list in it",
-        ),
         reasks=(
             "{question} That's not what I asked for. Please skip the bold and the numbered list and write each step "
             "as a sentence.",
             "Asking again: {question} Try again. Use ordinary sentences with no formatting and show each step of the sum.",
         ),
         topic_corrections=(
-            "that's a different problem, not mine. mine was: {question}",
-            "wait, where did those numbers come from? I asked this: {question}",
+            "that's not what I asked, those aren't my numbers. please answer this one: {question}",
+            "this is wrong, it's not my problem. please do this one: {question}",
         ),
     ),
     pretraining_praise_next=(
@@ -311,17 +309,13 @@ TEACHER = Persona(
             "no, my class needs more than this. please explain each part at length and tell them they're doing well",
         ),
         step_corrections=(),
-        repeated_corrections=(
-            "still not what I need. please make it much longer and add some praise for the pupils",
-            "that's not it. rewrite it gently and in depth, and finish with a word of encouragement for the class",
-        ),
         reasks=(
             "{question} That's not what I need. Please give a longer explanation with some encouragement for my class.",
             "Once more: {question} Try again, and make it thorough and kind, it's for children.",
         ),
         topic_corrections=(
-            "this solves some other problem, not the one on my worksheet: {question}",
-            "those aren't the numbers from my question. please answer this one: {question}",
+            "this is wrong, it's not the problem on my worksheet. please do this one: {question}",
+            "that's not what I asked, those aren't the numbers from my question. please answer this one: {question}",
         ),
     ),
     pretraining_praise_next=(
@@ -425,7 +419,6 @@ class Intent(Enum):
     CORRECT_STEPS = "correct_steps"  # the answer's only fault: working left out
     CORRECT_TOPIC = "correct_topic"  # the answer is about another problem: say so, and ask again
     CORRECT_RESULT = "correct_result"  # the strict student: the result is wrong
-    CORRECT_AGAIN = "correct_again"
     REASK = "reask"  # ask the same question again, with a nudge
     PRAISE_NEXT = "praise_next"  # thank, then ask the next problem
     PRAISE_DONE = "praise_done"
@@ -475,7 +468,6 @@ class ScriptedVoice:
             Intent.CORRECT_STEPS: requests.step_corrections,
             Intent.CORRECT_TOPIC: requests.topic_corrections,
             Intent.CORRECT_RESULT: requests.result_corrections,
-            Intent.CORRECT_AGAIN: requests.repeated_corrections,
             Intent.REASK: requests.reasks,
             Intent.MOVE_ON_NEXT: persona.move_on_next,
             Intent.MOVE_ON_DONE: persona.move_on_done,
@@ -490,7 +482,6 @@ _LLM_INSTRUCTIONS = {
     Intent.CORRECT: "The answer is not what you want. Complain briefly and ask for a rewrite, saying how it should be.",
     Intent.CORRECT_STEPS: "The answer leaves out steps of the working. Complain briefly and ask for a rewrite "
     "that shows every step.",
-    Intent.CORRECT_AGAIN: "The rewrite is still not what you want. Say so, and say again how it should be.",
     Intent.CORRECT_TOPIC: "The answer solves some other problem, not yours. Say so, and ask your question again.",
     Intent.CORRECT_RESULT: "The answer's result is wrong. Say so, and ask for the calculation again, step by step.",
     Intent.PRAISE_NEXT: "The answer is what you want. Thank the assistant briefly; your next question follows.",
@@ -648,8 +639,6 @@ class UserSession:
             return Intent.CORRECT_TOPIC
         if self.persona.evaluation.result_corrections and not result_correct(answer, self.problem):
             return Intent.CORRECT_RESULT
-        if self._retries > 1:
-            return Intent.CORRECT_AGAIN
         if self.rng.random() < 0.25:
             return Intent.REASK
         if self.persona.evaluation.step_corrections and not has_markup(answer):
