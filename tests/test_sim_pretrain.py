@@ -6,6 +6,7 @@ pre-trained model follows instructions is measured by benchmarks/tiny_pretrained
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -27,7 +28,7 @@ from clawrl.sim.chats import (
     remembered_chat,
 )
 from clawrl.sim.memory import NOTES_HEADING
-from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer
+from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer, weights_digest
 from clawrl.sim.users import PERSONAS, STUDENT, evaluation_hints, has_markup, is_warm
 
 TOY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -147,3 +148,9 @@ def test_pretrained_model_path_builds_once_then_reuses(tmp_path: Path, monkeypat
     assert built == [0]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [path.name]
     assert (path / "pretrain.json").is_file()
+    # what the weights depend on beyond seed, corpus and settings, and a digest to compare builds by
+    record = json.loads((path / "pretrain.json").read_text())
+    assert record["build"]["torch"] == torch.__version__ and record["build"]["cpu_capability"]
+    assert record["weights_sha256"] == weights_digest(path)
+    again = real(tmp_path / "again", 0, TOY)
+    assert again is not None and weights_digest(tmp_path / "again") == record["weights_sha256"]  # same machine, same bits
