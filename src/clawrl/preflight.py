@@ -136,7 +136,7 @@ def check_model(name: str, flag: str = "--model", needs_weights: bool = True) ->
                            "give a local model directory (one with config.json) or a hub id like Qwen/Qwen3-4B")
     try:
         return _hub_model(name, flag, needs_weights)
-    except StartupError as error:
+    except StartupError:
         if name.startswith("tiny") and "/" not in name:  # a misspelt locally built model, most likely
             raise StartupError(f"{flag} {name} is not a locally built model, a local directory or a hub model clawrl can get",
                                f"the locally built models are {', '.join(LOCALLY_BUILT)}") from None

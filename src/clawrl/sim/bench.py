@@ -46,7 +46,7 @@ import httpx
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
 from clawrl.serve.runner import free_port
-from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, PromptMemory
+from clawrl.sim.memory import PromptMemory
 from clawrl.sim.models import resolve_model
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
