@@ -186,3 +186,22 @@ def test_the_interval_over_seeds_is_the_t_interval_and_the_reported_one_the_wide
     base = {seed: [False, False, True, True] for seed in range(3)}
     difference = paired_difference(same, base)
     assert difference["t_ci"] == pytest.approx([0.25, 0.25]) and difference["ci"] == difference["bootstrap_ci"]
+
+
+def test_the_report_puts_the_answers_correctness_beside_the_style_score(tmp_path: Path) -> None:
+    """On topic and right result, before and after, per arm and as a paired difference."""
+    def run(arm: str, seed: int, on_topic: list[bool], correct: list[bool]) -> RunResult:
+        before = Evaluation(0, 0, [False] * 4, "before", on_topic=[True] * 4, correct=[False, False, True, True])
+        return RunResult(arm, seed, [before, Evaluation(4, 3, [True] * 4, "after", on_topic, correct)], [True], 3, 1.0)
+
+    runs = [run("combine", seed, [True, False, False, False], [False] * 4) for seed in (10, 11)]
+    runs += [run("none", seed, [True] * 4, [False, False, True, True]) for seed in (10, 11)]
+    config = BenchConfig(method="all", sessions=4, seed_list="10-11", out=tmp_path)
+    results = write_report(config, {}, runs, "clawrl bench learn")
+    combine = results["arms"]["combine"]
+    assert (combine["on_topic_baseline"], combine["on_topic_final"]) == (1.0, 0.25)
+    assert (combine["correct_baseline"], combine["correct_final"]) == (0.5, 0.0)
+    paired = results["paired"]["combine-none"]
+    assert paired["on_topic_mean"] == -0.75 and paired["correct_mean"] == -0.5 and paired["correct_ci"][1] <= 0
+    card = (tmp_path / "report.md").read_text()
+    assert "| combine (RL + OPD) | 1.00 | **0.25** |" in card

@@ -108,7 +108,8 @@ CUES: dict[str, tuple[str, ...]] = {
         r"на этом всё", r"на этом все", r"再见", r"拜拜", r"就这样", r"またね", r"じゃあね", r"以上です",
     ),
     "complaint": (
-        r"wrong", r"incorrect", r"not what i", r"thanks for nothing", r"gracias por nada", r"merci pour rien", r"not right", r"not quite", r"doesn'?t work", r"didn'?t work",
+        r"wrong", r"incorrect", r"not what i", r"not right", r"not quite", r"doesn'?t work", r"didn'?t work",
+        r"thanks for nothing", r"gracias por nada", r"merci pour rien",  # also sarcasm; a complaint above all
         r"does not work", r"not working", r"still (?:broken|failing|wrong|not|doesn'?t)", r"useless", r"meh", r"ugh",
         r"bad", r"terrible", r"awful", r"horrible", r"generic", r"boring", r"bland", r"cringe", r"cheesy",
         r"off", r"way off", r"not even close", r"makes no sense", r"don'?t get it", r"doesn'?t make sense",

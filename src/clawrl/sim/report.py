@@ -12,8 +12,8 @@ samples dropped as stale, importance weights), and the per-seed figures and scor
 them. Beside them: `report_seeds` (this run's seeds outside the tuning seeds), `tuning_seeds`,
 `catch_up`, `user_noise`, `hint_strings_shared_with_pretraining`, `judge_agreement` (pooled over
 every run) and `paired["<a>-<b>"]` = `{mean, ci, per_seed, seeds}`, the paired difference a − b
-of the final held-out scores (``clawrl.sim.stats``), with `on_topic`, `correct` and `correct_ci`:
-the same difference of the correctness shares.
+of the final held-out scores (``clawrl.sim.stats``), with `on_topic_mean`/`on_topic_ci` and
+`correct_mean`/`correct_ci`: the same difference of the correctness shares.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
 
 def paired_with_correctness(arms: Mapping[str, Sequence[RunResult]]) -> dict[str, dict[str, Any]]:
     """The paired differences of the final held-out scores, each with the same difference of the
-    on-topic and the correct shares beside it (`on_topic`, `correct`: mean and `ci`; `correct_ci`)."""
+    on-topic and the correct shares beside it (`on_topic_mean`, `on_topic_ci`, `correct_mean`, `correct_ci`)."""
     finals = {which: {arm: {run.seed: getattr(run.final, which) for run in arm_runs} for arm, arm_runs in arms.items()
                       if all(getattr(run.final, which) for run in arm_runs)}
               for which in ("outcomes", "on_topic", "correct")}  # fmt: skip
@@ -124,8 +124,7 @@ def paired_with_correctness(arms: Mapping[str, Sequence[RunResult]]) -> dict[str
     for which in ("on_topic", "correct"):
         for name, difference in paired_differences(finals[which]).items():
             if name in paired:
-                paired[name][which] = {"mean": difference["mean"], "ci": difference["ci"]}
-                paired[name][f"{which}_ci"] = difference["ci"]
+                paired[name].update({f"{which}_mean": difference["mean"], f"{which}_ci": difference["ci"]})
     return paired
 
 
@@ -323,6 +322,7 @@ def trained_with(results: dict[str, Any]) -> str:
 
 
 def report_card(results: dict[str, Any], command: str) -> str:
+    correctness = correctness_table(results)
     return "\n".join([
         f"# Learning benchmark ({results['persona']})",
         "",
@@ -337,8 +337,7 @@ def report_card(results: dict[str, Any], command: str) -> str:
         "",
         *(["Correctness beside the style: the share of held-out answers about the problem asked (they use at least two "
            "of its numbers) and the share whose last number is the reference result. The score above measures style "
-           "only (the strict student's excepted).", "", correctness_table(results), ""]
-          if correctness_table(results) else []),
+           "only (the strict student's excepted).", "", correctness, ""] if correctness else []),
         "Upstream's sessions to align (OpenClaw-RL: Hybrid, GRPO, OPD, Mem0) were measured with another model and "
         "another user; they place these figures, they are not a like-for-like comparison.",
         "",

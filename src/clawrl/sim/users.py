@@ -122,8 +122,8 @@ def result_correct(answer: str, problem: Problem) -> bool:
 
 
 def student_strict_satisfied(answer: str, problem: Problem) -> bool:
-    """The student's style, on the problem asked, with the right result."""
-    return student_satisfied(answer, problem) and on_topic(answer, problem) and result_correct(answer, problem)
+    """The student's style with the right result (which is on topic, `on_topic`)."""
+    return student_satisfied(answer, problem) and result_correct(answer, problem)
 
 
 def word_count(text: str) -> int:
@@ -631,8 +631,8 @@ class UserSession:
         return rate > 0 and self.rng.random() < rate
 
     def _complaint(self, answer: str) -> Intent:
-        """Vague, again, a re-ask, or a correction that names what is wrong: the topic, the result (the
-        strict student), the look, or the missing working."""
+        """Vague, a re-ask, or a correction that names what is wrong: the topic, the result (the strict
+        student), the look, or the missing working."""
         if self._chance(self.vague_rate):
             return Intent.CORRECT_VAGUELY
         if not on_topic(answer, self.problem):
