@@ -17,7 +17,7 @@ from clawrl.engines.scoring import score_response
 from clawrl.messages import teacher_messages
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.samples import SampleBuilder, decide
+from clawrl.train.samples import SampleBuilder, centred, decide
 from tests.helpers import HINT, Conversation
 
 
@@ -78,6 +78,40 @@ def test_judged_turns_become_samples_in_arrival_order(tmp_path: Path, tiny: tupl
     assert ready[0].turn == store.turn("a1")  # the update trains on the recorded ids and log-probs, as recorded
     assert len(ready[0].sample.teacher_logprobs) == len(ready[0].turn.response_token_ids)
     assert builder(store, tokenizer, model).build() == 0  # each turn gets one sample row, once
+
+
+def test_centred_rewards_subtract_the_mean_of_earlier_scores() -> None:
+    assert centred(-1.0, [-1.0, -1.0, 1.0, -1.0]) == -0.5
+    assert centred(1.0, [-1.0, -1.0, 1.0, -1.0]) == 1.5
+    assert centred(1.0, []) == 1.0  # nothing earlier: no baseline yet
+    assert centred(0.0, [1.0, 1.0]) == 0.0  # no RL signal stays none
+
+
+def test_the_reward_baseline_centres_each_reward_on_the_judges_earlier_scores(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    talk = Conversation(store, tokenizer)
+    scores = {"b1": -1, "b2": -1, "b3": 0, "b4": 1, "b5": -1, "b6": 1}
+    previous = None
+    for turn_id in [*scores, "b7"]:
+        talk.turn(turn_id, "B", f"question {turn_id}", f"answer {turn_id}", after=previous)
+        previous = turn_id
+
+    def centring_builder() -> SampleBuilder:  # a new one each time: as a restarted trainer
+        return SampleBuilder(TrainingStore(store), tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k),
+                             lambda: "base", reward_baseline_samples=3)  # fmt: skip
+
+    for turn_id in ["b1", "b2", "b3", "b4"]:
+        talk.judge(turn_id, scores[turn_id])
+    centring_builder().build()
+    talk.judge("b5", scores["b5"])
+    talk.judge("b6", scores["b6"])
+    centring_builder().build()
+    rewards = {example.sample.turn_id: example.sample.reward for example in TrainingStore(store).ready_samples(10)}
+    # b1: nothing earlier; b2: after -1; b3 scored 0: no sample and no part of the baseline;
+    # b4: after -1, -1; b5 (another build, read back from the store): the last 3 are -1, -1, +1;
+    # b6: the last 3 are -1, +1, -1.
+    assert rewards == pytest.approx({"b1": -1.0, "b2": 0.0, "b4": 2.0, "b5": -1 + 1 / 3, "b6": 1 + 1 / 3})
 
 
 def test_a_judged_turn_without_next_state_or_feedback_is_not_trained_on(tmp_path: Path, tiny: tuple[Any, Any]) -> None:

@@ -474,6 +474,15 @@ class TrainConfig(LossConfig):
         ge=0,
         description="Drop a sample when more than this many versions were published since the version that produced it.",
     )
+    reward_baseline_samples: int = Field(
+        0,
+        ge=0,
+        description="Centre each judged turn's reward on the mean of the judge's last N scores of earlier chat turns "
+        "(a REINFORCE baseline): r - mean(last N), 0 if none yet. With raw +1/-1 rewards every token of an answer, "
+        "the question's numbers included, is pushed the same way, so a run of mostly complaints (or mostly praise) "
+        "moves what all answers share, not only what the judge liked; centring cancels that common part. 0 is off "
+        "(the raw score, as upstream). Episode samples are group-normalised already and never centred.",
+    )
     train_seed: int = Field(0, description="Seed of the trainer (LoRA initialisation, any sampling).")
     tensorboard: bool = Field(False, description="Write TensorBoard event files to RUN_DIR/tensorboard/.")
     train_poll_s: float = Field(1.0, gt=0, description="Pause between looks for new judged turns when idle.")

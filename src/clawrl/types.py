@@ -187,7 +187,7 @@ class Sample:
     turn_id: str
     status: SampleStatus
     kind: SampleKind
-    reward: float  # r in {-1, 0, +1}; 0 for OPD-only samples
+    reward: float  # r in {-1, 0, +1} (minus the baseline with --reward-baseline-samples); 0 for OPD-only samples
     behaviour_version: int  # the turn's policy version, for staleness
     hint: str | None = None
     drop_reason: DropReason | None = None

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 import clawrl.store.records as records
 from clawrl.store.repository import Store
 from clawrl.store.schema import (
+    EpisodeRow,
     FeedbackRow,
     JudgmentRow,
     NextStateRow,
@@ -95,6 +96,21 @@ class TrainingStore:
                 )
                 for turn, judgment in rows
             ]
+
+    def recent_chat_scores(self, limit: int) -> list[float]:
+        """The judge's scores of the latest `limit` chat samples that carry a reward (kind rl or
+        combined; episode steps excluded), oldest first: the reward baseline's window."""
+        query = (
+            select(JudgmentRow.score)
+            .select_from(SampleRow)
+            .join(JudgmentRow, JudgmentRow.turn_id == SampleRow.turn_id)
+            .join(TurnRow, TurnRow.id == SampleRow.turn_id)
+            .where(SampleRow.kind.in_(("rl", "combined")), TurnRow.session_id.not_in(select(EpisodeRow.session_id)))
+            .order_by(SampleRow.id.desc())
+            .limit(limit)
+        )
+        with self.store.read() as db:
+            return [float(score) for score in reversed(db.scalars(query).all())]
 
     def add_samples(self, samples: list[Sample]) -> None:
         now = time.time()

@@ -18,6 +18,10 @@ session either yields another sample (then it is dropped) or ends without one (t
 sample after all, so every session that was judged contributes at least one). A turn with no next
 state (a session's last) is trained on only when it carries explicit feedback.
 
+Reward baseline (`--reward-baseline-samples N`, `centred`): a sample's reward may be the judge's
+score minus the mean of its N previous nonzero scores, so that the part of the gradient common
+to every answer (the question's numbers, the opener) cancels between praise and complaints.
+
 Teacher log-probs are forced-decoding log-probs of the turn's recorded response token ids under the
 teacher prompt (`engines.chat.teacher_prompt_ids`: the recorded request with the hint appended to
 its last user message, rendered by the same chat template with the same tools as serving, the
@@ -28,7 +32,8 @@ is new text.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -65,6 +70,14 @@ def decide(score: int, hint: str | None, method: Method) -> Decision:
     return Decision("none", 0.0, False)
 
 
+def centred(reward: float, recent_scores: Sequence[float]) -> float:
+    """`reward` minus the mean of `recent_scores` (the judge's earlier nonzero scores); a reward of 0
+    (no RL signal) stays 0, and with no earlier score there is no baseline yet."""
+    if reward == 0 or not recent_scores:
+        return reward
+    return reward - sum(recent_scores) / len(recent_scores)
+
+
 class SampleBuilder:
     """Turns newly judged turns into sample rows, and settles held ones."""
 
@@ -77,14 +90,22 @@ class SampleBuilder:
         teacher_name: Callable[[], str],
         topk: int = 0,
         max_context_tokens: int | None = None,
+        reward_baseline_samples: int = 0,
     ) -> None:
         self.training, self.tokenizer, self.method = training, tokenizer, method
         self.teacher, self.teacher_name, self.topk = teacher, teacher_name, topk
         self.max_context_tokens = max_context_tokens
+        self.reward_baseline_samples = reward_baseline_samples
+        # The judge's latest nonzero scores, oldest first: read from the store on each build, so a
+        # restarted trainer centres exactly as the one before it would have.
+        self._recent_scores: deque[float] = deque(maxlen=max(reward_baseline_samples, 1))
 
     def build(self, limit: int = 64) -> int:
         """Give every judged turn (up to `limit`, oldest first) its sample row; returns how many."""
         judged = self.training.judged_turns_without_sample(limit)
+        if judged and self.reward_baseline_samples:
+            self._recent_scores.clear()
+            self._recent_scores.extend(self.training.recent_chat_scores(self.reward_baseline_samples))
         if judged:
             self.training.add_samples([self._sample_for(item) for item in judged])
         self._settle_held()
@@ -93,11 +114,15 @@ class SampleBuilder:
     def _sample_for(self, item: JudgedTurn) -> Sample:
         turn, judgment = item.turn, item.judgment
         decision = decide(judgment.score, judgment.hint, self.method)
+        reward = decision.reward
+        if self.reward_baseline_samples and reward != 0:
+            reward = centred(reward, self._recent_scores)
+            self._recent_scores.append(decision.reward)
         base = Sample(
             turn_id=turn.id,
             status="ready",
             kind=decision.kind,
-            reward=decision.reward,
+            reward=reward,
             behaviour_version=turn.policy_version,
             hint=judgment.hint,
         )

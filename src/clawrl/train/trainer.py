@@ -128,6 +128,7 @@ class Trainer:
             self._teacher_name,
             topk=config.opd_topk,
             max_context_tokens=self.max_context_tokens,
+            reward_baseline_samples=config.reward_baseline_samples,
         )
         self.episode_builder = EpisodeSampleBuilder(
             EpisodeStore(store), self.training, self.method, config.episode_gamma, config.step_judge_coef,
