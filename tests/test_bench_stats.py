@@ -130,11 +130,12 @@ def test_runs_round_trip_through_json() -> None:
 
 
 def _bench_dir(root: Path, arm: str, flags: dict[str, Any] | None, outcomes: dict[int, list[bool]],
-               wrong_rate: float = 0.1) -> Path:
+               wrong_rate: float = 0.1, model_seed: int = 0) -> Path:
     """What `clawrl bench learn --method ARM --out DIR` leaves behind: results.json and runs.json."""
     out = root / arm
     runs = [RunResult(arm, seed, [Evaluation(0, 0, [False] * len(final), "before"),
-                                  Evaluation(4, 3, final, "after")], [False, True, True, True], 3, 1.0)
+                                  Evaluation(4, 3, final, "after")], [False, True, True, True], 3, 1.0,
+                      model_seed=model_seed)
             for seed, final in outcomes.items()]
     config = BenchConfig(method=arm, sessions=4, seed_list="10-11", out=out, user_wrong_rate=wrong_rate)
     out.mkdir(parents=True)
@@ -174,6 +175,24 @@ def test_merging_runs_of_another_user_or_the_same_arm_twice_is_refused(tmp_path:
         result = subprocess.run([sys.executable, "-m", "clawrl.cli", "bench", "merge", *map(str, dirs),
                                  "--out", str(tmp_path / "merged")], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_runs_on_two_model_builds_are_units_of_their_own(tmp_path: Path) -> None:
+    """The same seeds run on a second pre-training build are more units, paired within their build."""
+    combine = _bench_dir(tmp_path / "b0", "combine", None, {10: [True] * 4, 11: [True, True, True, False]})
+    none = _bench_dir(tmp_path / "b0", "none", None, {10: [False] * 4, 11: [False] * 4})
+    combine_1 = _bench_dir(tmp_path / "b1", "combine", None, {10: [True, False, False, False], 11: [False] * 4},
+                           model_seed=1)
+    none_1 = _bench_dir(tmp_path / "b1", "none", None, {10: [False] * 4, 11: [False] * 4}, model_seed=1)
+    run_cli("bench", "merge", *map(str, (combine, none, combine_1, none_1)), "--out", str(tmp_path / "merged"),
+            parse=False)
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["pretrain_seeds"] == [0, 1]
+    paired = merged["paired"]["combine-none"]
+    assert set(paired["per_seed"]) == {"10", "11", "10@build1", "11@build1"} and paired["seeds"] == 4
+    assert paired["per_seed"]["10@build1"] == 0.25 and paired["mean"] == pytest.approx((1 + 0.75 + 0.25 + 0) / 4)
+    assert paired["ci"][0] < 0.25  # the second build's weak runs widen it
+    assert sorted(run["model_seed"] for run in merged["arms"]["combine"]["per_seed"]) == [0, 0, 1, 1]
 
 
 def test_the_interval_over_seeds_is_the_t_interval_and_the_reported_one_the_wider() -> None:

@@ -582,6 +582,13 @@ class BenchConfig(_Settings):
     model_seed: int = Field(0, description="Seed of the locally built model (clawrl serve --seed).")
     problems_per_session: int = Field(2, ge=1, description="Word problems the user asks per session.")
     heldout_prompts: int = Field(48, ge=1, description="Held-out prompts per evaluation (side turns).")
+    eval_every: int = Field(
+        1,
+        ge=1,
+        description="Evaluate the held-out set after every K-th session (besides before the first and after the "
+        "last), when what answers changed since the last evaluation. 1 draws the whole curve; a larger K gives the "
+        "same final score with a coarser curve, and most of a trained arm's time is its evaluations.",
+    )
     max_tokens: int = Field(256, ge=16, description="max_tokens of every answer the user reads.")
     temperature: float = Field(1.0, ge=0, le=2, description="Sampling temperature of every request.")
     top_p: float = Field(

@@ -319,7 +319,7 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
     shutil.rmtree(run_dir, ignore_errors=True)
     port = free_port()
     started = time.perf_counter()
-    result = RunResult(arm, seed)
+    result = RunResult(arm, seed, model_seed=config.model_seed)
     memory = PromptMemory()
     truths: dict[str, bool] = {}
     with ServerProcess(serve_command(arm, config, train_flags, run_dir, port), run_dir, port) as server:
@@ -338,7 +338,9 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
                     remember_hints(store, continued, memory)
                 if arm in TRAINED_ARMS and config.catch_up:
                     catch_up(agent, store, continued, train_flags["batch_size"], config.settle_s)
-                if _evaluation_due(arm, agent, result, memory.system_prompt() != evaluated_prompt):
+                if index % config.eval_every == 0 and _evaluation_due(
+                    arm, agent, result, memory.system_prompt() != evaluated_prompt
+                ):
                     evaluated_prompt = memory.system_prompt()
                     result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, index))
                 latest = result.evaluations[-1]

@@ -95,6 +95,7 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
         "per_seed": [
             {
                 "seed": run.seed,
+                "model_seed": run.model_seed,
                 "baseline": run.baseline.score,
                 "final": run.final.score,
                 "sessions_to_align": steps,
@@ -117,7 +118,7 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
 def paired_with_correctness(arms: Mapping[str, Sequence[RunResult]]) -> dict[str, dict[str, Any]]:
     """The paired differences of the final held-out scores, each with the same difference of the
     on-topic and the correct shares beside it (`on_topic_mean`, `on_topic_ci`, `correct_mean`, `correct_ci`)."""
-    finals = {which: {arm: {run.seed: getattr(run.final, which) for run in arm_runs} for arm, arm_runs in arms.items()
+    finals = {which: {arm: {run.unit: getattr(run.final, which) for run in arm_runs} for arm, arm_runs in arms.items()
                       if all(getattr(run.final, which) for run in arm_runs)}
               for which in ("outcomes", "on_topic", "correct")}  # fmt: skip
     paired = paired_differences(finals["outcomes"])
@@ -138,6 +139,7 @@ def write_report(config: BenchConfig, train_flags: Mapping[str, dict[str, Any]],
     for run in runs:
         arms.setdefault(run.arm, []).append(run)
     seeds = sorted({run.seed for run in runs})
+    pretrain_seeds = sorted({run.model_seed for run in runs})
     tuning = parse_seeds(config.tuning_seeds)
     judged = judge_agreement([pair for run in runs for pair in run.judged])
     results = {
@@ -155,6 +157,8 @@ def write_report(config: BenchConfig, train_flags: Mapping[str, dict[str, Any]],
         "judge_abstained": judged["abstained"],
         "judged_turns": judged["judged_turns"],
         "model": config.model,
+        "pretrain_seeds": pretrain_seeds,
+        "eval_every": config.eval_every,
         "heldout_prompts": config.heldout_prompts,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
         "arms": {arm: {**summarize_arm(arm_runs, config.sessions), "train_flags": train_flags.get(arm)}
@@ -187,16 +191,17 @@ def merge_reports(run_dirs: Sequence[Path], out: Path, summary: Path | None = No
         if differing:
             raise ValueError(f"cannot merge runs that differ in {', '.join(differing)}")
     runs = [RunResult.from_json(item) for _, items in loaded for item in items]
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, str]] = set()
     for run in runs:
-        if (run.arm, run.seed) in seen:
-            raise ValueError(f"arm {run.arm} seed {run.seed} is in more than one of the merged directories")
-        seen.add((run.arm, run.seed))
+        if (run.arm, run.unit) in seen:
+            raise ValueError(f"arm {run.arm} seed {run.unit} is in more than one of the merged directories")
+        seen.add((run.arm, run.unit))
     train_flags = {name: arm["train_flags"] for results, _ in loaded for name, arm in results["arms"].items()
                    if arm.get("train_flags") is not None}
     noise = {f"user_{name}": rate for name, rate in first["user_noise"].items()}
     config = BenchConfig(persona=first["persona"], sessions=first["sessions"], catch_up=first["catch_up"],
                          model=first["model"], heldout_prompts=first["heldout_prompts"],
+                         eval_every=first.get("eval_every", 1),
                          tuning_seeds=",".join(map(str, first["tuning_seeds"])), out=out, summary=summary, **noise)
     out.mkdir(parents=True, exist_ok=True)
     (out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))

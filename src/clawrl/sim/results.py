@@ -49,6 +49,14 @@ class RunResult:
     # (judge score, the user's hidden ground truth) of every judged main turn of the sessions
     judged: list[tuple[int, bool]] = field(default_factory=list)
     training: dict[str, Any] | None = None  # trained arms: `stats.training_summary` of the run
+    model_seed: int = 0  # the pre-training seed of the tiny model served (`--model-seed`): the model build
+
+    @property
+    def unit(self) -> str:
+        """What the intervals resample and pair by: the seed, and the model build when it is not the
+        first ("10", "10@build1"): runs of one seed on two builds are two units, since a build moves
+        results as much as a seed does."""
+        return str(self.seed) if self.model_seed == 0 else f"{self.seed}@build{self.model_seed}"
 
     @property
     def baseline(self) -> Evaluation:
@@ -72,4 +80,4 @@ class RunResult:
                        for e in data["evaluations"]]
         return cls(data["arm"], data["seed"], evaluations, list(data["session_satisfied"]), data.get("versions", 0),
                    data.get("seconds", 0.0), [(int(score), bool(truth)) for score, truth in data.get("judged", [])],
-                   data.get("training"))
+                   data.get("training"), data.get("model_seed", 0))

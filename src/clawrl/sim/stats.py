@@ -12,6 +12,8 @@ from typing import Any
 
 from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
 
+Unit = int | str  # a seed, or a seed on a model build ("10@build1", `RunResult.unit`)
+
 # The pairs the report gives a paired difference for (first minus second), when both arms ran.
 PAIRS = (
     ("combine", "rl"),
@@ -23,8 +25,8 @@ PAIRS = (
 )
 
 
-def paired_groups(first: Mapping[int, Sequence[bool | float]], second: Mapping[int, Sequence[bool | float]]
-                  ) -> dict[int, list[float]]:
+def paired_groups(first: Mapping[Unit, Sequence[bool | float]], second: Mapping[Unit, Sequence[bool | float]]
+                  ) -> dict[Unit, list[float]]:
     """Per seed both arms ran, the per-prompt differences first − second of their held-out outcomes.
 
     The arms of one seed answer the same held-out prompts in the same order, so prompt i of one is
@@ -39,7 +41,7 @@ def paired_groups(first: Mapping[int, Sequence[bool | float]], second: Mapping[i
     return groups
 
 
-def paired_difference(first: Mapping[int, Sequence[bool | float]], second: Mapping[int, Sequence[bool | float]],
+def paired_difference(first: Mapping[Unit, Sequence[bool | float]], second: Mapping[Unit, Sequence[bool | float]],
                       resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
     """Mean over seeds of the per-seed mean difference first − second, with an interval that holds.
 
@@ -66,7 +68,7 @@ def paired_difference(first: Mapping[int, Sequence[bool | float]], second: Mappi
     }
 
 
-def paired_differences(finals: Mapping[str, Mapping[int, Sequence[bool | float]]],
+def paired_differences(finals: Mapping[str, Mapping[Unit, Sequence[bool | float]]],
                        pairs: Sequence[tuple[str, str]] = PAIRS) -> dict[str, dict[str, Any]]:
     """`paired_difference` for every pair in `pairs` whose arms both ran, keyed "first-second".
 
