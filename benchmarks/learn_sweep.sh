@@ -6,9 +6,9 @@
 # the tuning runs and merges the report runs into one report.
 #
 #   benchmarks/learn_sweep.sh tune   OUT   # 3 settings x {rl, opd, combine} on tuning seeds
-#   benchmarks/learn_sweep.sh report OUT SETTINGS_JSON  # every arm on the report seeds caught
-#                                          # up, the trained single arms also --no-catch-up,
-#                                          # each with its settings
+#   benchmarks/learn_sweep.sh report OUT SETTINGS_JSON  # every arm ($ARMS) on the report seeds
+#                                          # and every model build ($MODEL_SEEDS), caught up, each with
+#                                          # its settings, for $PERSONA
 # CLAWRL may name the `clawrl` to run, e.g. a wrapper that sets PYTHONPATH to a clean worktree
 # of a fixed commit, so that edits to the working tree during the runs cannot reach them.
 set -euo pipefail
@@ -17,16 +17,23 @@ PARALLEL=${PARALLEL:-2}
 CLAWRL=${CLAWRL:-.venv/bin/clawrl}
 TUNING_SEEDS=${TUNING_SEEDS:-100-101}
 REPORT_SEEDS=${REPORT_SEEDS:-10-14}
-# The --no-catch-up runs: fewer seeds and no memory_combine, to fit the session's time.
-NO_CATCH_UP_SEEDS=${NO_CATCH_UP_SEEDS:-10-12}
 # The noisy user of every reported run, and of the tuning runs, so that settings are tuned for it.
 NOISE=(--user-wrong-rate 0.1 --user-quiet-rate 0.2 --user-vague-rate 0.2 --user-move-on-rate 0.1)
-# The sweep: name and trainer flags. The first is the benchmark's default (BENCH_TRAIN_DEFAULTS).
+# Every run of the sweep and the report: a held-out evaluation every 6 sessions (and after the last),
+# and the tuning seeds named as they are (results.json reports them).
+COMMON=(--eval-every 6 --tuning-seeds "$TUNING_SEEDS")
+# The sweep: name and trainer flags. Issue 28 found that the earlier pick (lr 5e-4, full fine-tuning)
+# breaks the tiny model's language and loses the question; the sweep now tries smaller steps, each
+# with the reward baseline, and `learn_pick.py` keeps only settings that stay on the question.
 SETTINGS=(
-  "lr5e-4_kl0.3|--lr 5e-4 --kl-beta 0.3"
-  "lr1e-3_kl0.3|--lr 1e-3 --kl-beta 0.3"
-  "lr1e-3_kl0.1|--lr 1e-3 --kl-beta 0.1"
+  "lr5e-4_kl0.3_b32|--lr 5e-4 --kl-beta 0.3 --reward-baseline-samples 32"
+  "lr2e-4_kl0.3_b32|--lr 2e-4 --kl-beta 0.3 --reward-baseline-samples 32"
+  "lr1e-4_kl0.3_b32|--lr 1e-4 --kl-beta 0.3 --reward-baseline-samples 32"
 )
+# The report's model builds: the tiny model pre-trained with each of these seeds (--model-seed).
+MODEL_SEEDS=${MODEL_SEEDS:-0 1}
+PERSONA=${PERSONA:-student}
+ARMS=${ARMS:-none memory combine rl opd memory_combine}
 
 mode=${1:?tune or report}
 out=${2:?output directory}
@@ -45,22 +52,17 @@ case $mode in
     for arm in combine rl opd; do
       for setting in "${SETTINGS[@]}"; do
         name=${setting%%|*}; flags=${setting#*|}
-        add_job "$out/$arm/$name" --method "$arm" --seed-list "$TUNING_SEEDS" $flags "${NOISE[@]}"
+        add_job "$out/$arm/$name" --method "$arm" --seed-list "$TUNING_SEEDS" $flags "${NOISE[@]}" "${COMMON[@]}"
       done
     done
     ;;
   report)
-    chosen=${3:?settings JSON from learn_merge.py --pick}
-    for catch in catch-up no-catch-up; do
-      for arm in none memory combine rl opd memory_combine; do
-        seeds=$REPORT_SEEDS
-        if [[ $catch == no-catch-up ]]; then
-          # nothing trains in none and memory: catching up changes nothing
-          [[ $arm == none || $arm == memory || $arm == memory_combine ]] && continue
-          seeds=$NO_CATCH_UP_SEEDS
-        fi
+    chosen=${3:?settings JSON from learn_pick.py}
+    for build in $MODEL_SEEDS; do
+      for arm in $ARMS; do
         flags=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['chosen'].get(sys.argv[2], ''))" "$chosen" "$arm")
-        add_job "$out/$catch/$arm" --method "$arm" --seed-list "$seeds" --$catch $flags "${NOISE[@]}"
+        add_job "$out/$PERSONA/build$build/$arm" --method "$arm" --seed-list "$REPORT_SEEDS" --model-seed "$build" \
+          --persona "$PERSONA" $flags "${NOISE[@]}" "${COMMON[@]}"
       done
     done
     ;;
