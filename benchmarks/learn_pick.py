@@ -2,8 +2,11 @@
 
 Reads `TUNE/<arm>/<setting>/results.json` as `benchmarks/learn_sweep.sh tune TUNE` leaves them (the
 same settings on the same tuning seeds for every arm), prints the sweep's table and writes, as JSON,
-the `clawrl bench learn` trainer flags each arm is reported with: the setting with the highest mean
-final held-out score over the tuning seeds (a tie keeps the benchmark's default settings, then the first by name).
+the `clawrl bench learn` trainer flags each arm is reported with. The rule (issue 28: style must not
+cost the question): among the settings that keep the answers on the question (mean final on-topic
+share at most `ON_TOPIC_SLACK` below the untrained model's, which is what the control keeps), the one
+with the highest mean final held-out score; when none keeps them, the one that loses the fewest
+on-topic answers. Ties keep the benchmark's default settings, then the first by name.
 `memory_combine` trains as `combine` does, so it takes combine's pick rather than a sweep of its own.
 
     python benchmarks/learn_pick.py runs/learn/tune --out runs/learn/settings.json
@@ -20,6 +23,7 @@ from clawrl.sim.bench import BENCH_TRAIN_DEFAULTS
 from clawrl.sim.report import flags_for
 
 TUNED_ARMS = ("combine", "rl", "opd")
+ON_TOPIC_SLACK = 0.05  # issue 28's goal: within 0.05 of the control's on-topic share
 
 
 def arm_flags(results: dict[str, Any], arm: str) -> dict[str, Any]:
@@ -38,10 +42,25 @@ def sweep_table(tune_dir: Path) -> dict[str, list[dict[str, Any]]]:
                 "setting": results_path.parent.name, "flags": " ".join(flags_for(arm_flags(results, arm))),
                 "final_per_seed": per_seed, "final": results["arms"][arm]["final"],
                 "baseline": results["arms"][arm]["baseline"], "seeds": results["seed_list"],
+                "on_topic_baseline": results["arms"][arm]["on_topic_baseline"],
+                "on_topic_final": results["arms"][arm]["on_topic_final"],
+                "correct_final": results["arms"][arm]["correct_final"],
                 "default": arm_flags(results, arm) == BENCH_TRAIN_DEFAULTS,
             })
         table.get(arm, []).sort(key=lambda row: not row["default"])  # stable: by name after the default
     return table
+
+
+def keeps_the_question(row: dict[str, Any]) -> bool:
+    return row["on_topic_final"] >= row["on_topic_baseline"] - ON_TOPIC_SLACK
+
+
+def pick(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rule of the module's docstring; `max` keeps the first of equals (the default comes first)."""
+    kept = [row for row in rows if keeps_the_question(row)]
+    if kept:
+        return max(kept, key=lambda row: row["final"])
+    return max(rows, key=lambda row: (row["on_topic_final"], row["final"]))
 
 
 def main() -> None:
@@ -50,15 +69,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the chosen flags per arm (JSON)")
     args = parser.parse_args()
     table = sweep_table(args.tune_dir)
-    print("| arm | setting | final held-out score per tuning seed | mean |\n|---|---|---|---|")
+    print("| arm | setting | final held-out score per tuning seed | mean | on topic before → after | right result after |")
+    print("|---|---|---|---|---|---|")
     chosen: dict[str, str] = {}
     for arm, rows in table.items():
-        best = max(rows, key=lambda row: row["final"])  # max keeps the first of equals
+        best = pick(rows)
         chosen[arm] = best["flags"]
         for row in rows:
             per_seed = ", ".join(f"{seed}: {score:.2f}" for seed, score in row["final_per_seed"].items())
             mark = " **(picked)**" if row is best else ""
-            print(f"| {arm} | `{row['setting']}`{mark} | {per_seed} | {row['final']:.2f} |")
+            print(f"| {arm} | `{row['setting']}`{mark} | {per_seed} | {row['final']:.2f} | "
+                  f"{row['on_topic_baseline']:.2f} → {row['on_topic_final']:.2f} | {row['correct_final']:.2f} |")
     if "combine" in chosen:
         chosen["memory_combine"] = chosen["combine"]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -224,3 +224,23 @@ def test_the_report_puts_the_answers_correctness_beside_the_style_score(tmp_path
     assert paired["on_topic_mean"] == -0.75 and paired["correct_mean"] == -0.5 and paired["correct_ci"][1] <= 0
     card = (tmp_path / "report.md").read_text()
     assert "| combine (RL + OPD) | 1.00 | **0.25** |" in card
+
+
+def test_the_sweep_picks_the_best_style_among_settings_that_keep_the_question(tmp_path: Path) -> None:
+    """benchmarks/learn_pick.py: a setting whose answers leave the question loses to one that stays on it."""
+    def tuned(setting: str, flags: dict[str, Any], style: list[bool], on_topic: list[bool]) -> None:
+        before = Evaluation(0, 0, [False] * 4, "before", on_topic=[True] * 4, correct=[False] * 4)
+        runs = [RunResult("rl", 100, [before, Evaluation(6, 5, style, "after", on_topic, [False] * 4)], [True], 5, 1.0)]
+        out = tmp_path / "tune" / "rl" / setting
+        out.mkdir(parents=True)
+        write_report(BenchConfig(method="rl", sessions=6, seed_list="100", out=out), {"rl": flags}, runs, "bench")
+
+    tuned("fast", {"lr": 5e-4}, style=[True] * 4, on_topic=[True, False, False, False])
+    tuned("slow", {"lr": 1e-4}, style=[True, True, False, False], on_topic=[True] * 4)
+    tuned("slower", {"lr": 5e-5}, style=[True, False, False, False], on_topic=[True] * 4)
+    printed = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "learn_pick.py"),
+                              str(tmp_path / "tune"), "--out", str(tmp_path / "picked.json")],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    picked = json.loads((tmp_path / "picked.json").read_text())
+    assert picked["chosen"] == {"rl": "--lr 0.0001"}
+    assert "`slow` **(picked)**" in printed and "1.00 → 0.25" in printed
