@@ -37,10 +37,10 @@ SCORE_LEANINGS = {
     "thanks": 1, "praise": 1, "works": 1, "done": 1, "positive_emoji": 1, "negated_complaint": 1, "move_on": 1,
     "complaint": -1, "too": -1, "sarcasm": -1, "negative_emoji": -1, "emphasis": -1, "request_frame": -1,
     "imperative": -1, "this_not_that": -1, "actually": -1,
-    "hesitation": 0, "self_question": 0,
+    "hesitation": 0, "self_question": 0, "new_request": 0,
 }
 DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually")
-_SHADOWED_BY = (("complaint", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"))
+_SHADOWED_BY = (("complaint", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"), ("thanks", "complaint"))
 _CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too")
 _SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
                 "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
@@ -157,6 +157,8 @@ def _shape_features(reply: str, folded: str, request: str | None) -> dict[str, f
         features["plain_question"] = 1.0  # asks about something, asks for no change
     if not any(counts[name] for name in _SIGNAL_CUES):
         features["no_cue_question" if asks else "no_cue_statement"] = 1.0  # "Grams?", "its 40x28 not 45x30"
+        if asks and len(words) <= 2:
+            features["bare_word_question"] = 1.0  # "grams?", "haiku?": the one thing the answer got wrong
     features.update(_order_features(reply))
     if request:
         overlap = _request_overlap(folded, fold(request))

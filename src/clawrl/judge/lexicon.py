@@ -38,6 +38,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"спасибо", r"спс", r"благодарю",
         r"谢谢", r"多谢", r"感谢", r"谢啦",
         r"ありがとう", r"ありがと", r"どうも", r"助かりま", r"感謝",
+        r"vlw", r"grz", r"grx", r"grax", r"thnx", r"thanx", r"merci bcp", r"dankjewel", r"spasibo",
     ),
     "praise": (
         r"perfect(?:ly)?", r"perfct", r"great", r"awesome", r"excellent", r"nice", r"good", r"lovely", r"amazing",
@@ -62,6 +63,11 @@ CUES: dict[str, tuple[str, ...]] = {
         r"好的", r"很好", r"完美", r"太好了", r"不错", r"厉害", r"棒", r"满意", r"好极了", r"可以", r"没问题",
         r"完璧", r"最高", r"いいね", r"素晴らしい", r"ばっちり", r"良い", r"いい感じ", r"さすが", r"美味しかった",
         r"おいしかった", r"バッチリ", r"大丈夫",
+        r"obsessed", r"holy (?:crap|cow|moly|smokes)", r"(?:so )?much better", r"better than (?:mine|i (?:expected|thought))",
+        r"(?:it )?clicked", r"got it", r"makes sense now", r"impressive", r"chef'?s kiss", r"slaps",
+        r"show de bola", r"mandou bem", r"arrasou", r"que bueno", r"buenisimo", r"que bien",
+        r"ca claque", r"top du top", r"wahnsinn", r"bombe", r"super gemacht", r"fantastisch",
+        r"da hora", r"incrivel", r"ben fatto", r"mitico", r"top top", r"prachtig", r"te gek",
     ),
     "works": (
         r"(?:it|that|this) works", r"works(?: now| great| perfectly| fine)?", r"worked", r"working now",
@@ -75,6 +81,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"работает", r"заработало", r"получилось",
         r"有效", r"成功", r"好用", r"能用",
         r"動いた", r"できた", r"動きました", r"うまくいき",
+        r"(?:it )?actually worked", r"it did", r"came (?:off|out) (?:great|fine|perfect\w*)", r"worked like a charm",
     ),
     "done": (
         r"sent", r"sending", r"shipped", r"ship it", r"posted", r"posting", r"done", r"merged", r"deployed", r"submitted",
@@ -88,6 +95,9 @@ CUES: dict[str, tuple[str, ...]] = {
         r"отправил\w*", r"отправлю", r"сделано", r"готово",
         r"发了", r"已发", r"搞定", r"完成",
         r"送りました", r"送った", r"送ります", r"完了",
+        r"making (?:it|this|these|them) (?:tonight|today|now|tomorrow)", r"(?:gonna|going to|will) (?:make|try|use|cook|bake)",
+        r"trying (?:it|this) (?:tonight|today|now)", r"using (?:it|this) as", r"bookmarked", r"copied",
+        r"lo hago (?:hoy|esta noche)", r"je le fais", r"mach ich (?:heute|gleich)", r"vou fazer", r"lo faccio",
     ),
     "move_on": (
         r"now", r"next", r"moving on", r"another (?:one|thing|question)", r"next step", r"also,", r"ok(?:ay)? now",
@@ -137,6 +147,10 @@ CUES: dict[str, tuple[str, ...]] = {
         r"не так", r"ерунда", r"не подходит", r"я же (?:сказал|просил)\w*", r"скучно",
         r"不对", r"错了", r"不行", r"不好", r"没用", r"还是不", r"不是我要的", r"我说的是", r"不太对", r"有问题",
         r"違う", r"ちがう", r"だめ", r"ダメ", r"微妙", r"動かない", r"いまいち", r"エラー", r"って言った",
+        r"blank", r"empty", r"wouldn'?t (?:make|use|do|cook|send) (?:it|this|that) again", r"never again",
+        r"waste of time", r"doesn'?t help", r"no good", r"pas terrible", r"no funciono", r"nao funcionou",
+        r"n'a pas (?:marche|fonctionne)", r"hat nicht (?:funktioniert|geklappt)", r"non ha funzionato", r"не сработало",
+        r"brega", r"cafona", r"kitsch", r"kitschig", r"hortera", r"ringard", r"pacchiano", r"没用啊",
     ),
     "too": (
         r"too (?:long|short|formal|informal|casual|stiff|wordy|much|many|vague|generic|complicated|basic|cold|dry|"
@@ -260,6 +274,8 @@ CUES: dict[str, tuple[str, ...]] = {
         r"ну конечно", r"ага,", r"гениально", r"спасибо, кэп", r"ну да", r"ну спасибо",
         r"真是太.{0,10}了呢", r"呵呵", r"厉害了", r"真有创意", r"好厉害哦",
         r"さすがです", r"へえ", r"なるほどね", r"すごいですね",
+        r"exactly what i (?:was going for|wanted|needed)\.", r"so helpful", r"super helpful\.", r"the famous",
+        r"incredible\.", r"brilliant\.", r"what could go wrong", r"good luck with that", r"thanks a lot\.",
     ),
     "question_word": (
         r"what", r"how", r"why", r"where", r"when", r"which", r"who", r"is (?:it|this|that|there)",
@@ -294,6 +310,19 @@ CUES: dict[str, tuple[str, ...]] = {
     "this_not_that": (  # "SQL Server, not Postgres", "marta no maria", "41 а не 14"
         r"[\w.#/-]+,? (?:not|nicht|nich|non|niet|nao|pas|а не|no) (?:the |a |an |el |la |le |il |o |der |die |das )?"
         r"[\w.#/-]+",
+    ),
+    "new_request": (  # a request that leaves the answer behind: a new topic, not a correction
+        r"unrelated", r"(?:a )?(?:different|new|another|random|separate|quick) (?:question|q|thing|topic)", r"quick q",
+        r"by the way", r"btw", r"off topic", r"on another note", r"while i have you", r"also,? can you",
+        r"cambiando de tema", r"otra pregunta", r"por cierto", r"una pregunta", r"aparte",
+        r"autre question", r"au fait", r"question bete", r"sans rapport", r"rien a voir,",
+        r"andere frage", r"ubrigens", r"ganz anderes thema", r"noch eine frage", r"kurze frage",
+        r"outra pergunta", r"mudando de assunto", r"a proposito", r"pergunta rapida",
+        r"altra domanda", r"cambiando argomento", r"domanda veloce", r"a parte",
+        r"andere vraag", r"trouwens", r"even iets anders",
+        r"другой вопрос", r"кстати", r"не по теме", r"ещё вопрос", r"еще вопрос",
+        r"另一个问题", r"顺便问", r"换个话题", r"另外问",
+        r"ところで", r"別の質問", r"話は変わ",
     ),
     "hesitation": (  # neither yes nor no yet: "hmm", "huh"
         r"h+m+", r"hm+", r"huh", r"uh+", r"e+h+", r"m{2,}", r"bueno", r"pues", r"euh", r"bah", r"tja", r"hmpf",

@@ -52,6 +52,7 @@ _TOOL_ERROR = re.compile(
     r"|\btoo many requests\b|\brate limit(?:ed)? exceeded\b|\[emerg\]|\binvalid option\b|\bundefined reference\b"
     r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
     r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:"
+    r"|\*\*\* .*\bStop\.|\bWARNING: DATA RACE\b|\bError from server\b|\bnot found\s*$|\bAddressSanitizer\b"
     # a line that opens with the word ("CMake Error at ...", "ERROR 1054 (42S22): ..."), an HTTP
     # client or server error status, a spreadsheet's error value
     r"|^\s*(?:\w+ )?(?:error|fatal)(?= at\b| \d| ?\(| ?\[)|\bHTTP(?:/[\d.]+)? [45]\d\d\b|^\s*#(?:N/?A|NV|VALUE!|REF!|DIV/0!|NAME\?)\s*$",
@@ -61,7 +62,10 @@ _EXIT_CODE = re.compile(
     r"\b(?:exit(?:ed)?(?:\s+with)?[\s_]?(?:code|status)|return[\s_]?code|returncode)[\"']?\s*[:=]?\s*(-?\d+)",
     re.IGNORECASE,
 )
-_TOOL_DID_NOTHING = re.compile(r"\bno tests ran\b|\bcollected 0 items\b", re.IGNORECASE)
+_TOOL_DID_NOTHING = re.compile(
+    r"\bno tests ran\b|\bcollected 0 items\b|\[no test files\]|\bRan 0 tests\b|\bno tests to run\b|\b0 passing\b",
+    re.IGNORECASE,
+)
 _WORD = re.compile(r"[a-z0-9']+")
 
 
