@@ -9,7 +9,7 @@ with the highest mean final held-out score; when none keeps them, the one that l
 on-topic answers. Ties keep the benchmark's default settings, then the first by name.
 `memory_combine` trains as `combine` does, so it takes combine's pick rather than a sweep of its own.
 
-    python benchmarks/learn_pick.py runs/learn/tune --out runs/learn/settings.json
+    python benchmarks/learn_pick.py runs/learn/tune [runs/learn/tune101 ...] --out docs/results/learn-sweep.json
 """
 
 from __future__ import annotations
@@ -31,24 +31,42 @@ def arm_flags(results: dict[str, Any], arm: str) -> dict[str, Any]:
     return results["arms"][arm].get("train_flags") or results["train_flags"]
 
 
-def sweep_table(tune_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Per arm, every setting of the sweep with its final scores: the default first, then by name."""
+def sweep_table(tune_dirs: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm, every setting of the sweep with its final scores: the default first, then by name.
+
+    Several directories (the same settings run on other tuning seeds) join per setting: every figure
+    is the mean over all their seeds (each directory's figures are means over its own seeds, weighted
+    by how many it has)."""
     table: dict[str, list[dict[str, Any]]] = {}
     for arm in TUNED_ARMS:
-        for results_path in sorted((tune_dir / arm).glob("*/results.json")):
-            results = json.loads(results_path.read_text())
-            per_seed = {seed["seed"]: seed["final"] for seed in results["arms"][arm]["per_seed"]}
-            table.setdefault(arm, []).append({
-                "setting": results_path.parent.name, "flags": " ".join(flags_for(arm_flags(results, arm))),
-                "final_per_seed": per_seed, "final": results["arms"][arm]["final"],
-                "baseline": results["arms"][arm]["baseline"], "seeds": results["seed_list"],
-                "on_topic_baseline": results["arms"][arm]["on_topic_baseline"],
-                "on_topic_final": results["arms"][arm]["on_topic_final"],
-                "correct_final": results["arms"][arm]["correct_final"],
-                "default": arm_flags(results, arm) == BENCH_TRAIN_DEFAULTS,
-            })
+        settings: dict[str, list[dict[str, Any]]] = {}
+        for tune_dir in tune_dirs:
+            for results_path in sorted((tune_dir / arm).glob("*/results.json")):
+                settings.setdefault(results_path.parent.name, []).append(json.loads(results_path.read_text()))
+        for name, runs in sorted(settings.items()):
+            table.setdefault(arm, []).append(_joined(arm, name, runs))
         table.get(arm, []).sort(key=lambda row: not row["default"])  # stable: by name after the default
     return table
+
+
+def _joined(arm: str, setting: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    flags = {json.dumps(arm_flags(results, arm), sort_keys=True) for results in runs}
+    if len(flags) > 1:
+        raise ValueError(f"{arm}/{setting} ran with different flags in different directories: {flags}")
+    weights = [len(results["seed_list"]) for results in runs]
+
+    def mean_of(name: str) -> float:
+        return sum(results["arms"][arm][name] * weight for results, weight in zip(runs, weights)) / sum(weights)
+
+    return {
+        "setting": setting, "flags": " ".join(flags_for(arm_flags(runs[0], arm))),
+        "final_per_seed": {seed["seed"]: seed["final"] for results in runs for seed in results["arms"][arm]["per_seed"]},
+        "final": mean_of("final"), "baseline": mean_of("baseline"),
+        "seeds": sorted(seed for results in runs for seed in results["seed_list"]),
+        "on_topic_baseline": mean_of("on_topic_baseline"), "on_topic_final": mean_of("on_topic_final"),
+        "correct_final": mean_of("correct_final"),
+        "default": arm_flags(runs[0], arm) == BENCH_TRAIN_DEFAULTS,
+    }
 
 
 def keeps_the_question(row: dict[str, Any]) -> bool:
@@ -65,10 +83,10 @@ def pick(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("tune_dir", type=Path)
+    parser.add_argument("tune_dirs", type=Path, nargs="+", help="`learn_sweep.sh tune` directories (other tuning seeds)")
     parser.add_argument("--out", type=Path, required=True, help="the chosen flags per arm (JSON)")
     args = parser.parse_args()
-    table = sweep_table(args.tune_dir)
+    table = sweep_table(args.tune_dirs)
     print("| arm | setting | final held-out score per tuning seed | mean | on topic before → after | right result after |")
     print("|---|---|---|---|---|---|")
     chosen: dict[str, str] = {}
