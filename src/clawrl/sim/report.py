@@ -348,7 +348,9 @@ def report_card(results: dict[str, Any], command: str) -> str:
         "",
         f"Seeds: {', '.join(map(str, results['seed_list']))} (report seeds: "
         f"{', '.join(map(str, results['report_seeds'])) or 'none'}; tuning seeds: "
-        f"{', '.join(map(str, results['tuning_seeds']))}). Catch-up between sessions: "
+        f"{', '.join(map(str, results['tuning_seeds']))}). Model builds (pre-training seeds): "
+        f"{', '.join(map(str, results.get('pretrain_seeds', [0])))}; a seed on another build is a unit of its own "
+        "(\"10@build1\"). Catch-up between sessions: "
         f"{'on' if results['catch_up'] else 'off (--no-catch-up)'}. User noise: "
         f"{', '.join(f'{name} {value:g}' for name, value in results['user_noise'].items()) or 'none'}. "
         f"Hint strings shared with pre-training: {results['hint_strings_shared_with_pretraining']}.",
@@ -357,7 +359,8 @@ def report_card(results: dict[str, Any], command: str) -> str:
         f"{results['judged_turns']} judged turns agree (+1 on a satisfied user, -1 on an unsatisfied one); "
         f"{_figure(results['judge_abstained'])} scored 0.",
         "",
-        *(["Paired differences (per seed, the same held-out prompts; the interval resamples seeds and prompts):",
+        *(["Paired differences (per seed, the same held-out prompts; the interval is the wider of a bootstrap over "
+           "seeds and prompts and a t-interval over the seeds):",
            "", paired_table(results), ""] if results.get("paired") else []),
         *(["Trained arms, the asynchronous path (from the published versions' step metrics and the sample table):",
            "", training_table(results), ""] if any(arm.get("training") for arm in results["arms"].values()) else []),
