@@ -29,6 +29,7 @@ COMMON=(--eval-every 12 --tuning-seeds "$TUNING_SEEDS")
 SETTINGS=(
   "lr2e-4_kl0.3_b32|--lr 2e-4 --kl-beta 0.3 --reward-baseline-samples 32"
   "lr1e-4_kl0.3_b32|--lr 1e-4 --kl-beta 0.3 --reward-baseline-samples 32"
+  "lr2e-4_kl1.0_b32|--lr 2e-4 --kl-beta 1.0 --reward-baseline-samples 32"
 )
 # The report's model builds: the tiny model pre-trained with each of these seeds (--model-seed).
 MODEL_SEEDS=${MODEL_SEEDS:-0 1}
