@@ -58,6 +58,7 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert training["mean_is_weight"] is not None and 0 < training["mean_is_weight"] <= 10
     assert 0 <= training["stale_share"] <= 1
     assert results["report_seeds"] == [0] and results["paired"] == {}  # one arm: nothing to pair
+    assert results["pretrain_seeds"] == [0] and len(results["pretrain_builds"]["0"]["weights_sha256"]) == 64
 
 
 def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_path: Path) -> None:

@@ -411,7 +411,9 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
     """Every arm under every seed; writes results.json, the report card and the plot to `config.out`."""
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request would bury the progress
-    print(f"model: {prepared_model(config)}")
+    model_dir = prepared_model(config)
+    print(f"model: {model_dir}")
+    build = model_build(Path(model_dir))
     train_flags = bench_train_flags(given_train_flags)
     voice = voice_for(config)
     config.out.mkdir(parents=True, exist_ok=True)
@@ -419,9 +421,20 @@ def run_bench(config: BenchConfig, given_train_flags: dict[str, Any],
     for arm in arms_for(config.method):
         for seed in config.run_seeds():
             runs.append(run_arm(arm, seed, config, train_flags, voice, progress))
+            runs[-1].model_build = build
             (config.out / "runs.json").write_text(json.dumps([run.to_json() for run in runs], indent=1))
     trained = {arm: train_flags for arm in arms_for(config.method) if arm in TRAINED_ARMS}
     return write_report(config, trained, runs, command_line(config))
+
+
+def model_build(model_dir: Path) -> dict[str, Any] | None:
+    """What a locally pre-trained model records of its build (its weights' digest, torch, the CPU's
+    vector unit, BLAS; `pretrain.build_environment`); None for a model that was not pre-trained here."""
+    record = model_dir / "pretrain.json"
+    if not record.is_file():
+        return None
+    written = json.loads(record.read_text())
+    return {name: written[name] for name in ("seed", "weights_sha256", "build") if name in written}
 
 
 def prepared_model(config: BenchConfig) -> str:

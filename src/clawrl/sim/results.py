@@ -50,6 +50,7 @@ class RunResult:
     judged: list[tuple[int, bool]] = field(default_factory=list)
     training: dict[str, Any] | None = None  # trained arms: `stats.training_summary` of the run
     model_seed: int = 0  # the pre-training seed of the tiny model served (`--model-seed`): the model build
+    model_build: dict[str, Any] | None = None  # its pretrain.json's digest and build (`bench.model_build`)
 
     @property
     def unit(self) -> str:
@@ -80,4 +81,4 @@ class RunResult:
                        for e in data["evaluations"]]
         return cls(data["arm"], data["seed"], evaluations, list(data["session_satisfied"]), data.get("versions", 0),
                    data.get("seconds", 0.0), [(int(score), bool(truth)) for score, truth in data.get("judged", [])],
-                   data.get("training"), data.get("model_seed", 0))
+                   data.get("training"), data.get("model_seed", 0), data.get("model_build"))
