@@ -75,7 +75,7 @@ def test_paired_interval_is_narrower_than_the_unpaired_arms_when_they_move_toget
 def test_paired_differences_keys_only_the_pairs_that_ran() -> None:
     finals = {"combine": OUTCOMES, "rl": OUTCOMES, "none": {0: [False] * 4}}
     differences = paired_differences(finals)
-    assert set(differences) == {"combine-rl", "combine-none"}
+    assert set(differences) == {"combine-rl", "combine-none", "rl-none"}
     assert differences["combine-none"]["mean"] == 0.5 and differences["combine-none"]["seeds"] == 1
 
 

@@ -22,6 +22,11 @@ PAIRS = (
     ("combine", "none"),
     ("memory_combine", "memory"),  # does training add to memory?
     ("memory_combine", "combine"),  # does memory add to training?
+    # every other arm against the control, for what each does to the question (issue 28)
+    ("rl", "none"),
+    ("opd", "none"),
+    ("memory", "none"),
+    ("memory_combine", "none"),
 )
 
 
