@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 
 import clawrl
 from clawrl.judge import classifier
-from clawrl.judge.classifier import default_model, train_model
+from clawrl.judge.classifier import forget_default_model, train_model
 from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
@@ -63,11 +64,11 @@ def test_building_and_running_the_offline_judge_reads_the_tuning_part_only(monke
         return original(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_text", recording)
-    default_model.cache_clear()
+    forget_default_model()
     try:
         verdict = judge_by_rules([{"role": "user", "content": "Write a note."}], [{"role": "user", "content": "thanks!"}])
     finally:
-        default_model.cache_clear()  # the next caller builds it again, unrecorded
+        forget_default_model()  # the next caller builds it again, unrecorded
     assert verdict == (1, [])
     assert read == ["tuning.jsonl"]
 
@@ -104,3 +105,22 @@ def test_a_hint_is_recalled_when_every_keyword_group_matches(
     hint: str | None, keywords: tuple[tuple[str, ...], ...], recalled: bool
 ) -> None:
     assert hint_recalled(hint, keywords) is recalled
+
+
+def test_judges_in_several_threads_build_the_classifier_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judge worker judges turns in threads: they wait for one build instead of each training its own."""
+    builds: list[int] = []
+    original = classifier.train_model
+
+    def counting(items: list) -> classifier.ReplyModel:
+        builds.append(1)
+        return original(items)
+
+    monkeypatch.setattr(classifier, "train_model", counting)
+    forget_default_model()
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            models = list(pool.map(lambda _: classifier.default_model(), range(4)))
+    finally:
+        forget_default_model()
+    assert len(builds) == 1 and all(model is models[0] for model in models)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -221,9 +222,27 @@ def train_model(items: Iterable[LabelledReply]) -> ReplyModel:
     return ReplyModel(vocabulary, _weights(rows, vocabulary, score_mix), _weights(rows, vocabulary, direction_mix))
 
 
-@cache
+_DEFAULT_MODEL_LOCK = threading.Lock()
+
+
 def default_model() -> ReplyModel:
-    """The classifier trained on the corpus's tuning part: what the offline judge uses."""
+    """The classifier trained on the corpus's tuning part: what the offline judge uses.
+
+    Built once per process. The judge worker judges several turns at once in threads; without the
+    lock each of them would train its own copy at the same time (seconds each, on the one CPU the
+    background loops get), and the first turns would wait for all of them.
+    """
+    with _DEFAULT_MODEL_LOCK:
+        return _trained_default_model()
+
+
+def forget_default_model() -> None:
+    """Drop the built classifier: the next `default_model()` trains it again."""
+    _trained_default_model.cache_clear()
+
+
+@cache
+def _trained_default_model() -> ReplyModel:
     return train_model(load_part(TUNING))
 
 

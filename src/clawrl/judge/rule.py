@@ -138,6 +138,8 @@ def judged_hints(user_text: str, score: int, previous_user_text: str | None, mod
     """
     if score == 1 or not user_text:
         return []
+    if previous_user_text and _words(user_text) <= _words(previous_user_text):
+        return []  # the request asked again word for word: nothing in it that a hint could add
     clauses = directive_hints(user_text)
     directs = model.direction_probability(user_text, previous_user_text) >= DIRECTION_THRESHOLD
     if not directs and not (score == -1 and clauses):
