@@ -48,6 +48,7 @@ from clawrl.config import BenchConfig, EngineConfig, TrainConfig
 from clawrl.serve.runner import free_port
 from clawrl.sim.memory import PromptMemory
 from clawrl.sim.models import resolve_model
+from clawrl.sim.pretrain import weights_digest
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
@@ -434,7 +435,9 @@ def model_build(model_dir: Path) -> dict[str, Any] | None:
     if not record.is_file():
         return None
     written = json.loads(record.read_text())
-    return {name: written[name] for name in ("seed", "weights_sha256", "build") if name in written}
+    # A model cached before builds were recorded has no digest in its record: the weights still say it.
+    return {"seed": written.get("seed"), "weights_sha256": written.get("weights_sha256") or weights_digest(model_dir),
+            "build": written.get("build")}
 
 
 def prepared_model(config: BenchConfig) -> str:
