@@ -138,7 +138,7 @@ def judged_hints(user_text: str, score: int, previous_user_text: str | None, mod
     """
     if score == 1 or not user_text:
         return []
-    if previous_user_text and _words(user_text) <= _words(previous_user_text):
+    if previous_user_text and _plain(user_text) == _plain(previous_user_text):
         return []  # the request asked again word for word: nothing in it that a hint could add
     clauses = directive_hints(user_text)
     directs = model.direction_probability(user_text, previous_user_text) >= DIRECTION_THRESHOLD
@@ -197,6 +197,10 @@ def _user_text(messages: list[dict[str, Any]]) -> str:
 def _text(message: dict[str, Any]) -> str:
     """Content as one string, with typographic apostrophes made plain so "don’t" matches "don't"."""
     return content_text(message.get("content")).replace("\u2019", "'")
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def _words(text: str) -> set[str]:
