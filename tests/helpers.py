@@ -349,8 +349,9 @@ def healthz(base: str) -> dict[str, Any] | None:
         return None
 
 
-def wait_for_judgment(store: Store, turn_id: str, timeout: float = 30) -> Any:
-    """The judgment of `turn_id` once the judge has recorded it; fails after `timeout` seconds."""
+def wait_for_judgment(store: Store, turn_id: str, timeout: float = 60) -> Any:
+    """The judgment of `turn_id` once the judge has recorded it; fails after `timeout` seconds (the first
+    judgment of a process also waits for the offline judge's classifier to be built: seconds on a loaded CI)."""
     deadline = time.monotonic() + timeout
     while (judgment := store.judgment(turn_id)) is None:
         if time.monotonic() >= deadline:
