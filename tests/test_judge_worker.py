@@ -90,7 +90,8 @@ def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
         backlog = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
     assert "clawrl_judge_backlog_turns 4.0" in backlog  # the last answer has nothing after it yet
     command = [sys.executable, "-m", "clawrl.cli", "judge", "--run-dir", str(run_dir), "--once"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)  # nice 10, one CPU: the classifier build waits on a busy machine
+    # the judge runs at nice 10 on one CPU: on a busy machine its classifier build waits
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "judged 4 turn(s)" in result.stdout
     store = Store.for_run_dir(run_dir)
