@@ -2,7 +2,7 @@
 # The learning benchmark's tuning sweep and report runs (issue 12), as `clawrl bench learn`
 # invocations run two at a time (each server and trainer uses one thread, so two runs keep a
 # 2-core machine busy). Every trained arm gets the same sweep: the same three settings on the
-# same tuning seeds. Afterwards `benchmarks/learn_merge.py` picks each arm's best settings from
+# same tuning seeds. Afterwards `benchmarks/learn_pick.py` picks each arm's settings from
 # the tuning runs and merges the report runs into one report.
 #
 #   benchmarks/learn_sweep.sh tune   OUT   # 3 settings x {rl, opd, combine} on tuning seeds

@@ -96,28 +96,26 @@ class SampleBuilder:
         self.teacher, self.teacher_name, self.topk = teacher, teacher_name, topk
         self.max_context_tokens = max_context_tokens
         self.reward_baseline_samples = reward_baseline_samples
-        # The judge's latest nonzero scores, oldest first: read from the store on each build, so a
-        # restarted trainer centres exactly as the one before it would have.
-        self._recent_scores: deque[float] = deque(maxlen=max(reward_baseline_samples, 1))
 
     def build(self, limit: int = 64) -> int:
         """Give every judged turn (up to `limit`, oldest first) its sample row; returns how many."""
         judged = self.training.judged_turns_without_sample(limit)
-        if judged and self.reward_baseline_samples:
-            self._recent_scores.clear()
-            self._recent_scores.extend(self.training.recent_chat_scores(self.reward_baseline_samples))
         if judged:
-            self.training.add_samples([self._sample_for(item) for item in judged])
+            # The judge's latest nonzero scores, oldest first, read from the store so that a restarted
+            # trainer centres exactly as the one before it would have; each new score joins them.
+            window = self.reward_baseline_samples
+            recent = deque(self.training.recent_chat_scores(window) if window else [], maxlen=max(window, 1))
+            self.training.add_samples([self._sample_for(item, recent) for item in judged])
         self._settle_held()
         return len(judged)
 
-    def _sample_for(self, item: JudgedTurn) -> Sample:
+    def _sample_for(self, item: JudgedTurn, recent_scores: deque[float]) -> Sample:
         turn, judgment = item.turn, item.judgment
         decision = decide(judgment.score, judgment.hint, self.method)
         reward = decision.reward
         if self.reward_baseline_samples and reward != 0:
-            reward = centred(reward, self._recent_scores)
-            self._recent_scores.append(decision.reward)
+            reward = centred(reward, recent_scores)
+            recent_scores.append(decision.reward)
         base = Sample(
             turn_id=turn.id,
             status="ready",
