@@ -49,6 +49,34 @@ def test_json_logs_are_one_object_per_line_from_the_server_and_its_trainer(tiny_
     assert serving["pid"] == serve.pid and trainer["pid"] != serve.pid and trainer["level"] == "info"
 
 
+SIGNAL_INSIDE_DEL = """
+import os, signal
+from clawrl import cli
+from clawrl.logs import configure_logging
+
+configure_logging("json")
+signal.signal(signal.SIGTERM, cli._exit_on_signal)
+
+class Collected:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10_000))  # the handler runs here, inside __del__, where its SystemExit is only printed
+
+Collected()
+print("stop asked for:", cli._stop_signalled.is_set())
+"""
+
+
+def test_a_stop_signal_lost_inside_a_destructor_is_still_seen_and_logged_as_json() -> None:
+    """CI once caught SIGTERM landing in the regex module's `Group.__del__`: Python printed
+    "Exception ignored in ..." (not JSON) and the trainer went on. The stop must survive that."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_INSIDE_DEL], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "stop asked for: True"
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert [record["level"] for record in records] == ["warning"]
+    assert records[0]["message"].startswith("Exception ignored in") and "SystemExit: 143" in records[0]["exception"]
+
+
 def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(tiny_model_dir: Path, tmp_path: Path) -> None:
     """httpx (and so the openai SDK) reuses an idle connection for up to 5 s: had the server closed it
     at 5 s too, a request written at that moment would be lost unread (found by the soak)."""

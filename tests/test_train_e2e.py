@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,9 @@ def test_other_parameterisations_publish_versions_the_engine_serves(tiny_model_d
     engine_config, _, train = trainer_configs(tiny_model_dir, tmp_path, **options)
     trainer = Trainer(train, engine_config, store, tmp_path)
     trainer.start()
+    stopped = threading.Event()
+    stopped.set()
+    assert trainer.run(max_steps=1, stop=stopped) == 0  # a stop asked for ends the loop before a step
     assert trainer.run(max_steps=1) == 1
     sample = TrainingStore(store).sample("t0")
     assert sample.teacher == ("base" if options["teacher"] == "base" else "policy v0")

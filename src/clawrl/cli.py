@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 import types
 import typing
@@ -179,7 +180,14 @@ def _open_store(config: StoreConfig, must_exist: bool = False) -> Any:
     return Store(url)
 
 
+# Set by a stop signal. The SystemExit the handler raises is lost when the signal lands while the
+# main thread runs a `__del__` (Python prints "Exception ignored in ..." and goes on; seen in CI
+# with the regex module's `Group.__del__`), so a loop that must end on a stop also checks this.
+_stop_signalled = threading.Event()
+
+
 def _exit_on_signal(signum: int, _frame: Any) -> None:
+    _stop_signalled.set()
     sys.exit(128 + signum)
 
 
@@ -269,7 +277,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer = Trainer(config, engine_config, store, store_config.run_dir)
             try:
                 trainer.start()
-                made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s)
+                made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s, stop=_stop_signalled)
             finally:
                 trainer.close()
     except TrainerLockedError as error:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -57,6 +58,15 @@ def configure_logging(log_format: LogFormat) -> None:
     if log_format == "json":  # nothing else may write to stderr: warnings become records, progress bars go
         logging.captureWarnings(True)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers' bars follow the hub's switch
+        sys.unraisablehook = _log_unraisable  # "Exception ignored in ...", which Python writes itself
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    """An exception Python could not raise (one from a `__del__`, say) as a warning record."""
+    error = unraisable.exc_value
+    exc_info = (unraisable.exc_type, error, unraisable.exc_traceback) if error is not None else None
+    where = unraisable.err_msg or "Exception ignored in"
+    logging.getLogger("clawrl").warning("%s: %r", where, unraisable.object, exc_info=exc_info)
 
 
 def uvicorn_logging() -> dict[str, Any]:

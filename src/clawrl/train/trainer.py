@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -150,10 +151,11 @@ class Trainer:
             log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
         self._follow_pointer()
 
-    def run(self, max_steps: int | None = None, idle_exit_s: float | None = None) -> int:
-        """Train until `max_steps` steps were made (None: forever); returns the steps made."""
+    def run(self, max_steps: int | None = None, idle_exit_s: float | None = None,
+            stop: threading.Event | None = None) -> int:
+        """Train until `max_steps` steps were made (None: forever) or `stop` is set; returns the steps made."""
         made, idle_since = 0, time.monotonic()
-        while max_steps is None or made < max_steps:
+        while (max_steps is None or made < max_steps) and not (stop is not None and stop.is_set()):
             if self.run_once():
                 made, idle_since = made + 1, time.monotonic()
                 continue
