@@ -33,10 +33,10 @@ from pathlib import Path
 from clawrl.config import BenchConfig, EngineConfig, JudgeConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
-from clawrl.engines.chat import render_prompt
 from clawrl.judge.engine_backend import EngineJudge
 from clawrl.judge.selection import OverlapSelector
 from clawrl.judge.worker import hint_candidates
+from clawrl.model.chat import render_prompt
 from clawrl.sim.models import resolve_model
 from clawrl.sim.users import STUDENT, problems
 from clawrl.types import NextState, Turn, TurnContext

@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import machine  # benchmarks/machine.py, beside this script
 
 from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import Engine, SamplingParams
-from clawrl.engines.chat import render_prompt
+from clawrl.model.chat import render_prompt
 from clawrl.sim.tiny import build_tiny_model
-from machine import machine  # benchmarks/machine.py, beside this script
 
 CONCURRENCY_LEVELS = (1, 8, 32)
 CONTEXT = 32768

@@ -31,15 +31,15 @@ from typing import Any
 
 import httpx
 import torch
+from machine import machine  # benchmarks/machine.py, beside this script
 
 from clawrl.config import EngineConfig, ServeConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import Engine, SamplingParams
-from clawrl.engines.chat import render_prompt
+from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
-from machine import machine  # benchmarks/machine.py, beside this script
 
 SERVED_NAME = "bench"
 CONCURRENCY_LEVELS = (1, 8, 32)

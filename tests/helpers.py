@@ -37,18 +37,18 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
-from clawrl.engines import Engine, GenerationStream, SamplingParams, ScoredResponse, build_engine
-from clawrl.engines.chat import render_prompt
+from clawrl.engines import Engine, GenerationStream, SamplingParams, build_engine
 from clawrl.engines.hf import HFEngine
 from clawrl.engines.remote import RemoteEngineError
 from clawrl.engines.vllm import find_vllm_python
 from clawrl.envs.web.browser import browser_unavailable
 from clawrl.judge.worker import build_worker
 from clawrl.messages import conversation_hashes, recorded_fingerprint
+from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.types import Judgment, NextState, PolicyVersion, Sample, SessionIdSource, Turn
+from clawrl.types import Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, Turn
 
 # --------------------------------------------------------------------------- the weather tool round trip
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from clawrl.engines.chat import ResponseDecoder, parse_tool_calls, render_prompt
 from clawrl.messages import answer_fingerprint
+from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from clawrl.engines.base import SamplingParams, TokenStep
-from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
+from clawrl.model.chat import render_prompt
 from clawrl.sim.tiny import tiny_model_path
 from tests.helpers import running_hf_engine, save_lora_adapter
 

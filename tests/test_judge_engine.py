@@ -21,7 +21,6 @@ import pytest
 
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines import build_engine
-from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
 from clawrl.judge.engine_backend import EngineJudge
 from clawrl.judge.prompts import hint_messages, prm_messages
@@ -29,6 +28,7 @@ from clawrl.judge.selection import OverlapSelector, choose_hint, topk_overlap
 from clawrl.judge.types import BackendVerdict
 from clawrl.judge.worker import JudgeWorker, build_backend, build_worker
 from clawrl.messages import teacher_messages
+from clawrl.model.chat import render_prompt
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
 from tests.helpers import converse, fit, record, start_server, turn, user, wait_for_judgment

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring (`clawrl.engines.scoring`) against an independent float64 reference.
+"""Teacher-forced scoring (`clawrl.model.scoring`) against an independent float64 reference.
 
 The reference runs the tiny model in float64 on the plain prompt + response (no padding, every
 position's logits) and reads response token t from the log-softmax at position t - 1. The scoring
@@ -15,22 +15,22 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
-from clawrl.engines import prefix_attention
-from clawrl.engines.base import ScoredResponse
-from clawrl.engines.prefix_attention import ATTENTION_NAME, TreePass, tree_attention
-from clawrl.engines.scoring import (
+from clawrl.model import prefix_attention
+from clawrl.model.prefix_attention import ATTENTION_NAME, TreePass, tree_attention
+from clawrl.model.scoring import (
     PrefixNode,
     can_share_prefix,
     flat_tree,
-    response_hidden_states,
     pack_rows,
     packed_positions,
     prefix_tree,
+    response_hidden_states,
     response_logits,
     response_scores,
     score_response,
     token_logprobs,
 )
+from clawrl.types import ScoredResponse
 from tests.helpers import random_ids, random_tree_prompts
 
 torch.set_num_threads(1)

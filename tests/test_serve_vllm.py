@@ -20,9 +20,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from clawrl.config import EngineConfig
-from clawrl.engines.scoring import score_response
 from clawrl.engines.vllm import SERVED_NAME, VLLMServer
 from clawrl.judge.openai_backend import OpenAIJudge
+from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext

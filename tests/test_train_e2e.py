@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig, JudgeConfig, StoreConfig, TrainConfig
 from clawrl.engines.hf import HFEngine
-from clawrl.engines.scoring import score_response
+from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore

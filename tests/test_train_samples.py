@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import EngineConfig
-from clawrl.engines.chat import render_prompt
 from clawrl.engines.hf import HFEngine
-from clawrl.engines.scoring import score_response
 from clawrl.messages import teacher_messages
+from clawrl.model.chat import render_prompt
+from clawrl.model.scoring import score_response
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 from clawrl.train.samples import SampleBuilder, centred, decide

@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import LossConfig
-from clawrl.engines.scoring import can_share_prefix
+from clawrl.model.scoring import can_share_prefix
 from clawrl.train.trainer import enable_activation_checkpointing
 from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, update_step
 from clawrl.types import Sample, TrainingExample

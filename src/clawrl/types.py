@@ -181,6 +181,15 @@ class Judgment:
 
 
 @dataclass
+class ScoredResponse:
+    """Teacher-forced log-probs of a given response under a given prompt."""
+
+    logprobs: list[float]  # log p(response[t] | prompt, response[:t]) for every t
+    top_token_ids: list[list[int]]  # per position, the top_k most likely ids (empty lists when top_k=0)
+    top_logprobs: list[list[float]]  # their log-probs, aligned with top_token_ids
+
+
+@dataclass
 class Sample:
     """What the trainer made of one judged main turn (DESIGN §6): training signal, or why not."""
 

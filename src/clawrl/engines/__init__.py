@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from clawrl.config import EngineConfig
-from clawrl.engines.base import Engine, GenerationStream, SamplingParams, ScoredResponse, TokenStep
+from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
 
-__all__ = ["Engine", "GenerationStream", "SamplingParams", "ScoredResponse", "TokenStep", "build_engine"]
+__all__ = ["Engine", "GenerationStream", "SamplingParams", "TokenStep", "build_engine"]
 
 
 def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:

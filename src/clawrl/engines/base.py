@@ -15,6 +15,8 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from clawrl.types import ScoredResponse
+
 
 @dataclass
 class SamplingParams:
@@ -59,15 +61,6 @@ class TokenStep:
     logprob: float
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # (token id, log-prob), best first
     finish_reason: str | None = None  # set on the last step: "stop" (end-of-turn token) or "length"
-
-
-@dataclass
-class ScoredResponse:
-    """Teacher-forced log-probs of a given response under a given prompt."""
-
-    logprobs: list[float]  # log p(response[t] | prompt, response[:t]) for every t
-    top_token_ids: list[list[int]]  # per position, the top_k most likely ids (empty lists when top_k=0)
-    top_logprobs: list[list[float]]  # their log-probs, aligned with top_token_ids
 
 
 class GenerationStream:

@@ -41,7 +41,7 @@ Every reported log-prob (`TokenStep.logprob`, `TokenStep.top_logprobs`, `score`)
 RAW model distribution, `log_softmax(logits)` at temperature 1, before temperature and top-p
 reshape it for sampling. That is the distribution the trainer recomputes for the same tokens
 (pi_behaviour in the importance ratio, DESIGN §6), so the two are directly comparable; `score`
-and the trainer share the very function that computes it (`clawrl.engines.scoring`).
+and the trainer share the very function that computes it (`clawrl.model.scoring`).
 
 Policy versions
 ---------------
@@ -70,7 +70,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig
@@ -85,33 +85,19 @@ from clawrl.engines.base import (
     validated_token_ids,
 )
 from clawrl.engines.prefix_cache import PrefixCache
-from clawrl.engines.scoring import score_response
-from clawrl.model.weights import shared_weights
+from clawrl.model.device import resolve_device, resolve_dtype
+from clawrl.model.scoring import score_response
+from clawrl.model.weights import load_causal_lm, shared_weights
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
 _ADAPTER_UNKNOWN = "<unknown>"
 
 
 # --- small pure helpers -----------------------------------------------------------------------
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` means the first CUDA device when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` means float32 on a CPU (bf16 matmuls are slow there) and bfloat16 on CUDA."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
 
 
 def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -397,12 +383,9 @@ class HFEngine(Engine):
             await asyncio.to_thread(self._thread.join)
 
     def _load_model(self, source: str | Path) -> PreTrainedModel:
-        # device_map puts the weights straight on the device, without a full copy in host memory.
-        # Caveat: from_pretrained briefly sets torch's process-wide default dtype while a full-weight
-        # version loads beside the worker; the worker's own code always passes explicit dtypes, and
-        # the decoder code it runs casts explicitly (masks, RoPE, norms), so decoding is unaffected.
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.dtype, device_map=str(self.device))
-        return model.eval()
+        # a full-weight version may load beside the decode thread: the decoder code it runs casts
+        # explicitly (masks, RoPE, norms), so `load_causal_lm`'s brief default dtype does not reach it
+        return load_causal_lm(source, self.dtype, self.device).eval()
 
     def _end_of_turn_ids(self, model: PreTrainedModel) -> frozenset[int]:
         """The tokenizer's eos plus every eos id of the generation config (e.g. <|im_end|>, <|endoftext|>)."""

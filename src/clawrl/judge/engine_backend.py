@@ -13,9 +13,9 @@ from typing import Any
 
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine, SamplingParams
-from clawrl.engines.chat import render_prompt
 from clawrl.judge.sampled import judge_by_sampling
 from clawrl.judge.types import BackendVerdict
+from clawrl.model.chat import render_prompt
 from clawrl.types import TurnContext
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clawrl.engines.base import Engine
-from clawrl.engines.chat import teacher_prompt_ids
+from clawrl.model.chat import teacher_prompt_ids
 from clawrl.types import TurnContext
 
 

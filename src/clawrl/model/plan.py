@@ -140,7 +140,7 @@ def training_activations(shape: Architecture, load: Workload) -> tuple[int, str]
         kept = tokens * shape.hidden_size * load.dtype_bytes * shape.num_hidden_layers + tokens * per_layer
         return int(kept), f"{tokens} positions, checkpointed layers"
     kept = tokens * per_layer * shape.num_hidden_layers
-    # the rows below a shared prefix read its one copy of keys and values (engines/prefix_attention.py)
+    # the rows below a shared prefix read its one copy of keys and values (model/prefix_attention.py)
     return int(kept), f"{tokens} positions" + (" (the prefix once)" if shared else "")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from clawrl.model.folders import build_once
 
@@ -88,3 +89,13 @@ def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:
     name = str(dtype).removeprefix("torch.")
     config.update({key: name for key in ("dtype", "torch_dtype") if key in config})
     config_file.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_causal_lm(source: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    """The model at `source` (a folder or hub id), its weights put straight on `device` in `dtype`.
+
+    `device_map` places each tensor as it loads, without a full copy in host memory first. Caveat:
+    from_pretrained briefly sets torch's process-wide default dtype while it loads; code running
+    beside it (the engine's decode thread) passes explicit dtypes, so it is unaffected.
+    """
+    return AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype, device_map=str(device))

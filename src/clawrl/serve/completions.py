@@ -24,10 +24,10 @@ from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
 from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
-from clawrl.engines.chat import ResponseDecoder, parse_tool_calls, render_prompt
-from clawrl.messages import conversation_hashes, recorded_fingerprint
-from clawrl.serve import schemas
 from clawrl.errors import APIError, describe_validation_error, error_body
+from clawrl.messages import conversation_hashes, recorded_fingerprint
+from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
+from clawrl.serve import schemas
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import (
     SessionIdentity,

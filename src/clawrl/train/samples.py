@@ -38,10 +38,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from clawrl.engines.base import ScoredResponse
-from clawrl.engines.chat import teacher_prompt_ids
+from clawrl.model.chat import teacher_prompt_ids
 from clawrl.store.training import JudgedTurn, TrainingStore
-from clawrl.types import DropReason, Method, Sample, SampleKind, Turn
+from clawrl.types import DropReason, Method, Sample, SampleKind, ScoredResponse, Turn
 
 log = logging.getLogger(__name__)
 

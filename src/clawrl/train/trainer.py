@@ -36,14 +36,13 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
-from clawrl.engines.base import ScoredResponse
-from clawrl.engines.hf import resolve_device, resolve_dtype
-from clawrl.engines.scoring import score_response
-from clawrl.model.weights import shared_weights
+from clawrl.model.device import resolve_device, resolve_dtype
+from clawrl.model.scoring import score_response
+from clawrl.model.weights import load_causal_lm, shared_weights
 from clawrl.store import Store
 from clawrl.store.episodes import EpisodeStore
 from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
@@ -52,7 +51,7 @@ from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, 
 from clawrl.train.samples import SampleBuilder
 from clawrl.train.types import StepMetrics
 from clawrl.train.update import update_step
-from clawrl.types import PolicyVersion, TrainingExample, WeightsKind
+from clawrl.types import PolicyVersion, ScoredResponse, TrainingExample, WeightsKind
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class Trainer:
         torch.manual_seed(config.train_seed)
         # on a CPU, the weights the server maps: one copy of the base on the host (LoRA never writes it)
         weights = shared_weights(source, dtype, self.device, engine_config.cache_dir, engine_config.share_weights)
-        base = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, device_map=str(self.device))
+        base = load_causal_lm(weights, dtype, self.device)
         if config.activation_checkpointing:
             enable_activation_checkpointing(base)
         self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
@@ -114,7 +113,7 @@ class Trainer:
         if config.full:
             self.model: Any = base
             if config.kl_beta > 0 or (config.teacher == "base" and self.method != "rl"):
-                self.reference = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, device_map=str(self.device))
+                self.reference = load_causal_lm(weights, dtype, self.device)
                 self.reference.eval().requires_grad_(False)
         else:
             self.model = get_peft_model(base, lora_config(config))
@@ -288,7 +287,7 @@ class Trainer:
         self.step = int(state["step"])
 
     def _load_full_weights(self, source: str) -> None:
-        saved = AutoModelForCausalLM.from_pretrained(source, dtype=self.model.dtype, device_map=str(self.device))
+        saved = load_causal_lm(source, self.model.dtype, self.device)
         self.model.load_state_dict(saved.state_dict())
 
     def _save_weights(self, directory: Path) -> None:

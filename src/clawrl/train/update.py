@@ -16,7 +16,7 @@ consequence is ρ = π_θ/π_old = 1 at every token, so the PPO clip never fires
 (clip fraction and approximate KL read 0); the truncated importance weights
 min(π_old/π_behaviour, cap) carry the off-policy correction.
 
-Each micro-batch's token ids are packed and scored by `clawrl.engines.scoring` (prompts
+Each micro-batch's token ids are packed and scored by `clawrl.model.scoring` (prompts
 left-padded so that every response starts in one column, only the last R columns scored), the
 very code the engine and the OPD teacher score with, so π_old, π_ref and the teacher's log-probs
 are computed alike. The vocabulary-sized logits are never whole: `response_scores` computes the
@@ -37,7 +37,7 @@ from peft import PeftModel
 from torch import Tensor
 
 from clawrl.config import LossConfig
-from clawrl.engines.scoring import (
+from clawrl.model.scoring import (
     PackedRows,
     can_share_prefix,
     flat_tree,

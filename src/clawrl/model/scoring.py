@@ -41,8 +41,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
-from clawrl.engines.base import ScoredResponse
-from clawrl.engines.prefix_attention import KeysValues, TreePass, tree_attention
+from clawrl.model.prefix_attention import KeysValues, TreePass, tree_attention
+from clawrl.types import ScoredResponse
 
 # A node of the prefix tree costs a forward pass of its own: fewer shared tokens than this are
 # cheaper to compute once per row than to split off (a chat template's opening, a common word).
