@@ -51,7 +51,7 @@ from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.process import TrainerProcess
+from clawrl.trainer_process import TrainerProcess
 from machine import machine  # benchmarks/machine.py, beside this script
 
 SERVED_NAME = "bench"

@@ -146,7 +146,7 @@ class BorrowedEngine(Engine):
         self.tokenizer = engine.tokenizer
         self.max_context_tokens = engine.max_context_tokens
 
-    @property  # type: ignore[override]
+    @property
     def policy_version(self) -> int:
         return self.engine.policy_version
 
@@ -263,7 +263,7 @@ def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore
 
 def version(number: int, parent: int) -> PolicyVersion:
     """A LoRA version `number` trained from `parent`, as the trainer would register it."""
-    return PolicyVersion(number, parent, "lora", f"/runs/policy/v{number}", "0" * 64, number, {"loss": 0.5})
+    return PolicyVersion(number, parent, "lora", f"/runs/policy/shared/v{number}", "0" * 64, number, {"loss": 0.5})
 
 
 # --------------------------------------------------------------------------- a client of a running server

@@ -10,7 +10,7 @@ import pytest
 
 from clawrl.background import choose_cpus, choose_threads
 from clawrl.config import BackgroundConfig, EngineConfig, StoreConfig, TrainConfig
-from clawrl.train.process import TrainerProcess
+from clawrl.trainer_process import TrainerProcess
 from tests.helpers import wait_until
 
 

@@ -25,7 +25,7 @@ from clawrl.config import (
     StoreConfig,
     TrainConfig,
 )
-from clawrl.train.process import settings_env
+from clawrl.trainer_process import settings_env
 
 SERVER_CONFIGS = (EngineConfig, StoreConfig, ServeConfig, DashboardConfig, JudgeConfig, LossConfig, TrainConfig)
 UPSTREAM_NAMES = ("PORT", "SERVED_MODEL_NAME", "SGLANG_API_KEY")

@@ -115,6 +115,29 @@ def test_readyz_is_ready_only_while_the_model_and_the_store_answer(tiny_model_di
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_ctrl_c_stops_serve_and_its_trainer_once_without_a_restart(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C at a terminal signals the foreground process group. The trainer used to be in it: it
+    died at once, and serve's supervisor started it again while serve was still shutting down."""
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--device", "cpu",
+               "--cpu-threads", "1", "--run-dir", str(tmp_path / "run"), "--port", str(port), "--method", "combine"]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    with log_path.open("w") as log_file:
+        serve = subprocess.Popen(command, stderr=log_file, start_new_session=True)  # a terminal's foreground group
+        try:
+            wait_until(lambda: healthz(base) and healthz(base).get("trainer", {}).get("running"), 120, "serve and its trainer")
+            trainer_pid = healthz(base)["trainer"]["pid"]
+            os.killpg(serve.pid, signal.SIGINT)
+            assert serve.wait(60) == 0  # a stop asked for
+        finally:
+            if serve.poll() is None:
+                os.killpg(serve.pid, signal.SIGKILL)
+    log = log_path.read_text()
+    assert "starting it again" not in log and "started the trainer" in log
+    assert not Path(f"/proc/{trainer_pid}").exists() or Path(f"/proc/{trainer_pid}/stat").read_text().split()[2] == "Z"
+
+
 def test_sigterm_lets_requests_in_flight_finish_then_stops_the_trainer_and_exits_0(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     command = [sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--device", "cpu",

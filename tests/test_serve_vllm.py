@@ -94,7 +94,7 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
         assert response.status_code == 200 and response.headers["x-clawrl-policy-version"] == "2"
         turn = Store.for_run_dir(run_dir).turn(response.headers["x-clawrl-turn"])
         served = [entry["logprob"] for entry in response.json()["choices"][0]["logprobs"]["content"]]
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run_dir / "policy" / "v2"))
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run_dir / "policy" / "shared" / "v2"))
         expected = score_response(model.eval(), turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
         torch.testing.assert_close(torch.tensor(served), torch.tensor(expected), rtol=0, atol=2e-3)
         torch.testing.assert_close(torch.tensor(turn.response_logprobs), torch.tensor(expected), rtol=0, atol=2e-3)

@@ -36,7 +36,7 @@ from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.process import TrainerProcess
+from clawrl.trainer_process import TrainerProcess
 from clawrl.train.trainer import Trainer
 from tests.helpers import HINT, Conversation, LoadClients, healthz, run_cli, start_server, teach, wait_until
 
@@ -91,7 +91,7 @@ def test_feedback_trains_new_versions_that_serving_swaps_in_under_load(tiny_mode
     assert {sample.kind for sample in samples} == {"combined", "rl"}
     versions = training.versions()
     assert [(row.version, row.parent, row.step) for row in versions] == [(1, 0, 1), (2, 1, 2), (3, 2, 3)]
-    manifest = json.loads((run_dir / "policy" / "v3" / "manifest.json").read_text())
+    manifest = json.loads((run_dir / "policy" / "shared" / "v3" / "manifest.json").read_text())
     assert manifest["sample_ids"] == [turn_id for turn_id in taught if training.sample(turn_id).trained_version == 3]
     assert "clawrl_train_versions_total 3.0" in metrics and 'clawrl_train_samples{status="trained"} 9.0' in metrics
     assert "clawrl_policy_swaps_total" in metrics and "clawrl_train_logprob_drift" in metrics
@@ -122,10 +122,10 @@ def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_mo
     assert [(row.version, row.parent) for row in training.versions()] == [(1, 0), (2, 1), (3, 2)]
     trained: list[str] = []
     for number in (1, 2, 3):
-        trained += json.loads((run_dir / "policy" / f"v{number}" / "manifest.json").read_text())["sample_ids"]
+        trained += json.loads((run_dir / "policy" / "shared" / f"v{number}" / "manifest.json").read_text())["sample_ids"]
     assert sorted(trained) == sorted(taught)  # every sample exactly once
     assert all(training.sample(turn_id).status == "trained" for turn_id in taught)
-    assert sorted(path.name for path in (run_dir / "policy").iterdir()) == ["v1", "v2", "v3"]
+    assert sorted(path.name for path in (run_dir / "policy" / "shared").iterdir()) == ["v1", "v2", "v3"]
 
 
 def test_a_trainer_that_keeps_dying_at_start_is_given_up_on(tmp_path: Path) -> None:
@@ -159,10 +159,10 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(tiny_model_dir: 
     assert trainer(interrupted).run(max_steps=1) == 1  # a new process's worth of state, from v1
     assert trainer(straight).run(max_steps=2) == 2
     for name in ("adapter_model.safetensors",):
-        left, right = load_file(interrupted / "policy/v2" / name), load_file(straight / "policy/v2" / name)
+        left, right = load_file(interrupted / "policy/shared/v2" / name), load_file(straight / "policy/shared/v2" / name)
         assert left.keys() == right.keys() and all(torch.equal(left[key], right[key]) for key in left)
-    left_state = torch.load(interrupted / "policy/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
-    right_state = torch.load(straight / "policy/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    left_state = torch.load(interrupted / "policy/shared/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
+    right_state = torch.load(straight / "policy/shared/v2/trainer_state.pt", weights_only=True)["optimizer"]["state"]
     assert all(torch.equal(left_state[i]["exp_avg_sq"], right_state[i]["exp_avg_sq"]) for i in left_state)
 
 
@@ -200,7 +200,7 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
             wait_until(lambda: healthz(base)["policy_version"] == 1, 30, "v1 served again")
             version_1, logprobs_1, turn_id_1 = fixed_answer(http)
         assert (version_2, version_1) == (2, 1) and store.turn(turn_id_1).policy_version == 1
-        expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "v1", prompt, store.turn(turn_id_1).response_token_ids)
+        expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "shared" / "v1", prompt, store.turn(turn_id_1).response_token_ids)
         torch.testing.assert_close(torch.tensor(logprobs_1), torch.tensor(expected), rtol=0, atol=1e-4)
         assert response  # the v2 answer was recorded with its token ids
         # The trainer continues from v1: the next version's parent is v1.

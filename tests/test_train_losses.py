@@ -256,6 +256,48 @@ def test_ppo_gradient_reaches_only_the_policy_log_probs() -> None:
     assert (logp.grad[batch["mask"]] != 0).any()
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_clip_changes_the_gradient_once_the_ratio_has_moved(mode: str | None) -> None:
+    """What a later step of several on one batch sees (`update_step` with ppo_epochs > 1): π_θ has
+    moved from π_old. A token whose ratio left [1 − ε_low, 1 + ε_high] the way its advantage pushes
+    loses its gradient, as the float64 reference says, where the unclipped surrogate's gradient
+    would keep pushing; a token outside the other way, or inside, keeps its gradient; and a clip
+    wide enough to hold every ratio gives the unclipped gradient."""
+    batch = random_batch(5)
+    mask = batch["mask"]
+    # (log ρ, A) in turn over the tokens: clipped above, clipped below, outside against the
+    # advantage (both ways), inside (both signs)
+    cases = [(0.5, 1.0), (-0.5, -1.0), (0.5, -1.0), (-0.5, 1.0), (0.1, 1.0), (-0.1, -1.0)]
+    log_ratio = torch.tensor([cases[i % len(cases)][0] for i in range(B * T)], dtype=torch.float64).view(B, T)
+    advantages = torch.tensor([cases[i % len(cases)][1] for i in range(B * T)], dtype=torch.float64).view(B, T)
+    old = batch["logp"] - log_ratio
+    clipped = (advantages > 0) & (log_ratio > math.log(1 + EPS_HIGH))
+    clipped |= (advantages < 0) & (log_ratio < math.log(1 - EPS_LOW))
+    assert (clipped & mask).any() and (~clipped & mask).any()
+
+    def gradient(eps_low: float, eps_high: float) -> tuple[torch.Tensor, float]:
+        logp = batch["logp"].clone().requires_grad_()
+        loss, stats = ppo_clipped_loss(logp, old, advantages, mask, eps_low, eps_high, batch["weights"],
+                                       weights_for(mask, mode))
+        loss.backward()
+        return logp.grad, stats.clip_fraction.item()
+
+    clipped_grad, clip_fraction = gradient(EPS_LOW, EPS_HIGH)
+    _, expected_grad, expected_clip, _, _ = reference_ppo(batch["logp"], old, advantages, batch["weights"], mask, mode)
+    np.testing.assert_allclose(clipped_grad.numpy(), expected_grad, rtol=1e-10, atol=1e-12)
+    assert clip_fraction == pytest.approx(expected_clip, rel=1e-12) and expected_clip > 0
+    # the unclipped surrogate −a·w·ρ·A: its derivative in log π_θ is −w·ρ·A at every token
+    ratio, weights = torch.exp(log_ratio), batch["weights"]
+    local = [[float(-weights[b, t] * ratio[b, t] * advantages[b, t]) for t in range(T) if mask[b, t]] for b in range(B)]
+    unclipped = reference_gradient(local, mode)
+    wide_grad, wide_clip = gradient(0.99, 100.0)  # no ratio here reaches this clip
+    np.testing.assert_allclose(wide_grad.numpy(), unclipped, rtol=1e-10, atol=1e-12)
+    assert wide_clip == 0.0
+    on_clipped = (clipped & mask).numpy()
+    assert (clipped_grad.numpy()[on_clipped] == 0).all() and (np.abs(unclipped[on_clipped]) > 1e-6).all()
+    np.testing.assert_allclose(clipped_grad.numpy()[~on_clipped], unclipped[~on_clipped], rtol=1e-10, atol=1e-12)
+
+
 def garbage_padded(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`values` with NaN and ±inf written into the masked positions, as sloppy padding might."""
     junk = torch.tensor([math.nan, math.inf, -math.inf], dtype=values.dtype).repeat(values.numel())[: values.numel()]

@@ -4,8 +4,9 @@ What a user would observe: a rewarded response becomes likelier, a punished one 
 teacher that prefers the response pulls it up, micro-batching changes nothing but memory (under
 each loss aggregation), the KL
 term pulls a drifted policy back to the reference, and top-K distillation moves the policy's
-distribution onto the teacher's. Gradients are also checked against an independent computation
-(one unpadded forward per sample).
+distribution onto the teacher's; one step per batch never clips, several (epochs, mini-batches)
+do. Gradients are also checked against an independent computation (one unpadded forward per
+sample).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.config import LossConfig
 from clawrl.model.scoring import can_share_prefix
 from clawrl.train.trainer import enable_activation_checkpointing
-from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, update_step
+from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, split_batch, update_step
 from clawrl.types import Sample, TrainingExample
 from tests.helpers import random_ids, random_tree_prompts, turn
 
@@ -430,3 +431,89 @@ def test_activation_checkpointing_takes_the_same_step_without_sharing(tiny_model
     assert can_share_prefix(policy) and not can_share_prefix(checkpointed)
     for name, delta in sgd_delta(checkpointed, examples, config, 4, share_prefix=True).items():
         torch.testing.assert_close(delta, expected[name], rtol=1e-4, atol=1e-7)
+
+
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD that keeps a copy of the trainable weights after each of its steps."""
+
+    def __init__(self, model: torch.nn.Module, lr: float) -> None:
+        self.named = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        super().__init__(self.named.values(), lr=lr)
+        self.after: list[dict[str, torch.Tensor]] = []
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        self.after.append({name: p.detach().clone() for name, p in self.named.items()})
+        return loss
+
+
+def test_one_step_never_clips_and_a_second_epoch_does(tiny_model_dir: Path) -> None:
+    """One step per batch (the default) takes π_old from its own forward pass: ρ = 1, so clip
+    fraction and KL read 0 and the ε's change nothing, bit for bit. With two epochs π_old is held
+    from before the first step, so the second step's ratios have moved: the metrics read the clip
+    and the KL, and the ε's change the weights."""
+    policy = load_policy(tiny_model_dir)
+    samples = mixed_samples(policy, tiny_model_dir)
+    wide = {"eps_low": 0.99, "eps_high": 100.0}  # a clip that no ratio here reaches
+
+    def run(config: LossConfig, **options: Any) -> tuple[Any, list[torch.Tensor]]:
+        model = copy.deepcopy(policy)
+        metrics = train(model, samples, config, steps=1, **options)[0]
+        return metrics, [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+    default, default_weights = run(LossConfig())
+    for config, options in ((LossConfig(), {"ppo_epochs": 1, "mini_batches": 1}), (LossConfig(**wide), {})):
+        metrics, weights = run(config, **options)
+        assert all(torch.equal(a, b) for a, b in zip(default_weights, weights))
+        assert metrics.loss == default.loss and metrics.grad_norm == default.grad_norm
+    assert default.clip_fraction == 0.0 and default.approx_kl == 0.0 and default.optimizer_steps == 1
+    two, two_weights = run(LossConfig(), ppo_epochs=2)
+    two_wide, two_wide_weights = run(LossConfig(**wide), ppo_epochs=2)
+    # means over the two steps, the first at ρ = 1: the second step's own figures are twice these
+    assert two.optimizer_steps == 2 and two.skipped_step == 0
+    assert two.clip_fraction > 0.05 and two.approx_kl > 1e-3
+    assert two_wide.clip_fraction == 0.0 and two_wide.approx_kl > 1e-3
+    assert max((a - b).abs().max().item() for a, b in zip(two_weights, two_wide_weights)) > 1e-4  # the clip acted
+
+
+def test_the_first_of_several_steps_is_the_single_step(tiny_model_dir: Path) -> None:
+    """π_old (and π_ref) computed in the pass before the first step are what that step's own
+    forward pass gives, so the first of two epochs takes the default step; the second, from π_old
+    held, takes another."""
+    policy = load_policy(tiny_model_dir)
+    train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
+    samples = mixed_samples(policy, tiny_model_dir)
+    config = LossConfig(kl_beta=0.5)  # a drifted adapter: the KL term has a gradient too
+    optimizers = {}
+    for epochs in (1, 2):
+        model = copy.deepcopy(policy)
+        optimizers[epochs] = RecordingSGD(model, lr=1.0)
+        update_step(model, optimizers[epochs], samples, config, micro_batch_size=2, grad_clip=math.inf,
+                    ppo_epochs=epochs)
+    assert len(optimizers[1].after) == 1 and len(optimizers[2].after) == 2
+    for name, weight in optimizers[1].after[0].items():
+        torch.testing.assert_close(optimizers[2].after[0][name], weight, rtol=1e-6, atol=1e-9)
+    second = optimizers[2].after[1]
+    assert any(not torch.allclose(second[name], weight) for name, weight in optimizers[1].after[0].items())
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "constant"])
+def test_each_mini_batch_steps_as_a_batch_of_its_own(tiny_model_dir: Path, loss_agg: str) -> None:
+    """Two mini-batches: the batch's halves in its order, one step each; the first step is the
+    gradient of the first half's loss weighted as a batch of its own, and the second half's
+    ratios have moved by then."""
+    policy = load_policy(tiny_model_dir)
+    train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)
+    samples = mixed_samples(policy, tiny_model_dir) + [on_policy_sample(policy, tiny_model_dir, 0, -1.0)]
+    first, second = split_batch(samples, 2)
+    assert first == samples[:2] and second == samples[2:]
+    assert [len(part) for part in split_batch(samples, 3)] == [2, 1, 1] and len(split_batch(samples, 9)) == 4
+    config = LossConfig(method="combine", loss_agg=loss_agg, loss_agg_tokens=16)
+    model = copy.deepcopy(policy)
+    optimizer = RecordingSGD(model, lr=1.0)
+    metrics = update_step(model, optimizer, samples, config, micro_batch_size=1, grad_clip=math.inf, mini_batches=2)
+    assert metrics.optimizer_steps == 2 and metrics.approx_kl > 0
+    before = {name: p.detach() for name, p in policy.named_parameters() if p.requires_grad}
+    for name, gradient in independent_gradient(policy, first, config).items():
+        assert gradient.abs().max() > 0, name
+        torch.testing.assert_close(optimizer.after[0][name] - before[name], -gradient, rtol=1e-4, atol=1e-7)

@@ -54,6 +54,7 @@ from clawrl.preflight import (
     is_locally_built,
 )
 
+from clawrl.types import SHARED_LINEAGE
 
 def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
     """One `--flag` per field of each config class; unset flags leave the field to env/defaults."""
@@ -196,7 +197,7 @@ def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_con
     """With --method, the trainer runs beside the server as its own OS process (never inside it)."""
     if config.method is None:
         return None
-    from clawrl.train.process import TrainerProcess
+    from clawrl.trainer_process import TrainerProcess
 
     return TrainerProcess(engine_config, store_config, config, background).start()
 
@@ -261,7 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = _checked_model(engine_config)
     store = _open_store(store_config)
     from clawrl.background import step_back
-    from clawrl.train.process import exit_with_parent
+    from clawrl.trainer_process import exit_with_parent
     from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
 
     # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
@@ -291,11 +292,11 @@ def cmd_versions_list(args: argparse.Namespace) -> int:
     from clawrl.store.training import TrainingStore
 
     training = TrainingStore(_store(args))
-    serving = training.serving_version()
+    serving = training.serving_version(args.lineage)
     versions = [
-        {"version": row.version, "created_at": row.created_at, "parent": row.parent, "metrics": row.metrics,
-         "step": row.step, "kind": row.kind, "serving": row.version == serving}
-        for row in training.versions()
+        {"version": row.version, "lineage": row.lineage, "created_at": row.created_at, "parent": row.parent,
+         "metrics": row.metrics, "step": row.step, "kind": row.kind, "serving": row.version == serving}
+        for row in training.versions(args.lineage)
     ]  # fmt: skip
     if args.json:
         _print_json(versions)
@@ -324,7 +325,7 @@ def cmd_versions_rollback(args: argparse.Namespace) -> int:
         print(f"error: {args.version!r} is not a version (write v3 or 3)", file=sys.stderr)
         return 2
     try:
-        TrainingStore(_store(args)).rollback(int(text))
+        TrainingStore(_store(args)).rollback(int(text), args.lineage)
     except KeyError as error:
         print(f"error: {error.args[0]}", file=sys.stderr)
         return 1
@@ -674,9 +675,11 @@ def build_parser() -> argparse.ArgumentParser:
     version_list = versions.add_parser("list", help="list published versions and the one serving uses")
     add_config_flags(version_list, StoreConfig)
     version_list.add_argument("--json", action="store_true", help="print JSON")
+    version_list.add_argument("--lineage", default=SHARED_LINEAGE, help="whose versions (default: the shared lineage)")
     version_list.set_defaults(handler=cmd_versions_list)
     rollback = versions.add_parser("rollback", help="serve an earlier version again (v0: the base model)")
     rollback.add_argument("version", help="the version to serve, e.g. v3")
+    rollback.add_argument("--lineage", default=SHARED_LINEAGE, help="whose pointer moves (default: the shared lineage)")
     add_config_flags(rollback, StoreConfig)
     rollback.set_defaults(handler=cmd_versions_rollback)
 

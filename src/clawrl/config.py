@@ -418,6 +418,21 @@ class TrainConfig(LossConfig):
         "`combine` (both). On `clawrl serve`, unset means no trainer; `clawrl train` uses `combine` when unset.",
     )
     batch_size: int = Field(16, ge=1, description="Samples per optimizer step; a step fires when this many are ready.")
+    ppo_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each batch, one optimizer step per mini-batch in each. 1 (one step per batch) takes "
+        "pi_old from the step's own forward pass, so the PPO ratio is 1 and --eps-low/--eps-high never act; above 1 "
+        "(or with --mini-batches above 1), pi_old is computed in one extra no-grad pass before the first step and the "
+        "clip bounds how far the later steps move each token. Each pass costs about a whole step more.",
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Parts each batch is cut into, in its order, for one optimizer step each per pass (--ppo-epochs); "
+        "each part's loss is normalised as a batch of its own (--loss-agg over its tokens). 1: the whole batch; more "
+        "than the batch's samples: one sample each.",
+    )
     micro_batch_size: int = Field(
         4,
         ge=1,

@@ -44,6 +44,8 @@ Method = Literal["rl", "opd", "combine"]
 Teacher = Literal["base", "policy"]  # the OPD teacher: the frozen starting weights or the current ones
 WeightsKind = Literal["lora", "full"]
 PointerReason = Literal["publish", "rollback"]
+# the lineage everyone's turns train (`--adapters shared`, today the only one); per-user lineages take the user's name
+SHARED_LINEAGE = "shared"
 EpisodeStatus = Literal["running", "finished", "failed"]
 # `NextState.source_turn_id` of an episode's final observation: no request carried it, the episode's result did
 EPISODE_RESULT_SOURCE = "episode"
@@ -218,7 +220,7 @@ class TrainingExample:
 
 @dataclass
 class PolicyVersion:
-    """A published policy: one optimizer step's weights under RUN_DIR/policy/vN/ (v0 = the base model)."""
+    """A published policy: one optimizer step's weights under RUN_DIR/policy/LINEAGE/vN/ (v0 = the base model)."""
 
     version: int
     parent: int  # the version it was trained from
@@ -229,3 +231,4 @@ class PolicyVersion:
     metrics: dict[str, Any]  # the step's StepMetrics
     num_samples: int = 0
     created_at: float = 0.0
+    lineage: str = SHARED_LINEAGE  # the line of versions it belongs to: one shared by everyone, or one per user

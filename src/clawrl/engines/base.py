@@ -121,7 +121,11 @@ class Engine(ABC):
     model_name: str
     tokenizer: PreTrainedTokenizerBase
     max_context_tokens: int  # prompt + response must fit in this many tokens
-    policy_version: int = 0  # the version new requests are served with
+
+    @property
+    @abstractmethod
+    def policy_version(self) -> int:
+        """The version new requests are served with (the current one of the engine's `VersionTable`)."""
 
     async def start(self) -> None:
         """Load weights and start background workers. Called once before serving."""

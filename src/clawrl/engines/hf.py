@@ -79,7 +79,6 @@ from clawrl.engines.base import (
     EngineClosedError,
     GenerationStream,
     SamplingParams,
-    ScoredResponse,
     TokenStep,
     validate_sampling,
     validated_token_ids,
@@ -88,6 +87,8 @@ from clawrl.engines.prefix_cache import PrefixCache
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
 from clawrl.model.weights import load_causal_lm, shared_weights
+from clawrl.types import ScoredResponse
+from clawrl.versions.table import VersionTable
 
 logger = logging.getLogger(__name__)
 
@@ -331,19 +332,18 @@ class HFEngine(Engine):
         if context is None:
             raise ValueError(f"{self._source} does not declare its context size; set max_context_tokens")
         self.max_context_tokens = int(context)
-        self.policy_version = 0
 
         # Written by the worker thread only (after start()).
         self._base: PreTrainedModel | None = None
         self._peft: PeftModel | None = None  # wraps _base once the first LoRA version is loaded
         self._selected_adapter: str | None = _ADAPTER_UNKNOWN
-        self._policies: dict[int, _Policy] = {}
+        self._versions: VersionTable[_Policy] = VersionTable()  # version 0 once started
         self._batches: dict[int, _Batch] = {}
         self._end_ids: frozenset[int] = frozenset()
         self._prefix_cache = PrefixCache(int(config.prefix_cache_gib * 2**30))
 
         # Shared with the asyncio side, guarded by _cond: the inbox and the lifecycle flags.
-        # policy_version is also only changed under _cond, so a request always gets a version
+        # the current version is also only changed under _cond, so a request always gets a version
         # that the worker still has loaded (see _retire_unused_versions).
         self._cond = threading.Condition()
         self._pending: deque[_Request] = deque()
@@ -364,7 +364,7 @@ class HFEngine(Engine):
                                          self._share_weights)  # fmt: skip
         base = await asyncio.to_thread(self._load_model, source)
         self._base = base
-        self._policies = {0: _Policy(base)}
+        self._versions.install(0, _Policy(base))
         self._end_ids = self._end_of_turn_ids(base)
         self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
         self._thread.start()
@@ -401,6 +401,11 @@ class HFEngine(Engine):
     # --- public API -------------------------------------------------------------------------
 
     @property
+    def policy_version(self) -> int:
+        """The version new requests get; requests in flight keep the one they were admitted with."""
+        return self._versions.current
+
+    @property
     def base_model(self) -> PreTrainedModel | None:
         """The loaded base model, None before `start()`: version 0 and every LoRA version run their
         forward passes through it (a full-weight version has its own model). Read-only; for tests and
@@ -429,7 +434,7 @@ class HFEngine(Engine):
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
         room = self.max_context_tokens - len(prompt)
         with self._cond:
-            stream = GenerationStream(self.policy_version)
+            stream = GenerationStream(self._versions.current)
             self._pending.append(_Request(prompt, sampling, stream, min(sampling.max_tokens, room)))
             self._cond.notify()
         return stream
@@ -469,7 +474,7 @@ class HFEngine(Engine):
         self._check_running()
         path = Path(path)
         if version == 0:
-            await self._call(lambda: self._install(0, self._policies[0]))
+            await self._call(lambda: self._make_current(0))
         elif (path / "adapter_config.json").is_file():
             await self._call(lambda: self._load_adapter(version, path))
         else:
@@ -551,7 +556,7 @@ class HFEngine(Engine):
         the row and its cache unless already done."""
         row = _Row(request, new_generator(request.sampling, self.device))
         model = self._model_for(request.version)
-        policy = self._policies[request.version].key
+        policy = self._versions.get(request.version).key
         cached, reused = self._prefix_cache.lookup(policy, request.prompt_ids)
         cache = cached or DynamicCache()  # no config: plain full-attention layers, which merge by padding
         rest = request.prompt_ids[reused:]
@@ -616,16 +621,14 @@ class HFEngine(Engine):
 
     def _score(self, prompt: list[int], response: list[int], top_k: int, version: int | None) -> ScoredResponse:
         with torch.inference_mode():
-            model = self._model_for(self.policy_version if version is None else version)
+            model = self._model_for(self._versions.current if version is None else version)
             return score_response(model, prompt, response, top_k)
 
     # --- policy versions (worker thread) ----------------------------------------------------
 
     def _model_for(self, version: int) -> PreTrainedModel:
         """The model serving `version`, with the right LoRA adapter switched on."""
-        policy = self._policies.get(version)
-        if policy is None:
-            raise ValueError(f"policy version {version} is not loaded")
+        policy = self._versions.get(version)  # ValueError when it is not loaded
         if self._peft is not None and policy.model is self._base and self._selected_adapter != policy.adapter:
             if policy.adapter is None:
                 self._peft.base_model.disable_adapter_layers()
@@ -637,8 +640,8 @@ class HFEngine(Engine):
 
     def _load_adapter(self, version: int, path: Path) -> None:
         """Attach the LoRA adapter at `path` to the base model as `v{version}` and make it current."""
-        if version in self._policies:
-            self._install(version, self._policies[version])
+        if version in self._versions:
+            self._make_current(version)
             return
         name = f"v{version}"
         if self._peft is None:
@@ -655,16 +658,19 @@ class HFEngine(Engine):
 
     def _install(self, version: int, policy: _Policy) -> None:
         """Register `policy` for `version` (an already loaded one wins) and point new requests at it."""
-        self._policies.setdefault(version, policy)
         with self._cond:
-            self.policy_version = version
+            self._versions.install(version, policy)
+
+    def _make_current(self, version: int) -> None:
+        with self._cond:
+            self._versions.make_current(version)
 
     def _retire_unused_versions(self) -> None:
-        """Release versions that are not current and that no queued or running request uses."""
+        """Release versions that are not current and that no queued or running request uses (the
+        scheduler's batches and queue are the pins)."""
         with self._cond:
-            keep = {0, self.policy_version, *self._batches, *(request.version for request in self._pending)}
-        for version in [v for v in self._policies if v not in keep]:
-            policy = self._policies.pop(version)
+            retired = self._versions.retire_unused({*self._batches, *(request.version for request in self._pending)})
+        for version, policy in retired:
             self._prefix_cache.forget(policy.key)
             if policy.adapter is not None:
                 try:

@@ -48,11 +48,12 @@ from clawrl.engines.base import (
     EngineClosedError,
     GenerationStream,
     SamplingParams,
-    ScoredResponse,
     TokenStep,
     validate_sampling,
     validated_token_ids,
 )
+from clawrl.types import ScoredResponse
+from clawrl.versions.table import VersionTable
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ class RemoteVersion:
     model: str  # the `model` field of its requests: the base model's name or a LoRA adapter's
     base_url: str  # the server that has it (a full-weight version of `vllm` has its own server)
     lora: bool = False
-    in_flight: int = 0  # requests and scores that still use it
     lora_id: int | None = None  # the server's own integer id of the adapter, where the engine knows it
 
 
@@ -127,8 +127,7 @@ class RemoteEngine(Engine):
         self._vocab_size: int = text_config.vocab_size
         self.max_context_tokens = int(config.max_context_tokens or getattr(text_config, "max_position_embeddings", 0) or 0)
         self._base_url = (config.engine_url or "").rstrip("/")  # the `vllm` engine sets its own server
-        self.policy_version = 0
-        self._versions: dict[int, RemoteVersion] = {}
+        self._versions: VersionTable[RemoteVersion] = VersionTable()  # version 0 once started
         self._end_ids: frozenset[int] = frozenset()
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -151,7 +150,7 @@ class RemoteEngine(Engine):
             self.max_context_tokens = min(self.max_context_tokens or served_context, int(served_context))
         if not self.max_context_tokens:
             raise RemoteEngineError(f"{self._source} does not declare its context size; set --max-context-tokens")
-        self._versions = {0: RemoteVersion(base["id"], self._base_url)}
+        self._versions.install(0, RemoteVersion(base["id"], self._base_url))
         self._end_ids = frozenset(self._end_of_turn_ids())
 
     async def close(self) -> None:
@@ -174,10 +173,10 @@ class RemoteEngine(Engine):
         return {token for token in ids if token is not None}
 
     def not_ready(self) -> str | None:
-        return "the engine is not running" if self._closed or not self._versions else None
+        return "the engine is not running" if self._closed or 0 not in self._versions else None
 
     def _check_running(self) -> None:
-        if self._closed or not self._versions:
+        if self._closed or 0 not in self._versions:
             raise EngineClosedError("the engine is not running (call start(), and not after close())")
 
     # --- public API -------------------------------------------------------------------------
@@ -185,7 +184,12 @@ class RemoteEngine(Engine):
     @property
     def base_url(self) -> str:
         """The server that has the base model (and every LoRA version)."""
-        return self._versions[0].base_url if self._versions else self._base_url
+        return self._versions.get(0).base_url if 0 in self._versions else self._base_url
+
+    @property
+    def policy_version(self) -> int:
+        """The version new requests get; requests in flight keep the one they started with."""
+        return self._versions.current
 
     def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
         """Start a streamed completion at once; see the module docstring."""
@@ -196,7 +200,7 @@ class RemoteEngine(Engine):
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
         version = self.policy_version
         stream = GenerationStream(version)
-        body = self._completion_body(self._versions[version], prompt, sampling)
+        body = self._completion_body(self._versions.get(version), prompt, sampling)
         task = asyncio.get_running_loop().create_task(self._relay(version, body, sampling.top_logprobs, stream))
         self._track(version, task)
         stream.on_cancel(task.cancel)
@@ -216,18 +220,16 @@ class RemoteEngine(Engine):
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
         number = self.policy_version if version is None else version
-        if number not in self._versions:
-            raise ValueError(f"policy version {number} is not loaded")
+        self._versions.get(number)  # ValueError when it is not loaded
         if not response:
             return ScoredResponse([], [], [])
-        held = self._versions[number]
-        held.in_flight += 1
+        held = self._versions.pin(number)
         try:
             body = {"model": held.model, "prompt": prompt + response, "max_tokens": 1, "temperature": 0.0,
                     "prompt_logprobs": top_k, "return_token_ids": True}  # fmt: skip
             answer = await self._request("POST", held.base_url, "/completions", body)
         finally:
-            held.in_flight -= 1
+            self._versions.unpin(number)
             self._retire_unused()
         return scored_from_prompt_logprobs(answer["choices"][0].get("prompt_logprobs") or [], len(prompt), response, top_k)
 
@@ -235,16 +237,14 @@ class RemoteEngine(Engine):
         """Make `version` the one new requests get; requests in flight keep theirs."""
         self._check_running()
         path = Path(path)
-        if version == 0:
-            self.policy_version = 0
+        if version in self._versions:
+            self._versions.make_current(version)  # the base, or a version requests in flight still hold
         elif (path / "adapter_config.json").is_file():
-            base = self._versions[0]  # an adapter is a delta on the base model: it goes where the base is
+            base = self._versions.get(0)  # an adapter is a delta on the base model: it goes where the base is
             model = f"{base.model}-v{version}-{uuid.uuid4().hex[:8]}"  # never reused
-            self._versions[version] = await self._load_adapter(base, model, path)
-            self.policy_version = version
+            self._versions.install(version, await self._load_adapter(base, model, path))
         else:
-            self._versions[version] = await self._load_full_weights(version, path)
-            self.policy_version = version
+            self._versions.install(version, await self._load_full_weights(version, path))
         self._retire_unused()
 
     async def _load_adapter(self, base: RemoteVersion, model: str, path: Path) -> RemoteVersion:
@@ -267,13 +267,12 @@ class RemoteEngine(Engine):
     # --- versions ---------------------------------------------------------------------------
 
     def _track(self, version: int, task: asyncio.Task[None]) -> None:
-        held = self._versions[version]
-        held.in_flight += 1
+        self._versions.pin(version)
         self._tasks.add(task)
 
         def done(_: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
-            held.in_flight -= 1
+            self._versions.unpin(version)
             self._retire_unused()
 
         task.add_done_callback(done)
@@ -281,12 +280,10 @@ class RemoteEngine(Engine):
     def _retire_unused(self) -> None:
         if self._closed:
             return
-        for number, held in list(self._versions.items()):
-            if number not in (0, self.policy_version) and held.in_flight == 0:
-                del self._versions[number]
-                retiring = asyncio.get_running_loop().create_task(self._retire_quietly(number, held))
-                self._tasks.add(retiring)
-                retiring.add_done_callback(self._tasks.discard)
+        for number, held in self._versions.retire_unused():
+            retiring = asyncio.get_running_loop().create_task(self._retire_quietly(number, held))
+            self._tasks.add(retiring)
+            retiring.add_done_callback(self._tasks.discard)
 
     async def _retire_quietly(self, number: int, held: RemoteVersion) -> None:
         try:
@@ -318,7 +315,7 @@ class RemoteEngine(Engine):
 
     async def _relay(self, version: int, body: dict[str, Any], top_logprobs: int, stream: GenerationStream) -> None:
         """Pass the server's streamed tokens on to `stream`, marking the last one."""
-        held = self._versions[version]
+        held = self._versions.get(version)
         try:
             pending: TokenStep | None = None
             finish: str | None = None

@@ -295,7 +295,7 @@ class VLLMEngine(RemoteEngine):
             await super()._retire_version(held)  # the name: no new request can ask for it
             await self._free_lora_slots(held.base_url)
             return
-        in_use = {kept.base_url for kept in self._versions.values()}
+        in_use = {kept.base_url for _, kept in self._versions.items()}
         server = self._servers.get(held.base_url)
         if server is not None and held.base_url not in in_use:
             del self._servers[held.base_url]
@@ -307,7 +307,7 @@ class VLLMEngine(RemoteEngine):
 
     async def _remove_unheld_adapters(self, base_url: str) -> None:
         """Remove from vLLM's engine every adapter that no live version holds (under the lock)."""
-        live = [held.lora_id for held in self._versions.values() if held.lora and held.base_url == base_url]
+        live = [held.lora_id for _, held in self._versions.items() if held.lora and held.base_url == base_url]
         if None in live:  # a live adapter whose id is unknown could be mistaken for a retired one
             logger.warning("not freeing vLLM's LoRA slots: the id of a live adapter is unknown")
             return

@@ -30,10 +30,10 @@ from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
 from clawrl.jsonbody import parse_json_body
 from clawrl.serve.metrics import ServeMetrics
-from clawrl.serve.policy import PolicyFollower
+from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
 from clawrl.store.episodes import EpisodeStore
-from clawrl.train.process import TrainerProcess
+from clawrl.trainer_process import TrainerProcess
 
 log = logging.getLogger(__name__)
 

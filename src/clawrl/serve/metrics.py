@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.process import TrainerProcess
+from clawrl.trainer_process import TrainerProcess
 
 
 class JudgmentCollector:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine, inspect, select, text
 
 from clawrl.store.queues import backfill
-from clawrl.store.schema import Base, Meta
+from clawrl.store.schema import Base, Meta, PolicyPointerRow
+from clawrl.types import SHARED_LINEAGE
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -35,11 +36,31 @@ def _work_queues(connection: Connection) -> None:
     backfill(connection)
 
 
+def _lineages(connection: Connection) -> None:
+    """v6 names the lineage of every version and pointer: what existed is the shared lineage. The
+    pointers' key grows a column, which no backend adds in place: the (few) rows are read, the
+    table is made again, and they go back in. A table `create_all` has just made is new already."""
+    if "lineage" not in _columns(connection, "policy_versions"):
+        connection.execute(text(f"ALTER TABLE policy_versions ADD COLUMN lineage VARCHAR(64) NOT NULL DEFAULT '{SHARED_LINEAGE}'"))
+        connection.execute(text("CREATE INDEX ix_policy_versions_lineage ON policy_versions (lineage)"))
+    if "lineage" not in _columns(connection, "policy_pointers"):
+        pointers = connection.execute(text("SELECT name, version, reason, updated_at FROM policy_pointers")).mappings().all()
+        connection.execute(text("DROP TABLE policy_pointers"))
+        PolicyPointerRow.__table__.create(connection)
+        if pointers:
+            connection.execute(PolicyPointerRow.__table__.insert(), [{**pointer, "lineage": SHARED_LINEAGE} for pointer in pointers])
+
+
+def _columns(connection: Connection, table: str) -> set[str]:
+    return {column["name"] for column in inspect(connection).get_columns(table)}
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     2: _judging_tables,
     3: _training_tables,
     4: _episode_table,
     5: _work_queues,
+    6: _lineages,
 }
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from clawrl.types import SHARED_LINEAGE
+
 
 class Base(DeclarativeBase):
     pass
@@ -201,15 +203,17 @@ class EpisodeRow(Base):
 
 
 class PolicyVersionRow(Base):
-    """A published policy version: one optimizer step's weights under RUN_DIR/policy/vN/.
+    """A published policy version: one optimizer step's weights under RUN_DIR/policy/LINEAGE/vN/.
 
-    Version 0 is the base model and has no row. `sha256` is the digest of the version's
-    manifest.json, which itself lists the digest of every weights file; serving checks both
-    before loading. `metrics` is the step's StepMetrics.
+    Version 0 is the base model and has no row. Numbers are unique across lineages, so a number
+    alone names a version in an engine's table and in the logs. `sha256` is the digest of the
+    version's manifest.json, which itself lists the digest of every weights file; serving checks
+    both before loading. `metrics` is the step's StepMetrics.
     """
 
     __tablename__ = "policy_versions"
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    lineage: Mapped[str] = mapped_column(String(64), index=True, server_default=SHARED_LINEAGE)
     parent: Mapped[int] = mapped_column(Integer)  # the version it was trained from (0 = base)
     kind: Mapped[str] = mapped_column(String(8))  # lora | full
     path: Mapped[str] = mapped_column(Text)
@@ -221,13 +225,15 @@ class PolicyVersionRow(Base):
 
 
 class PolicyPointerRow(Base):
-    """Which version a consumer should use: `serving` is what the server loads and answers with.
+    """Which version of a lineage a consumer should use: `serving` is what the server loads and
+    answers with.
 
     Publishing moves it to the new version; `clawrl versions rollback` moves it back, so a
     rollback is one store write that the server and the trainer both follow.
     """
 
     __tablename__ = "policy_pointers"
+    lineage: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(16))  # publish | rollback

@@ -30,7 +30,7 @@ from clawrl.store.schema import (
     SessionRow,
     TurnRow,
 )
-from clawrl.types import DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
+from clawrl.types import SHARED_LINEAGE, DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
 
 SERVING = "serving"  # the pointer serving follows and the trainer trains from
 
@@ -199,7 +199,7 @@ class TrainingStore:
         """
         now = time.time()
         with self.store.write() as db:
-            if _pointer(db, lock=True) != version.parent:
+            if _pointer(db, version.lineage, lock=True) != version.parent:
                 raise PointerMovedError(f"serving moved off v{version.parent} during the step")
             marked = db.execute(
                 update(SampleRow)
@@ -209,19 +209,19 @@ class TrainingStore:
             if marked != len(set(sample_turn_ids)):
                 raise SamplesTakenError(f"{len(sample_turn_ids) - marked} of the step's samples are not ready any more")
             db.add(records.policy_version_row(dataclasses.replace(version, num_samples=marked, created_at=now)))
-            _set_pointer(db, version.version, "publish", now)
+            _set_pointer(db, version.lineage, version.version, "publish", now)
 
     # --- versions -------------------------------------------------------------------------------
-    def serving_version(self) -> int:
-        """The version serving should answer with (0, the base model, when nothing was published)."""
+    def serving_version(self, lineage: str = SHARED_LINEAGE) -> int:
+        """The version of `lineage` serving should answer with (0, the base model, when nothing was published)."""
         with self.store.read() as db:
-            return _pointer(db)
+            return _pointer(db, lineage)
 
-    def serving_target(self) -> tuple[int, PointerReason, PolicyVersion | None]:
-        """The serving pointer, why it was last moved (publish | rollback) and its version row
-        (None for the base model), in one read."""
+    def serving_target(self, lineage: str = SHARED_LINEAGE) -> tuple[int, PointerReason, PolicyVersion | None]:
+        """The lineage's serving pointer, why it was last moved (publish | rollback) and its version
+        row (None for the base model), in one read."""
         with self.store.read() as db:
-            pointer = db.get(PolicyPointerRow, SERVING)
+            pointer = db.get(PolicyPointerRow, (lineage, SERVING))
             if pointer is None:
                 return 0, "publish", None
             reason: PointerReason = "rollback" if pointer.reason == "rollback" else "publish"
@@ -235,37 +235,47 @@ class TrainingStore:
             row = db.get(PolicyVersionRow, version)
             return records.policy_version(row) if row is not None else None
 
-    def versions(self) -> list[PolicyVersion]:
+    def versions(self, lineage: str | None = None) -> list[PolicyVersion]:
+        """The registered versions, oldest first: of `lineage`, or of every lineage (None)."""
+        query = select(PolicyVersionRow).order_by(PolicyVersionRow.version)
+        if lineage is not None:
+            query = query.where(PolicyVersionRow.lineage == lineage)
         with self.store.read() as db:
-            rows = db.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.version))
-            return [records.policy_version(row) for row in rows]
+            return [records.policy_version(row) for row in db.scalars(query)]
 
-    def newest_version(self) -> int:
-        """The highest version number registered (0 when none): the age reference for staleness."""
+    def newest_version(self, lineage: str = SHARED_LINEAGE) -> int:
+        """The lineage's highest version number (0 when none): the age reference for staleness."""
         with self.store.read() as db:
-            return db.scalar(select(func.max(PolicyVersionRow.version))) or 0
+            newest = select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.lineage == lineage)
+            return db.scalar(newest) or 0
 
-    def rollback(self, version: int) -> None:
-        """Point serving (and the trainer) at an earlier version; 0 is the base model."""
+    def next_version_number(self) -> int:
+        """One past the highest number of any lineage: numbers are never shared between lineages."""
+        with self.store.read() as db:
+            return (db.scalar(select(func.max(PolicyVersionRow.version))) or 0) + 1
+
+    def rollback(self, version: int, lineage: str = SHARED_LINEAGE) -> None:
+        """Point the lineage's serving (and its trainer) at an earlier version; 0 is the base model."""
         with self.store.write() as db:
-            if version != 0 and db.get(PolicyVersionRow, version) is None:
-                raise KeyError(f"no policy version v{version}")
-            _pointer(db, lock=True)
-            _set_pointer(db, version, "rollback", time.time())
+            row = db.get(PolicyVersionRow, version) if version != 0 else None
+            if version != 0 and (row is None or row.lineage != lineage):
+                raise KeyError(f"no policy version v{version} in lineage {lineage!r}")
+            _pointer(db, lineage, lock=True)
+            _set_pointer(db, lineage, version, "rollback", time.time())
 
 
-def _pointer(db: Session, lock: bool = False) -> int:
+def _pointer(db: Session, lineage: str, lock: bool = False) -> int:
     """The serving version; with `lock`, the pointer row stays locked until the transaction ends,
     so that on a server database a rollback and a publish cannot interleave (SQLite's writers
     take turns anyway)."""
-    row = db.get(PolicyPointerRow, SERVING, with_for_update=lock)
+    row = db.get(PolicyPointerRow, (lineage, SERVING), with_for_update=lock)
     return row.version if row is not None else 0
 
 
-def _set_pointer(db: Session, version: int, reason: PointerReason, now: float) -> None:
-    row = db.get(PolicyPointerRow, SERVING)
+def _set_pointer(db: Session, lineage: str, version: int, reason: PointerReason, now: float) -> None:
+    row = db.get(PolicyPointerRow, (lineage, SERVING))
     if row is None:
-        db.add(PolicyPointerRow(name=SERVING, version=version, reason=reason, updated_at=now))
+        db.add(PolicyPointerRow(lineage=lineage, name=SERVING, version=version, reason=reason, updated_at=now))
     else:
         row.version, row.reason, row.updated_at = version, reason, now
 

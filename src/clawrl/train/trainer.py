@@ -47,11 +47,11 @@ from clawrl.store import Store
 from clawrl.store.episodes import EpisodeStore
 from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
 from clawrl.train.episodes import EpisodeSampleBuilder
-from clawrl.train.publish import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
+from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 from clawrl.train.samples import SampleBuilder
 from clawrl.train.types import StepMetrics
 from clawrl.train.update import update_step
-from clawrl.types import PolicyVersion, ScoredResponse, TrainingExample, WeightsKind
+from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, TrainingExample, WeightsKind
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Trainer:
         self.config, self.run_dir = config, Path(run_dir)
         self.method = config.method or "combine"
         self.kind: WeightsKind = "full" if config.full else "lora"
+        self.lineage = SHARED_LINEAGE  # the one lineage this trainer extends (per-user lineages: DESIGN §12)
         self.training = TrainingStore(store)
         self.device = resolve_device(engine_config.device)
         if self.device.type == "cpu" and engine_config.cpu_threads:
@@ -145,7 +146,8 @@ class Trainer:
     # --- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
         """Discard unregistered version directories and load the version serving uses."""
-        removed = discard_unregistered(self.run_dir, {row.version for row in self.training.versions()})
+        registered = {row.version for row in self.training.versions(self.lineage)}
+        removed = discard_unregistered(self.run_dir, self.lineage, registered)
         for path in removed:
             log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
         self._follow_pointer()
@@ -183,7 +185,7 @@ class Trainer:
         """The oldest `batch_size` ready samples once there are that many, stale ones dropped first."""
         while True:
             examples = self.training.ready_samples(self.config.batch_size)
-            newest = self.training.newest_version()
+            newest = self.training.newest_version(self.lineage)
             stale = [
                 example.turn.id
                 for example in examples
@@ -195,7 +197,7 @@ class Trainer:
             log.info("dropped %d sample(s) more than %d versions old", len(stale), self.config.max_staleness)
 
     def _train_and_publish(self, batch: list[TrainingExample]) -> None:
-        newest = self.training.newest_version()
+        newest = self.training.newest_version(self.lineage)
         metrics = update_step(
             self.model,
             self.optimizer,
@@ -207,6 +209,8 @@ class Trainer:
             logit_chunk_tokens=self.config.logit_chunk_tokens,
             micro_batch_tokens=self.config.micro_batch_tokens,
             share_prefix=self.config.share_prefix,
+            ppo_epochs=self.config.ppo_epochs,
+            mini_batches=self.config.mini_batches,
         )
         metrics.mean_staleness = sum(newest - example.sample.behaviour_version for example in batch) / len(batch)
         sample_ids = [example.turn.id for example in batch]
@@ -214,10 +218,11 @@ class Trainer:
             self.training.drop_samples(sample_ids, "non_finite_gradient")
             log.warning("dropped a batch of %d samples whose gradient was not finite", len(sample_ids))
             return
-        version, parent = newest + 1, self.head
-        manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics))
+        version, parent = self.training.next_version_number(), self.head
+        manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics), lineage=self.lineage)
         path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
-        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics))
+        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics),
+                               lineage=self.lineage)  # fmt: skip
         try:
             self.training.register_version(record, sample_ids)
         except (PointerMovedError, SamplesTakenError) as reason:
@@ -246,7 +251,7 @@ class Trainer:
     # --- versions in and out ----------------------------------------------------------------------
     def _follow_pointer(self) -> None:
         """Make the weights in memory those of the version the serving pointer names."""
-        target = self.training.serving_version()
+        target = self.training.serving_version(self.lineage)
         if target == self.head:
             return
         if target == 0:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 @dataclass
 class StepMetrics:
-    """What one optimizer step did. Means are over response tokens unless the name says samples, each
+    """What one update on a batch did. Means are over response tokens unless the name says samples, each
     token weighted as in the loss (`LossConfig.loss_agg`: equally, except under `seq-mean`, where
-    every response weighs the same)."""
+    every response weighs the same). With several optimizer steps per batch (`ppo_epochs`,
+    `mini_batches`), the loss, the token means and `grad_norm` are the means over the steps of each
+    step's figure (under its mini-batch's weights)."""
 
     loss: float = 0.0  # the optimised objective (its tokens aggregated as `loss_agg` says)
     clip_fraction: float = 0.0  # share of tokens whose ratio was clipped (gradient stopped)
@@ -30,6 +32,7 @@ class StepMetrics:
     num_samples: int = 0
     num_tokens: int = 0  # response tokens trained on
     grad_norm: float = 0.0  # global gradient norm before clipping
-    skipped_step: int = 0  # 1 when the gradient was not finite and the weights were left unchanged
+    skipped_step: int = 0  # 1 when every gradient was non-finite and the weights were left unchanged
+    optimizer_steps: int = 0  # optimizer steps taken on the batch: ppo_epochs x mini_batches, less non-finite ones
     step_seconds: float = 0.0  # wall time of the whole update step
     tokens_per_s: float = 0.0  # num_tokens / step_seconds

@@ -1,20 +1,30 @@
-"""One optimizer step on a batch of examples: the update of DESIGN §6.
+"""The update on a batch of examples: DESIGN §6.
 
 `update_step` packs the examples into micro-batches, runs the policy over each, builds the
 per-token advantage of the chosen method, accumulates the gradients of the PPO loss (plus the
-optional KL, entropy and top-K terms) and takes one optimizer step. Each response token's weight
-in the batch loss (`LossConfig.loss_agg`: 1/N for the token mean, 1/(B·len) for the per-sequence
-mean, 1/(B·C) for the constant normaliser) is computed from the *whole* batch before the
-micro-batches run, so the accumulated gradient is exactly that of the one batch loss, and peak
-memory is set by `micro_batch_size` alone.
+optional KL, entropy and top-K terms) and takes an optimizer step: one per batch by default;
+with `ppo_epochs` passes over the batch in `mini_batches` parts, one per part and pass. Each
+response token's weight in a step's loss (`LossConfig.loss_agg`: 1/N for the token mean,
+1/(B·len) for the per-sequence mean, 1/(B·C) for the constant normaliser) is computed from the
+*whole* batch (or mini-batch, each normalised as a batch of its own) before the micro-batches
+run, so the accumulated gradient is exactly that of the one batch loss, and peak memory is set
+by `micro_batch_size` alone.
 
-π_old, the proximal policy of decoupled PPO, is the current weights' log-probs. Because there is
-one optimizer step per batch, the weights do not change while the micro-batches run, so each
-micro-batch's own forward pass already computes π_old: its detached log-probs *are* the no-grad
-forward a separate pass would give, and skipping that pass saves a third of the compute. The
-consequence is ρ = π_θ/π_old = 1 at every token, so the PPO clip never fires within one step
-(clip fraction and approximate KL read 0); the truncated importance weights
-min(π_old/π_behaviour, cap) carry the off-policy correction.
+π_old, the proximal policy of decoupled PPO, is the log-probs of the weights the batch starts
+from. With one step per batch (the default) the weights do not change while the micro-batches
+run, so each micro-batch's own forward pass already computes π_old: its detached log-probs *are*
+the no-grad forward a separate pass would give, and skipping that pass saves a third of the
+compute. There ρ = π_θ/π_old = 1 at every token: the PPO clip never acts (`eps_low`/`eps_high`
+change nothing) and clip fraction and approximate KL read 0; the truncated importance weights
+min(π_old/π_behaviour, cap) carry the off-policy correction. With more than one step per batch
+(`ppo_epochs` > 1 or `mini_batches` > 1), `proximal_scores` computes π_old once, in a no-grad
+pass over the batch before the first step (same micro-batches, same scoring code), and every
+step keeps it: a later step's ρ measures how far the earlier steps moved the policy, the clip
+stops the gradient of a token whose ρ left [1 − eps_low, 1 + eps_high] the way its advantage
+pushes, and `clip_fraction` and `approx_kl` report the real figures (means over the steps). The
+advantages and importance weights, functions of π_old, stay fixed over the epochs. The price is
+that extra forward pass plus a forward and backward pass per step (docs/notes.md, "An honest
+objective").
 
 Each micro-batch's token ids are packed and scored by `clawrl.model.scoring` (prompts
 left-padded so that every response starts in one column, only the last R columns scored), the
@@ -73,6 +83,10 @@ class MicroBatch:
     topk_logprobs: Tensor | None  # [B, R, K]
     has_topk: Tensor  # [B] bool: the top-K term applies
     agg_weights: Tensor  # [B, R] each response token's weight in the batch loss, 0 on padding
+    # [B, R] log π_old and log π_ref from the pass before a batch's first step (`proximal_scores`);
+    # None: π_old is the micro-batch's own forward pass detached, π_ref computed with it
+    old_logprobs: Tensor | None = None
+    reference_logprobs: Tensor | None = None
 
     @property
     def response_ids(self) -> Tensor:
@@ -268,6 +282,76 @@ class _Totals:
     def zeros(cls, device: torch.device) -> _Totals:
         return cls(*(torch.zeros((), device=device) for _ in range(9)))
 
+    def add(self, other: _Totals, scale: float) -> None:
+        """Add `scale` times each of `other`'s sums (one step's share of a mean over steps)."""
+        for name, total in vars(other).items():
+            getattr(self, name).add_(total, alpha=scale)
+
+
+def split_batch(examples: list[TrainingExample], parts: int) -> list[list[TrainingExample]]:
+    """`examples` cut into `parts` mini-batches, in their order, sizes differing by at most one.
+
+    Fewer when there are fewer examples than `parts` (never an empty mini-batch). The order is the
+    batch's own (the trainer's: oldest sample first), so a session's turns mostly stay together and
+    keep sharing their prefix within a mini-batch; the split is the same in every epoch.
+    """
+    count = max(1, min(parts, len(examples)))
+    size, extra = divmod(len(examples), count)
+    result, start = [], 0
+    for index in range(count):
+        stop = start + size + (1 if index < extra else 0)
+        result.append(examples[start:stop])
+        start = stop
+    return result
+
+
+def proximal_scores(
+    model: torch.nn.Module,
+    reference_model: torch.nn.Module | None,
+    examples: list[TrainingExample],
+    config: LossConfig,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None,
+    share_prefix: bool,
+    chunk_tokens: int,
+) -> dict[int, tuple[Tensor, Tensor | None]]:
+    """log π_old (and log π_ref when `kl_beta` > 0) of each example's response tokens, by `id(example)`.
+
+    One no-grad pass over the batch with the weights as they are, in the update's micro-batches and
+    through the same scoring code as the steps (`response_scores`), so that before the first step
+    the ratio is 1 up to rounding; the steps after it see π_θ move away from these.
+    """
+    device = next(model.parameters()).device
+    scores: dict[int, tuple[Tensor, Tensor | None]] = {}
+    with torch.no_grad():
+        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens, share_prefix):
+            batch = pack_examples(chunk, config, device, [0.0] * len(chunk), share_prefix)
+            if batch.response_ids.shape[1] == 0:
+                continue
+            reference = _reference_logprobs(model, reference_model, batch, chunk_tokens) if config.kl_beta > 0 else None
+            old = response_scores(model, batch.rows, chunk_tokens=chunk_tokens).logprobs
+            for row, example in enumerate(chunk):
+                length = len(example.turn.response_token_ids)
+                scores[id(example)] = (old[row, :length], reference[row, :length] if reference is not None else None)
+    return scores
+
+
+def _rows_of(
+    chunk: list[TrainingExample],
+    scores: dict[int, tuple[Tensor, Tensor | None]],
+    width: int,
+    which: int,
+    device: torch.device,
+) -> Tensor | None:
+    """[B, width] the `which`-th of `proximal_scores`' tensors of `chunk`'s examples, right-padded with 0."""
+    parts = [part for part in (scores[id(example)][which] for example in chunk) if part is not None]
+    if len(parts) < len(chunk):
+        return None
+    rows = torch.zeros(len(chunk), width, dtype=parts[0].dtype, device=device)
+    for row, part in enumerate(parts):
+        rows[row, : part.shape[0]] = part
+    return rows
+
 
 def update_step(
     model: torch.nn.Module,
@@ -281,41 +365,47 @@ def update_step(
     logit_chunk_tokens: int = 1024,
     micro_batch_tokens: int | None = None,
     share_prefix: bool = False,
+    ppo_epochs: int = 1,
+    mini_batches: int = 1,
 ) -> StepMetrics:
-    """One optimizer step on `examples`; returns what it did (`mean_staleness` is left to the caller).
+    """The update on `examples`: `ppo_epochs` passes over it in `mini_batches` parts, one optimizer
+    step per part (the defaults: one step on the whole batch); returns what it did
+    (`mean_staleness` is left to the caller).
 
-    The loss is the aggregation (`config.loss_agg`) over every response token in `examples` of
+    Each step's loss is the aggregation (`config.loss_agg`) over every response token of its part of
 
         PPO(ρ, A, w) + kl_beta · k3(π_θ, π_ref) − entropy_coef · H(π_θ) + w_opd · topK-RKL
 
-    (the last term only for examples distilled through the top-K term). The reported statistics
-    are means under the same weights, Σ a·x / Σ a (token means under `constant`, whose weights sum
-    to N/(B·C) rather than 1); `loss` is the optimised value itself. Gradients are clipped to
-    a global norm of `grad_clip` (math.inf: no clipping). With no response token at all, or a
-    non-finite gradient (the step is then skipped and `skipped_step` is 1), the weights are left
-    unchanged. Deterministic given the model, the examples and torch's RNG (dropout, if any).
+    (the last term only for examples distilled through the top-K term), the part weighted as a
+    batch of its own (`batch_weights` of its examples: under `token-mean` each of its tokens weighs
+    1/its token count), so a step on a mini-batch is the step that batch alone would take; with one
+    mini-batch, the whole batch. The parts are `split_batch`'s, the same in every epoch. With one
+    step, π_old in ρ = π_θ/π_old is each micro-batch's own forward pass detached, so ρ = 1; with
+    more, `proximal_scores` computes π_old (and π_ref) once, before the first step, and holds it
+    (the advantages and importance weights with it) for every step, so the later steps' ratios
+    move and the clip at 1 − eps_low, 1 + eps_high acts. The reported statistics are means under
+    the loss's weights, Σ a·x / Σ a (token means under `constant`, whose weights sum to N/(B·C)
+    rather than 1), and `loss` is the optimised value itself; with several steps each is the mean
+    over the steps of every step's own, `grad_norm` too. Gradients are clipped to a global norm of
+    `grad_clip` at each step (math.inf: no clipping). A step whose gradient is not finite is
+    skipped (no optimizer step); when every step was (`skipped_step` is 1), or there is no
+    response token at all, the weights are left unchanged. `optimizer_steps` counts the steps
+    taken. Deterministic given the model, the examples and torch's RNG (dropout, if any).
     Vocabulary-sized logits exist for `logit_chunk_tokens` response positions at a time
-    (`engines.scoring.response_scores`), forward and backward; a micro-batch holds at most
+    (`model.scoring.response_scores`), forward and backward; a micro-batch holds at most
     `micro_batch_size` examples and, when given, `micro_batch_tokens` packed tokens (`micro_batches`);
     with `share_prefix`, every prompt prefix that examples of a micro-batch share is computed once
-    (a prefix tree, `engines.scoring.pack_rows`), which changes the numbers by rounding only; a
-    model that cannot (`engines.scoring.can_share_prefix`) trains its examples unshared.
+    (a prefix tree, `model.scoring.pack_rows`), which changes the numbers by rounding only; a
+    model that cannot (`model.scoring.can_share_prefix`) trains its examples unshared.
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
+    if ppo_epochs < 1 or mini_batches < 1:
+        raise ValueError("ppo_epochs and mini_batches must be at least 1")
     started = time.perf_counter()
     device = next(model.parameters()).device
     share_prefix = share_prefix and can_share_prefix(model)
     num_tokens = sum(len(example.turn.response_token_ids) for example in examples)
-    weights = batch_weights(examples, config)
-    weight_of = {id(example): weight for example, weight in zip(examples, weights)}  # micro_batches reorders them
-    # Σ a over the batch's tokens (1, or N/(B·C) for `constant`), and over those of the top-K term
-    total_weight = sum(weight * len(example.turn.response_token_ids) for example, weight in zip(examples, weights))
-    topk_weight = sum(
-        weight * len(example.turn.response_token_ids)
-        for example, weight in zip(examples, weights)
-        if _uses_topk(example, config)
-    )
     metrics = StepMetrics(
         num_samples=len(examples),
         num_tokens=num_tokens,
@@ -326,31 +416,82 @@ def update_step(
     )
     if num_tokens == 0:
         return metrics
+    parts = [part for part in split_batch(examples, mini_batches) if any(e.turn.response_token_ids for e in part)]
+    steps = ppo_epochs * len(parts)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     totals = _Totals.zeros(device)
+    grad_norms: list[float] = []
     was_training = model.training
     model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
-        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens, share_prefix):
-            batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk], share_prefix)
-            if batch.response_ids.shape[1] == 0:
-                continue
-            _accumulate(model, reference_model, batch, config, total_weight, topk_weight or 1.0, totals, logit_chunk_tokens)
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
-        if torch.isfinite(grad_norm):
-            optimizer.step()
-        else:
-            metrics.skipped_step = 1
-        optimizer.zero_grad(set_to_none=True)
+        proximal = None
+        if steps > 1:  # π_old before any step moves the weights; a single step takes it from its own pass
+            proximal = proximal_scores(
+                model, reference_model, examples, config, micro_batch_size, micro_batch_tokens, share_prefix,
+                logit_chunk_tokens,
+            )  # fmt: skip
+        prepared = [
+            _prepare(part, config, device, proximal, micro_batch_size, micro_batch_tokens, share_prefix)
+            for part in parts
+        ]
+        for _ in range(ppo_epochs):
+            for batches, total_weight, topk_weight in prepared:
+                step_totals = totals if steps == 1 else _Totals.zeros(device)
+                for batch in batches:
+                    _accumulate(
+                        model, reference_model, batch, config, total_weight, topk_weight, step_totals, logit_chunk_tokens
+                    )
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
+                if torch.isfinite(grad_norm):
+                    optimizer.step()
+                    metrics.optimizer_steps += 1
+                optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(grad_norm.item())
+                if steps > 1:
+                    totals.add(step_totals, 1.0 / steps)
     finally:
         model.train(was_training)
     for name, total in vars(totals).items():
         setattr(metrics, name, total.item())
-    metrics.grad_norm = grad_norm.item()
+    metrics.grad_norm = sum(grad_norms) / len(grad_norms)
+    metrics.skipped_step = int(metrics.optimizer_steps == 0)
     metrics.step_seconds = time.perf_counter() - started
     metrics.tokens_per_s = num_tokens / metrics.step_seconds
     return metrics
+
+
+def _prepare(
+    part: list[TrainingExample],
+    config: LossConfig,
+    device: torch.device,
+    proximal: dict[int, tuple[Tensor, Tensor | None]] | None,
+    micro_batch_size: int,
+    micro_batch_tokens: int | None,
+    share_prefix: bool,
+) -> tuple[list[MicroBatch], float, float]:
+    """`part`'s micro-batches, its tokens weighted as a batch of its own (with π_old and π_ref from
+    `proximal` when given), the total weight Σ a of its tokens and that of the top-K term's (1 if none)."""
+    weights = batch_weights(part, config)
+    weight_of = {id(example): weight for example, weight in zip(part, weights)}  # micro_batches reorders them
+    # Σ a over the part's tokens (1, or N/(B·C) for `constant`), and over those of the top-K term
+    total_weight = sum(weight * len(example.turn.response_token_ids) for example, weight in zip(part, weights))
+    topk_weight = sum(
+        weight * len(example.turn.response_token_ids)
+        for example, weight in zip(part, weights)
+        if _uses_topk(example, config)
+    )
+    batches = []
+    for chunk in micro_batches(part, micro_batch_size, micro_batch_tokens, share_prefix):
+        batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk], share_prefix)
+        width = batch.response_ids.shape[1]
+        if width == 0:
+            continue
+        if proximal is not None:
+            batch.old_logprobs = _rows_of(chunk, proximal, width, 0, device)
+            batch.reference_logprobs = _rows_of(chunk, proximal, width, 1, device)
+        batches.append(batch)
+    return batches, total_weight, topk_weight or 1.0
 
 
 def _accumulate(
@@ -368,10 +509,13 @@ def _accumulate(
     Statistics are added as shares of weighted means: divided by the batch's total weight, the
     top-K reverse KL by the total weight of the tokens it applies to.
     """
-    reference = _reference_logprobs(model, reference_model, batch, chunk_tokens) if config.kl_beta > 0 else None
+    reference = batch.reference_logprobs
+    if reference is None and config.kl_beta > 0:
+        reference = _reference_logprobs(model, reference_model, batch, chunk_tokens)
     scores = response_scores(model, batch.rows, batch.topk_ids, chunk_tokens)
     logprobs = scores.logprobs
-    old = logprobs.detach()  # π_old: the current weights (see the module docstring)
+    # π_old: held from before the batch's first step, or, with one step, the current weights (module docstring)
+    old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     weights = truncated_importance_weights(old, batch.behaviour_logprobs, config.is_cap)
     token_advantages = advantages(batch, old, config)
     agg_weights = batch.agg_weights

@@ -77,7 +77,10 @@ class TrainerProcess:
 
     def _spawn(self) -> None:
         command = [sys.executable, "-m", "clawrl.cli", "train", "--parent-pid", str(os.getpid())]
-        self.process = subprocess.Popen(command, env=self.env, cwd=Path.cwd())
+        # its own process group: Ctrl-C at a terminal reaches serve alone, which stops the trainer
+        # itself once requests in flight have finished (before, the trainer died at once and the
+        # supervisor started it again during the shutdown)
+        self.process = subprocess.Popen(command, env=self.env, cwd=Path.cwd(), process_group=0)
         self._started_at = time.monotonic()
         log.info("started the trainer (pid %d)", self.process.pid)
 

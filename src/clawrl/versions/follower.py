@@ -13,20 +13,33 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from clawrl.engines.base import Engine
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.train.publish import ChecksumError, verify_version
+from clawrl.types import SHARED_LINEAGE
+from clawrl.versions.files import ChecksumError, verify_version
 
 log = logging.getLogger(__name__)
 
 
+class Swappable(Protocol):
+    """What the follower needs of an engine (`clawrl.engines.base.Engine` is one)."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    async def load_version(self, version: int, path: Path) -> None: ...
+
+
 class PolicyFollower:
-    def __init__(self, engine: Engine, store: Store, registry: CollectorRegistry, poll_s: float) -> None:
-        self.engine, self.training, self.poll_s = engine, TrainingStore(store), poll_s
+    """Keeps `engine` answering with the version the lineage's serving pointer names."""
+
+    def __init__(self, engine: Swappable, store: Store, registry: CollectorRegistry, poll_s: float,
+                 lineage: str = SHARED_LINEAGE) -> None:
+        self.engine, self.training, self.poll_s, self.lineage = engine, TrainingStore(store), poll_s, lineage
         self._failed: int | None = None  # the pointer value whose version could not be loaded
         self.swaps = Counter("clawrl_policy_swaps", "Policy versions swapped into serving", ["reason"], registry=registry)
         self.failures = Counter("clawrl_policy_swap_failures", "Versions that failed their checksum or load", registry=registry)
@@ -47,7 +60,7 @@ class PolicyFollower:
 
     async def sync(self) -> None:
         """Load the version the pointer names, if serving does not answer with it already."""
-        version, reason, row = await asyncio.to_thread(self.training.serving_target)
+        version, reason, row = await asyncio.to_thread(self.training.serving_target, self.lineage)
         if version == self.engine.policy_version or version == self._failed:
             return
         try:

@@ -1,4 +1,4 @@
-"""Policy version directories: RUN_DIR/policy/vN/, written atomically, verified before use.
+"""Policy version directories: RUN_DIR/policy/LINEAGE/vN/, written atomically, verified before use.
 
 A version directory holds the weights serving loads (a PEFT LoRA adapter, or a full model, as
 safetensors), the trainer's state to resume from (`trainer_state.pt`: optimizer, RNG, step) and
@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clawrl.types import SHARED_LINEAGE
+
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
 _VERSION_PREFIX = "v"
@@ -44,16 +46,17 @@ class Manifest:
     sample_ids: list[str]  # turn ids of the samples this step trained on, in order
     metrics: dict[str, Any]
     created_at: float = field(default_factory=time.time)
+    lineage: str = SHARED_LINEAGE  # manifests written before lineages had none: they were the shared one
     weights: dict[str, str] = field(default_factory=dict)  # file name -> sha256: what serving loads
     trainer_state: dict[str, str] = field(default_factory=dict)  # file name -> sha256: what resuming loads
 
 
-def policy_root(run_dir: Path) -> Path:
-    return Path(run_dir) / "policy"
+def lineage_root(run_dir: Path, lineage: str) -> Path:
+    return Path(run_dir) / "policy" / lineage
 
 
-def version_dir(run_dir: Path, version: int) -> Path:
-    return policy_root(run_dir) / f"{_VERSION_PREFIX}{version}"
+def version_dir(run_dir: Path, lineage: str, version: int) -> Path:
+    return lineage_root(run_dir, lineage) / f"{_VERSION_PREFIX}{version}"
 
 
 def file_sha256(path: Path) -> str:
@@ -75,7 +78,7 @@ def write_version(
     `save_weights(dir)` writes the weights files into `dir` (e.g. `model.save_pretrained`);
     `save_trainer_state(path)` writes the resume state to `path`.
     """
-    root = policy_root(run_dir)
+    root = lineage_root(run_dir, manifest.lineage)
     root.mkdir(parents=True, exist_ok=True)
     temp = root / f"{_TEMP_PREFIX}{_VERSION_PREFIX}{manifest.version}-{uuid.uuid4().hex[:8]}"
     temp.mkdir()
@@ -88,7 +91,7 @@ def write_version(
     for path in temp.iterdir():
         _fsync(path)
     _fsync(temp)
-    final = version_dir(run_dir, manifest.version)
+    final = version_dir(run_dir, manifest.lineage, manifest.version)
     if final.exists():  # left by a trainer killed before registering it: never registered, never served
         shutil.rmtree(final)
     os.rename(temp, final)
@@ -114,9 +117,9 @@ def verify_version(path: Path, sha256: str, *, trainer_state: bool = False) -> M
     return manifest
 
 
-def discard_unregistered(run_dir: Path, registered: set[int]) -> list[Path]:
-    """Remove temporary directories and version directories the store has no row for."""
-    root = policy_root(run_dir)
+def discard_unregistered(run_dir: Path, lineage: str, registered: set[int]) -> list[Path]:
+    """Remove the lineage's temporary directories and version directories the store has no row for."""
+    root = lineage_root(run_dir, lineage)
     removed = []
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         name = path.name
