@@ -17,9 +17,9 @@ from pydantic import BaseModel
 
 from clawrl.config import EnvConfig
 from clawrl.envs.http import HTTPEnvironment, create_env_app
-from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Action, EpisodeOverError
-from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.toolcall.env import ToolCallEnv
+from clawrl.envs.toolcall.problems import problem
 from tests.helpers import wait_until
 
 
@@ -150,7 +150,7 @@ def test_too_many_open_episodes_is_a_429_and_finished_ones_make_room(toolcall_ur
 def test_an_episode_nobody_touches_is_closed_and_a_used_one_is_kept() -> None:
     config = EnvConfig(toolcall_train_problems=20, toolcall_eval_problems=5, max_steps=1000)
     python = {"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(1)"}'}}]}
-    for url in _serve(create_env_app(lambda: ToolCallEnv(config), "math", max_episodes=4, idle_timeout_s=0.5)):
+    for url in _serve(create_env_app(lambda: ToolCallEnv(config), "math", max_episodes=4, idle_timeout_s=2.0)):
         for episode_id in ("left", "used"):
             assert httpx.post(f"{url}/reset", json={"episode_id": episode_id}).status_code == 200
 
@@ -158,7 +158,7 @@ def test_an_episode_nobody_touches_is_closed_and_a_used_one_is_kept() -> None:
             assert httpx.post(f"{url}/step", json={"action": python, "episode_id": "used"}).status_code == 200  # in use
             return httpx.get(f"{url}/state", params={"episode_id": "left"}).status_code == 404
 
-        wait_until(left_closed, 10, "the idle episode to be closed", every=0.1)
+        wait_until(left_closed, 30, "the idle episode to be closed", every=0.1)
 
 
 class CountedToolCallEnv(ToolCallEnv):

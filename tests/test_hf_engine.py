@@ -20,7 +20,8 @@ import torch
 from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
 from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
-from clawrl.engines.hf import EngineClosedError, HFEngine, pick_token
+from clawrl.engines.hf import EngineClosedError, HFEngine
+from clawrl.engines.hf_sampling import pick_token
 from clawrl.sim.models import resolve_model
 from clawrl.sim.tiny import tiny_model_path
 from tests.helpers import running_hf_engine, save_lora_adapter, save_perturbed_weights

@@ -52,13 +52,8 @@ from schemathesis.specs.openapi.checks import (
 
 from clawrl.serve.openapi import component_schemas
 from clawrl.serve.runner import ServerThread
-from clawrl.serve.schemas import (
-    ChatCompletionRequest,
-    ChatMessage,
-    EpisodeResultRequest,
-    EpisodeStartRequest,
-    FeedbackRequest,
-)
+from clawrl.serve.schemas import ChatCompletionRequest, EpisodeResultRequest, EpisodeStartRequest, FeedbackRequest
+from clawrl.wire import ChatMessage
 from tests.helpers import start_server
 
 CHAT = "/v1/chat/completions"

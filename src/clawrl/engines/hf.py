@@ -51,25 +51,26 @@ PEFT adapters named `v{N}` on the base model; a decode step for a version select
 disables adapters for version 0). Full-weight versions are separate model copies. A version is
 released once it is neither current nor used by any queued or running request; version 0, the
 base model, stays loaded as the frame LoRA adapters attach to and the frozen reference policy.
+
+The parts: this file is the scheduler (the worker loop, admission, decode steps, tasks);
+`hf_batch.py` the batches and their KV cache, `hf_sampling.py` the token choice,
+`hf_adapters.py` the policies and their adapters, `versions/table.py` which versions are held,
+and `model/scoring.py` the teacher-forced scoring.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
-import secrets
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
-from peft import PeftModel
 from transformers import AutoConfig, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
@@ -79,10 +80,12 @@ from clawrl.engines.base import (
     EngineClosedError,
     GenerationStream,
     SamplingParams,
-    TokenStep,
     validate_sampling,
     validated_token_ids,
 )
+from clawrl.engines.hf_adapters import Adapters, Policy
+from clawrl.engines.hf_batch import Batch, Request, Row
+from clawrl.engines.hf_sampling import new_generator, sample_steps
 from clawrl.engines.prefix_cache import PrefixCache
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
@@ -93,188 +96,7 @@ from clawrl.versions.table import VersionTable
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
-_ADAPTER_UNKNOWN = "<unknown>"
-
-
-# --- small pure helpers -----------------------------------------------------------------------
-
-
-def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """A private RNG per request, so its samples do not depend on what it is batched with.
-
-    Greedy requests need none. Without a seed the request gets a fresh random one.
-    """
-    if sampling.temperature == 0:
-        return None
-    seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-MIN_TEMPERATURE = 1e-5
-
-
-def pick_token(logprobs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """Choose one token id (a 0-d tensor) from one row of raw log-probs.
-
-    Temperature 0 is greedy (and so is one below `MIN_TEMPERATURE`, as in vLLM: dividing by it
-    overflows float32, and a row of -inf has no distribution). Otherwise the raw distribution is
-    sharpened/flattened by the temperature and cut to the smallest set of most likely tokens whose
-    mass reaches `top_p`.
-    """
-    if generator is None or sampling.temperature < MIN_TEMPERATURE:
-        return logprobs.argmax()
-    probs = torch.softmax(logprobs / sampling.temperature, dim=-1)
-    if sampling.top_p >= 1:
-        return torch.multinomial(probs, 1, generator=generator)[0]
-    sorted_probs, order = probs.sort(descending=True)
-    # Keep a token while the mass of the tokens before it is below top_p: the first always stays
-    # (set, not computed: a top_p below float32's smallest number, 5e-324, rounds to 0 < 0).
-    keep_sorted = (sorted_probs.cumsum(-1) - sorted_probs) < sampling.top_p
-    keep_sorted[..., 0] = True
-    # Draw in vocabulary order, not sorted order: two near-equal probabilities swap ranks under the
-    # float noise of another batch shape, and a draw over the sorted list would then land on the
-    # other token; in vocabulary order only a token at the nucleus boundary can change the draw.
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return torch.multinomial(probs * keep, 1, generator=generator)[0]
-
-
-def sample_steps(
-    logits: torch.Tensor, requests: Sequence[tuple[SamplingParams, torch.Generator | None]]
-) -> list[TokenStep]:
-    """Sample one token per row of `logits` ([rows, vocab]) and describe it as a `TokenStep`.
-
-    Log-probs come from the raw distribution (see the module docstring). Everything is computed on
-    the model's device and copied to the host once, with one synchronisation per step.
-    """
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    tokens = torch.stack([pick_token(logprobs[i], params, gen) for i, (params, gen) in enumerate(requests)])
-    token_logprobs = logprobs.gather(1, tokens[:, None])[:, 0]
-    k = min(max(params.top_logprobs for params, _ in requests), logprobs.shape[-1])
-    if k:
-        top_values, top_ids = logprobs.topk(k, dim=-1)  # sorted, best first
-        tops = list(zip(top_ids.tolist(), top_values.tolist()))
-    else:
-        tops = [([], [])] * len(requests)
-    steps = []
-    for (params, _), token, logprob, (ids, values) in zip(requests, tokens.tolist(), token_logprobs.tolist(), tops):
-        alternatives = list(zip(ids[: params.top_logprobs], values[: params.top_logprobs]))
-        steps.append(TokenStep(token_id=token, logprob=logprob, top_logprobs=alternatives))
-    return steps
-
-
-def _left_pad(states: torch.Tensor, columns: int) -> torch.Tensor:
-    """Prepend `columns` zero positions to KV states shaped [batch, heads, seq, head_dim]."""
-    return F.pad(states, (0, 0, columns, 0)) if columns else states
-
-
-# --- worker-side state ------------------------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    """A submitted generation, waiting for or holding a batch row."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    stream: GenerationStream
-    max_new_tokens: int  # sampling.max_tokens, cut so that prompt + response fits the context
-
-    @property
-    def version(self) -> int:
-        return self.stream.policy_version
-
-
-@dataclass
-class _Row:
-    """One sequence being decoded inside a `_Batch`."""
-
-    request: _Request
-    generator: torch.Generator | None
-    next_token: int = -1  # the last sampled token: the input of the next decode step
-    generated: int = 0
-    pad: int = 0  # leading padding columns of this row in the batch's KV cache
-
-
-class _Batch:
-    """Rows of one policy version decoded together over one left-padded `DynamicCache`.
-
-    Invariants: every layer's keys/values are [len(rows), heads, width, head_dim]; row i's real
-    tokens occupy columns [rows[i].pad, width); at least one row has pad 0 (no wasted column).
-    """
-
-    def __init__(self, version: int) -> None:
-        self.version = version
-        self.rows: list[_Row] = []
-        self.cache: DynamicCache | None = None
-
-    @property
-    def width(self) -> int:
-        return self.cache.get_seq_length() if self.cache is not None else 0
-
-    def add(self, joining: list[tuple[_Row, DynamicCache]]) -> None:
-        """Merge freshly prefilled rows (each with its own single-row cache) into the batch."""
-        caches = ([self.cache] if self.cache is not None else []) + [cache for _, cache in joining]
-        width = max(cache.get_seq_length() for cache in caches)
-        shifts = [width - cache.get_seq_length() for cache in caches]
-        if self.cache is not None:
-            for row in self.rows:
-                row.pad += shifts[0]
-        for (row, _), shift in zip(joining, shifts[len(caches) - len(joining) :]):
-            row.pad = shift
-        merged = caches[0]
-        if len(caches) > 1:
-            for index, layer in enumerate(merged.layers):
-                layer.keys = torch.cat([_left_pad(c.layers[index].keys, s) for c, s in zip(caches, shifts)])
-                layer.values = torch.cat([_left_pad(c.layers[index].values, s) for c, s in zip(caches, shifts)])
-        self.cache = merged
-        self.rows.extend(row for row, _ in joining)
-
-    def keep(self, indices: list[int]) -> None:
-        """Keep only the rows at `indices`, then drop columns that are padding for all of them."""
-        if len(indices) == len(self.rows):
-            return
-        self.rows = [self.rows[i] for i in indices]
-        if not self.rows:
-            self.cache = None
-            return
-        trim = min(row.pad for row in self.rows)
-        assert self.cache is not None
-        selected = torch.tensor(indices, device=self.cache.layers[0].keys.device)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[selected, :, trim:]
-            layer.values = layer.values[selected, :, trim:]
-        for row in self.rows:
-            row.pad -= trim
-
-    def decode_inputs(self, device: torch.device) -> dict[str, Any]:
-        """Forward kwargs for one decode step: the last token of every row, masked and positioned."""
-        width = self.width
-        pads = torch.tensor([row.pad for row in self.rows], device=device)
-        return {
-            "input_ids": torch.tensor([[row.next_token] for row in self.rows], device=device),
-            # Columns [0, pad) are padding; the new token's own column (index `width`) is real.
-            "attention_mask": torch.arange(width + 1, device=device)[None, :] >= pads[:, None],
-            # A row's next position is the number of real tokens it already has.
-            "position_ids": (width - pads)[:, None],
-            "past_key_values": self.cache,
-            "use_cache": True,
-        }
-
-
-_POLICY_KEYS = itertools.count(1)
 _PREFILL_CHUNK = 1024  # tokens per forward when a prompt's prefill continues a cached prefix
-
-
-@dataclass
-class _Policy:
-    """What serves one version: a model, plus the LoRA adapter to switch on (None = plain model)."""
-
-    model: PreTrainedModel
-    adapter: str | None = None
-    # never reused, not even for a version loaded again: what the prefix cache keys its entries by
-    key: int = field(default_factory=lambda: next(_POLICY_KEYS))
 
 
 @dataclass
@@ -334,11 +156,9 @@ class HFEngine(Engine):
         self.max_context_tokens = int(context)
 
         # Written by the worker thread only (after start()).
-        self._base: PreTrainedModel | None = None
-        self._peft: PeftModel | None = None  # wraps _base once the first LoRA version is loaded
-        self._selected_adapter: str | None = _ADAPTER_UNKNOWN
-        self._versions: VersionTable[_Policy] = VersionTable()  # version 0 once started
-        self._batches: dict[int, _Batch] = {}
+        self._adapters: Adapters | None = None  # the base model and its LoRA adapters, once started
+        self._versions: VersionTable[Policy] = VersionTable()  # version 0 once started
+        self._batches: dict[int, Batch] = {}
         self._end_ids: frozenset[int] = frozenset()
         self._prefix_cache = PrefixCache(int(config.prefix_cache_gib * 2**30))
 
@@ -346,7 +166,7 @@ class HFEngine(Engine):
         # the current version is also only changed under _cond, so a request always gets a version
         # that the worker still has loaded (see _retire_unused_versions).
         self._cond = threading.Condition()
-        self._pending: deque[_Request] = deque()
+        self._pending: deque[Request] = deque()
         self._tasks: deque[_Task] = deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -363,8 +183,8 @@ class HFEngine(Engine):
         source = await asyncio.to_thread(shared_weights, self._source, self.dtype, self.device, self._cache_dir,
                                          self._share_weights)  # fmt: skip
         base = await asyncio.to_thread(self._load_model, source)
-        self._base = base
-        self._versions.install(0, _Policy(base))
+        self._adapters = Adapters(base, self.device)
+        self._versions.install(0, Policy(base))
         self._end_ids = self._end_of_turn_ids(base)
         self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
         self._thread.start()
@@ -411,7 +231,7 @@ class HFEngine(Engine):
         forward passes through it (a full-weight version has its own model). Read-only; for tests and
         diagnostics, e.g. a forward hook that sees each pass's batch. The worker thread owns the
         model: do not run it from other threads."""
-        return self._base
+        return self._adapters.base if self._adapters is not None else None
 
     @property
     def prefix_cache_stats(self) -> dict[str, int]:
@@ -435,7 +255,7 @@ class HFEngine(Engine):
         room = self.max_context_tokens - len(prompt)
         with self._cond:
             stream = GenerationStream(self._versions.current)
-            self._pending.append(_Request(prompt, sampling, stream, min(sampling.max_tokens, room)))
+            self._pending.append(Request(prompt, sampling, stream, min(sampling.max_tokens, room)))
             self._cond.notify()
         return stream
 
@@ -479,7 +299,7 @@ class HFEngine(Engine):
             await self._call(lambda: self._load_adapter(version, path))
         else:
             model = await asyncio.to_thread(self._load_model, path)
-            await self._call(lambda: self._install(version, _Policy(model)))
+            await self._call(lambda: self._install(version, Policy(model)))
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker thread between decode steps and await its result."""
@@ -514,7 +334,7 @@ class HFEngine(Engine):
     def _active_rows(self) -> int:
         return sum(len(batch.rows) for batch in self._batches.values())
 
-    def _next_work(self) -> tuple[list[_Task], list[_Request]] | None:
+    def _next_work(self) -> tuple[list[_Task], list[Request]] | None:
         """Block until there is something to do; take all tasks and the requests that fit."""
         with self._cond:
             while not (self._stopping or self._tasks or self._pending or self._batches):
@@ -527,9 +347,9 @@ class HFEngine(Engine):
             admitted = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
             return tasks, admitted
 
-    def _admit(self, requests: list[_Request]) -> None:
+    def _admit(self, requests: list[Request]) -> None:
         """Prefill each new request alone, then merge the survivors into their version's batch."""
-        joining: dict[int, list[tuple[_Row, DynamicCache]]] = {}
+        joining: dict[int, list[tuple[Row, DynamicCache]]] = {}
         for request in requests:
             if request.stream.cancelled:
                 _deliver(request.stream, request.stream.finish)
@@ -543,7 +363,7 @@ class HFEngine(Engine):
             if prefilled is not None:
                 joining.setdefault(request.version, []).append(prefilled)
         for version, rows in joining.items():
-            batch = self._batches.setdefault(version, _Batch(version))
+            batch = self._batches.setdefault(version, Batch(version))
             try:
                 batch.add(rows)
             except Exception as exc:  # noqa: BLE001 - the merged state is unusable: fail its rows
@@ -551,10 +371,10 @@ class HFEngine(Engine):
                     _deliver(row.request.stream, row.request.stream.fail, exc)
                 self._fail_batch(batch, exc)
 
-    def _prefill(self, request: _Request) -> tuple[_Row, DynamicCache] | None:
+    def _prefill(self, request: Request) -> tuple[Row, DynamicCache] | None:
         """Run the prompt (what the prefix cache does not hold of it), emit the first token; return
         the row and its cache unless already done."""
-        row = _Row(request, new_generator(request.sampling, self.device))
+        row = Row(request, new_generator(request.sampling, self.device))
         model = self._model_for(request.version)
         policy = self._versions.get(request.version).key
         cached, reused = self._prefix_cache.lookup(policy, request.prompt_ids)
@@ -574,7 +394,7 @@ class HFEngine(Engine):
         done = self._advance([row], logits)[0]
         return None if done else (row, cache)
 
-    def _decode_step(self, batch: _Batch) -> None:
+    def _decode_step(self, batch: Batch) -> None:
         """One forward for all rows of `batch`; emit a token per row; drop rows that are done."""
         cancelled = [row.request.stream for row in batch.rows if row.request.stream.cancelled]
         for stream in cancelled:
@@ -595,7 +415,7 @@ class HFEngine(Engine):
         if not batch.rows:
             del self._batches[batch.version]
 
-    def _advance(self, rows: list[_Row], logits: torch.Tensor) -> list[bool]:
+    def _advance(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
         """Sample each row's next token and push it; True for rows that are finished (or unread)."""
         steps = sample_steps(logits, [(row.request.sampling, row.generator) for row in rows])
         done = []
@@ -613,7 +433,7 @@ class HFEngine(Engine):
             done.append(step.finish_reason is not None or not delivered)
         return done
 
-    def _fail_batch(self, batch: _Batch, exc: BaseException) -> None:
+    def _fail_batch(self, batch: Batch, exc: BaseException) -> None:
         logger.warning("decode step failed for %d rows of version %d: %r", len(batch.rows), batch.version, exc)
         for row in batch.rows:
             _deliver(row.request.stream, row.request.stream.fail, exc)
@@ -628,35 +448,18 @@ class HFEngine(Engine):
 
     def _model_for(self, version: int) -> PreTrainedModel:
         """The model serving `version`, with the right LoRA adapter switched on."""
-        policy = self._versions.get(version)  # ValueError when it is not loaded
-        if self._peft is not None and policy.model is self._base and self._selected_adapter != policy.adapter:
-            if policy.adapter is None:
-                self._peft.base_model.disable_adapter_layers()
-            else:
-                self._peft.base_model.enable_adapter_layers()
-                self._peft.set_adapter(policy.adapter, inference_mode=True)
-            self._selected_adapter = policy.adapter
-        return policy.model
+        assert self._adapters is not None
+        return self._adapters.model_for(self._versions.get(version))  # ValueError when it is not loaded
 
     def _load_adapter(self, version: int, path: Path) -> None:
-        """Attach the LoRA adapter at `path` to the base model as `v{version}` and make it current."""
+        """Attach the LoRA adapter at `path` to the base model and make `version` current."""
         if version in self._versions:
             self._make_current(version)
             return
-        name = f"v{version}"
-        if self._peft is None:
-            # Injecting LoRA layers leaves the base model's outputs unchanged while the adapter
-            # is disabled, so rows of version 0 decoding right now are unaffected.
-            self._peft = PeftModel.from_pretrained(
-                self._base, str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device)
-            )
-        else:
-            self._peft.load_adapter(str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device))
-        self._selected_adapter = _ADAPTER_UNKNOWN
-        assert self._base is not None
-        self._install(version, _Policy(self._base, name))
+        assert self._adapters is not None
+        self._install(version, self._adapters.attach(version, path))
 
-    def _install(self, version: int, policy: _Policy) -> None:
+    def _install(self, version: int, policy: Policy) -> None:
         """Register `policy` for `version` (an already loaded one wins) and point new requests at it."""
         with self._cond:
             self._versions.install(version, policy)
@@ -674,19 +477,10 @@ class HFEngine(Engine):
             self._prefix_cache.forget(policy.key)
             if policy.adapter is not None:
                 try:
-                    self._delete_adapter(policy.adapter)
+                    self._adapters.delete(policy.adapter)
                 except Exception:  # noqa: BLE001 - a leaked adapter costs memory, not correctness
                     logger.exception("could not delete adapter %s", policy.adapter)
             logger.info("released policy version %d", version)
-
-    def _delete_adapter(self, name: str) -> None:
-        assert self._peft is not None
-        others = [adapter for adapter in self._peft.peft_config if adapter != name]
-        if self._peft.active_adapter == name and others:
-            # Move off it first: PEFT warns when the active adapter is deleted under it.
-            self._peft.set_adapter(others[-1], inference_mode=True)
-        self._selected_adapter = _ADAPTER_UNKNOWN
-        self._peft.delete_adapter(name)
 
     def _shutdown(self) -> None:
         """Fail everything still in flight: running rows, queued requests, queued tasks."""

@@ -29,9 +29,10 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clawrl.types import ToolSpec
+from clawrl.wire import ChatMessage, ToolCall
 
 Split = Literal["train", "eval"]
 
@@ -39,44 +40,25 @@ Split = Literal["train", "eval"]
 # --- chat records ---------------------------------------------------------------------------------
 
 
-class FunctionCall(BaseModel):
-    """The function half of an OpenAI tool call; `arguments` is JSON text, as models emit it."""
-
-    name: str = Field(description="Name of the tool to call.")
-    arguments: str = Field("{}", description="The arguments as a JSON object, serialised to a string.")
-
-
-class ToolCall(BaseModel):
-    """One OpenAI tool call in an assistant message."""
-
-    id: str = Field(description="Identifier the tool's answer refers to (`tool_call_id`).")
-    type: Literal["function"] = Field("function", description="Always `function`.")
-    function: FunctionCall = Field(description="The tool and its arguments.")
-
-
-class ChatMessage(BaseModel):
-    """One OpenAI chat message of an episode (a system, user or tool message, or the model's own)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    role: Literal["system", "user", "assistant", "tool"] = Field(description="Who speaks.")
-    content: str | None = Field(None, description="The text.")
-    tool_calls: list[ToolCall] | None = Field(None, description="Tool calls of an assistant message.")
-    tool_call_id: str | None = Field(None, description="The call a `tool` message answers.")
-
-    def to_openai(self) -> dict[str, Any]:
-        """The message as OpenAI's API takes it (unset fields left out)."""
-        return self.model_dump(exclude_none=True)
-
-
 class Action(BaseModel):
-    """The model's move: one assistant message."""
+    """The model's move: one assistant message, stricter than the chat vocabulary allows: every
+    call has an id (its answer names it) and its arguments as JSON text, as models emit them."""
 
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["assistant"] = Field("assistant", description="Always `assistant`.")
     content: str | None = Field(None, description="The assistant's text; the final answer when it calls no tool.")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="The tools it calls, answered in order.")
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_as_models_emit_them(cls, calls: list[ToolCall]) -> list[ToolCall]:
+        for call in calls:
+            if not call.id:
+                raise ValueError("every tool call needs an id")
+            if not isinstance(call.function.arguments, str):
+                raise ValueError("a tool call's arguments must be JSON text (a string)")
+        return calls
 
     def to_message(self) -> ChatMessage:
         return ChatMessage(role="assistant", content=self.content, tool_calls=self.tool_calls or None)

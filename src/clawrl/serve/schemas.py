@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, GetJsonSchemaHandler, field_validator, model_validator
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+from clawrl.wire import ChatMessage, WireModel
 
 
 def _integral(value: Any) -> Any:
@@ -33,122 +29,22 @@ def _integral(value: Any) -> Any:
 _AsJsonInteger = BeforeValidator(_integral)
 
 
-class TextPart(_Lenient):
-    type: Literal["text", "input_text"]
-    text: str
-
-
-class FunctionCall(_Lenient):
-    name: Annotated[str, Field(min_length=1)]
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCall(_Lenient):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-Content = str | list[TextPart]
-# Only assistant messages carry tool calls: other roles may send none, an empty list or null
-_NoToolCalls = Annotated[list[Any], Field(max_length=0)] | None
-
-
-class SystemMessage(_Lenient):
-    """Instructions (`developer` is read as `system`)."""
-
-    role: Literal["system", "developer"]
-    content: Content
-    name: str | None = None
-    tool_calls: _NoToolCalls = None
-    tool_call_id: str | None = None
-
-
-class UserMessage(_Lenient):
-    role: Literal["user"]
-    content: Content
-    name: str | None = None
-    tool_calls: _NoToolCalls = None
-    tool_call_id: str | None = None
-
-
-class AssistantMessage(_Lenient):
-    """An earlier answer, as text (and possibly tool calls)."""
-
-    role: Literal["assistant"]
-    content: Content
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class AssistantToolCallsMessage(_Lenient):
-    """An earlier answer that called tools, with or without text."""
-
-    role: Literal["assistant"]
-    content: Content | None = None
-    name: str | None = None
-    tool_calls: Annotated[list[ToolCall], Field(min_length=1)]
-    tool_call_id: str | None = None
-
-
-class ToolMessage(_Lenient):
-    """A tool's result, answering the assistant's call `tool_call_id`."""
-
-    role: Literal["tool"]
-    content: Content
-    name: str | None = None
-    tool_calls: _NoToolCalls = None
-    tool_call_id: Annotated[str, Field(min_length=1)]
-
-
-_MESSAGE_SHAPES = (SystemMessage, UserMessage, AssistantMessage, AssistantToolCallsMessage, ToolMessage)
-
-
-class ChatMessage(_Lenient):
-    """One message. Parsed leniently as one model (its errors say which field a role misses); its
-    JSON schema is the role-specific shapes above, which accept exactly what the validator does."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-    @model_validator(mode="after")
-    def _check_role_fields(self) -> ChatMessage:
-        if self.role == "assistant":
-            if self.content is None and not self.tool_calls:
-                raise ValueError("an assistant message needs content or tool_calls")
-        elif self.content is None:
-            raise ValueError(f"a {self.role} message needs content")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs tool_call_id")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages may carry tool_calls")
-        return self
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
-        return {"anyOf": [handler(shape.__pydantic_core_schema__) for shape in _MESSAGE_SHAPES], "title": "ChatMessage"}
-
-
-class FunctionDefinition(_Lenient):
+class FunctionDefinition(WireModel):
     name: Annotated[str, Field(min_length=1, max_length=128)]
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Lenient):
+class Tool(WireModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(WireModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Lenient):
+class ChatCompletionRequest(WireModel):
     """`POST /v1/chat/completions`: OpenAI's chat schema and clawrl's session fields."""
 
     model_config = ConfigDict(
@@ -204,7 +100,7 @@ class ChatCompletionRequest(_Lenient):
         return self
 
 
-class FeedbackRequest(_Lenient):
+class FeedbackRequest(WireModel):
     """`POST /v1/feedback`: a thumbs up or down on a turn (or on a session's last main turn)."""
 
     # what `_needs_target` checks: a turn or a session to attach the feedback to
@@ -248,7 +144,7 @@ class FeedbackRequest(_Lenient):
 Reward = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class EpisodeStartRequest(_Lenient):
+class EpisodeStartRequest(WireModel):
     """`POST /v1/episodes`: register an episode before its first step (its session id names it)."""
 
     session_id: Annotated[str, Field(min_length=1, max_length=256)]
@@ -259,7 +155,7 @@ class EpisodeStartRequest(_Lenient):
     seed: Annotated[int, Field(strict=True, ge=0, le=2**31 - 1), _AsJsonInteger]  # the store keeps a 32-bit integer
 
 
-class EpisodeResultRequest(_Lenient):
+class EpisodeResultRequest(WireModel):
     """`POST /v1/episodes/{session_id}/result`: how an episode ended.
 
     `final_observation` is what the environment answered to the last step (its tool messages): no

@@ -1,0 +1,79 @@
+"""The `hf` engine's policies: what serves each version, and the LoRA adapter switched on for it.
+
+A LoRA version is a PEFT adapter named `v{N}` attached to the one base model; a forward for that
+version switches its adapter on (or all adapters off, for version 0). A full-weight version is a
+model copy of its own. Every `Policy` has a key that is never reused, not even when a version is
+loaded again, so that the prefix cache can never serve one version's keys and values to another.
+Which versions are held, current and in use is the engine's `VersionTable`; this module only
+builds policies and frees their adapters. Worker-thread state: PEFT's adapter switching is not
+thread-safe, and nothing else touches it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import PreTrainedModel
+
+# Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
+_ADAPTER_UNKNOWN = "<unknown>"
+_POLICY_KEYS = itertools.count(1)
+
+
+@dataclass
+class Policy:
+    """What serves one version: a model, plus the LoRA adapter to switch on (None = plain model)."""
+
+    model: PreTrainedModel
+    adapter: str | None = None
+    # never reused, not even for a version loaded again: what the prefix cache keys its entries by
+    key: int = field(default_factory=lambda: next(_POLICY_KEYS))
+
+
+class Adapters:
+    """The base model and the LoRA adapters attached to it."""
+
+    def __init__(self, base: PreTrainedModel, device: torch.device) -> None:
+        self.base = base
+        self.device = device
+        self._peft: PeftModel | None = None  # wraps the base once the first adapter is attached
+        self._selected: str | None = _ADAPTER_UNKNOWN
+
+    def model_for(self, policy: Policy) -> PreTrainedModel:
+        """The model to run for `policy`, with its adapter (or none) switched on."""
+        if self._peft is not None and policy.model is self.base and self._selected != policy.adapter:
+            if policy.adapter is None:
+                self._peft.base_model.disable_adapter_layers()
+            else:
+                self._peft.base_model.enable_adapter_layers()
+                self._peft.set_adapter(policy.adapter, inference_mode=True)
+            self._selected = policy.adapter
+        return policy.model
+
+    def attach(self, version: int, path: Path) -> Policy:
+        """Attach the LoRA adapter at `path` as `v{version}`: the policy that serves that version."""
+        name = f"v{version}"
+        if self._peft is None:
+            # Injecting LoRA layers leaves the base model's outputs unchanged while the adapter
+            # is disabled, so rows of version 0 decoding right now are unaffected.
+            self._peft = PeftModel.from_pretrained(
+                self.base, str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device)
+            )
+        else:
+            self._peft.load_adapter(str(path), adapter_name=name, is_trainable=False, torch_device=str(self.device))
+        self._selected = _ADAPTER_UNKNOWN
+        return Policy(self.base, name)
+
+    def delete(self, name: str) -> None:
+        """Free an adapter no version uses any more."""
+        assert self._peft is not None
+        others = [adapter for adapter in self._peft.peft_config if adapter != name]
+        if self._peft.active_adapter == name and others:
+            # Move off it first: PEFT warns when the active adapter is deleted under it.
+            self._peft.set_adapter(others[-1], inference_mode=True)
+        self._selected = _ADAPTER_UNKNOWN
+        self._peft.delete_adapter(name)
