@@ -20,6 +20,7 @@ import pytest
 
 from clawrl.judge.corpus import TUNING, load_part
 from clawrl.judge.rule import rule_hints, rule_score
+from clawrl.sim.answers import has_markup, is_warm, on_topic, result_correct, student_satisfied, teacher_satisfied
 from clawrl.sim.corpus import Problem
 from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import (
@@ -36,15 +37,9 @@ from clawrl.sim.users import (
     Requests,
     ScriptedVoice,
     UserSession,
-    has_markup,
     held_out_reactions,
-    is_warm,
-    on_topic,
     problems,
-    result_correct,
     satisfies,
-    student_satisfied,
-    teacher_satisfied,
 )
 
 CUPCAKES = Problem(

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +46,14 @@ import httpx
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
 from clawrl.serve.runner import free_port
+from clawrl.sim.answers import on_topic, result_correct
 from clawrl.sim.memory import PromptMemory
 from clawrl.sim.models import resolve_model
 from clawrl.sim.pretrain import weights_digest
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
-from clawrl.sim.users import (
-    PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, on_topic, problems, result_correct, satisfies,
-)
+from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems, satisfies
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 
@@ -378,7 +377,7 @@ def judged_against_truth(store: Store, truths: dict[str, bool], timeout_s: float
 
 def training_record(training: TrainingStore) -> dict[str, Any]:
     """What the run's trainer did: staleness, samples dropped as stale, importance weights."""
-    steps = [version.metrics for version in training.versions() if version.version > 0]
+    steps = [asdict(version.metrics) for version in training.versions() if version.version > 0]
     return training_summary(steps, training.sample_counts(), training.drop_reasons())
 
 
