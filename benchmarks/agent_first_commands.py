@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.envs.terminal import TerminalEnv
-from clawrl.envs.terminal_tasks import generated_tasks_dir
+from clawrl.envs.terminal.env import TerminalEnv
+from clawrl.envs.terminal.tasks import generated_tasks_dir
 from clawrl.sim.agents import TERMINAL_MICRO, agent_model_path, micro_env_config, solution_command
 
 KINDS = ("exact", "wrong", "typo", "ls", "finish", "other")

@@ -49,7 +49,7 @@ from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.train.trainer import enable_activation_checkpointing
 from clawrl.train.update import update_step
-from clawrl.types import Sample, TrainingExample, Turn
+from clawrl.types import Sample, TrainingExample, Turn, TurnSampling
 from machine import PeakMemory, machine  # benchmarks/machine.py, beside this script
 
 
@@ -66,7 +66,7 @@ def sessions(args: argparse.Namespace, vocab: int) -> list[TrainingExample]:
             response = [rng.randrange(3, vocab) for _ in range(rng.randint(args.response_min, args.response_max))]
             turn = Turn(
                 id=f"s{session}-t{index}", session_id=f"s{session}", kind="main", model="bench", policy_version=0,
-                messages=[], tools=None, sampling={}, prompt_token_ids=list(prompt), response_token_ids=response,
+                messages=[], tools=None, sampling=TurnSampling(), prompt_token_ids=list(prompt), response_token_ids=response,
                 response_logprobs=[-8.0] * len(response), response_text="", tool_calls=None, finish_reason="stop",
             )  # fmt: skip
             reward = 1.0 if rng.random() < 0.5 else -1.0

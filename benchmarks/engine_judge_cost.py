@@ -39,7 +39,7 @@ from clawrl.judge.worker import hint_candidates
 from clawrl.model.chat import render_prompt
 from clawrl.sim.models import resolve_model
 from clawrl.sim.users import STUDENT, problems
-from clawrl.types import NextState, Turn, TurnContext
+from clawrl.types import NextState, Turn, TurnContext, TurnSampling
 
 sys.path.insert(0, str(Path(__file__).parent))
 from machine import machine  # noqa: E402
@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace) -> dict:
 
 def _case(turn_id: str, messages: list[dict], prompt_ids: list[int], response_ids: list[int], text: str) -> TurnContext:
     turn = Turn(id=turn_id, session_id=turn_id, kind="main", model="bench", policy_version=0, messages=messages,
-                tools=None, sampling={}, prompt_token_ids=prompt_ids, response_token_ids=response_ids,
+                tools=None, sampling=TurnSampling(), prompt_token_ids=prompt_ids, response_token_ids=response_ids,
                 response_logprobs=[0.0] * len(response_ids), response_text=text, tool_calls=None, finish_reason="stop")
     return TurnContext(turn, NextState(turn_id, [{"role": "user", "content": CORRECTION}], turn_id), feedback=[])
 

@@ -39,7 +39,7 @@ from clawrl.judge.corpus import LabelledReply, hint_recalled, load_part
 from clawrl.judge.types import JudgeBackend
 from clawrl.judge.classifier import train_model
 from clawrl.judge.worker import RuleJudge, build_backend, final_judgment, hint_candidates
-from clawrl.types import Judgment, Turn, TurnContext
+from clawrl.types import Judgment, Turn, TurnContext, TurnSampling
 
 PARTS = ("tuning", "held_out")
 DEFAULT_OUT = Path("docs/results/judge-replies.json")
@@ -89,7 +89,7 @@ def corpus_case(item: LabelledReply) -> TurnContext:
 
     turn = Turn(
         id=item.id, session_id=item.id, kind="main", model="corpus", policy_version=0,
-        messages=item.request_messages(), tools=None, sampling={}, prompt_token_ids=[], response_token_ids=[],
+        messages=item.request_messages(), tools=None, sampling=TurnSampling(), prompt_token_ids=[], response_token_ids=[],
         response_logprobs=[], response_text=item.answer, tool_calls=None, finish_reason="stop",
     )
     return TurnContext(turn, NextState(item.id, item.next_messages(), item.id), feedback=[])

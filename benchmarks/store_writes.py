@@ -30,7 +30,7 @@ from typing import Any
 
 from clawrl.messages import answer_fingerprint, conversation_hashes
 from clawrl.store import Store
-from clawrl.types import NextState, Turn
+from clawrl.types import NextState, Turn, TurnSampling
 from machine import machine  # benchmarks/machine.py, beside this script
 
 
@@ -44,7 +44,7 @@ def turn_for(session_id: str, index: int, args: argparse.Namespace, rng: random.
     answer = f"answer {index}: " + "words " * 80
     return Turn(
         id=f"chatcmpl-{uuid.uuid4().hex}", session_id=session_id, kind="main", model="bench",
-        policy_version=0, messages=messages, tools=None, sampling={"temperature": 1.0, "max_tokens": 256},
+        policy_version=0, messages=messages, tools=None, sampling=TurnSampling(temperature=1.0, max_tokens=256),
         prompt_token_ids=[rng.randrange(150_000) for _ in range(args.prompt_tokens)],
         response_token_ids=[rng.randrange(150_000) for _ in range(args.response_tokens)],
         response_logprobs=[-rng.random() * 3 for _ in range(args.response_tokens)],

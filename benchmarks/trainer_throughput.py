@@ -48,7 +48,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from clawrl.config import LossConfig
 from clawrl.sim.tiny import build_tiny_model
-from clawrl.types import Sample, TrainingExample, Turn
+from clawrl.types import Sample, TrainingExample, Turn, TurnSampling
 from clawrl.train.update import micro_batches, update_step
 from machine import PeakMemory, machine  # benchmarks/machine.py, beside this script
 
@@ -142,7 +142,7 @@ def make_samples(model: torch.nn.Module, args: argparse.Namespace) -> list[Train
         behaviour = torch.log_softmax(logits, -1).gather(-1, ids[prompt_length:].unsqueeze(-1).to(device)).squeeze(-1)
         turn = Turn(
             id=f"bench-{index}", session_id="bench", kind="main", model="bench", policy_version=0,
-            messages=[], tools=None, sampling={}, prompt_token_ids=ids[:prompt_length].tolist(),
+            messages=[], tools=None, sampling=TurnSampling(), prompt_token_ids=ids[:prompt_length].tolist(),
             response_token_ids=ids[prompt_length:].tolist(), response_logprobs=behaviour.cpu().tolist(),
             response_text="", tool_calls=None, finish_reason="stop",
         )  # fmt: skip

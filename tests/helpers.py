@@ -48,7 +48,7 @@ from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.types import Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, Turn
+from clawrl.types import Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
 
 # --------------------------------------------------------------------------- the weather tool round trip
 
@@ -184,7 +184,7 @@ def turn(turn_id: str, session_id: str, messages: list[dict[str, Any]], answer: 
         "policy_version": 0,
         "messages": messages,
         "tools": None,
-        "sampling": {},
+        "sampling": TurnSampling(),
         "prompt_token_ids": [1, 2],
         "response_token_ids": [3],
         "response_logprobs": [-0.1],
@@ -263,7 +263,7 @@ def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore
 
 def version(number: int, parent: int) -> PolicyVersion:
     """A LoRA version `number` trained from `parent`, as the trainer would register it."""
-    return PolicyVersion(number, parent, "lora", f"/runs/policy/shared/v{number}", "0" * 64, number, {"loss": 0.5})
+    return PolicyVersion(number, parent, "lora", f"/runs/policy/shared/v{number}", "0" * 64, number, StepMetrics(loss=0.5))
 
 
 # --------------------------------------------------------------------------- a client of a running server

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.cli import build_parser, config_from_args
-from clawrl.config import EngineConfig, ServeConfig, StoreConfig
+from clawrl.config import EngineConfig, ServeConfig, ServeSettings, StoreConfig
 from clawrl.serve.runner import ServerThread
 
 
@@ -91,7 +91,7 @@ def test_every_config_field_has_a_flag_and_a_description(capsys: pytest.CaptureF
         build_parser().parse_args(["serve", "--help"])
     assert exited.value.code == 0
     serve_help = capsys.readouterr().out
-    for config in (EngineConfig, StoreConfig, ServeConfig):
+    for config in ServeSettings.components().values():
         for name, field in config.model_fields.items():
             assert field.description, f"{config.__name__}.{name} has no description"
             assert "--" + name.replace("_", "-") in serve_help

@@ -99,7 +99,8 @@ MISTAKES: dict[str, Callable[[Setup], Mistake]] = {
     "envs serve on a taken port": lambda s: Mistake(
         ["envs", "serve", "--env", "toolcall", "--port", str(s.port)], [f"port {s.port}", "--port"]),
     "envs serve with no room for an episode": lambda s: Mistake(
-        ["envs", "serve", "--env", "toolcall", "--max-episodes", "0", "--port", str(closed_port())], ["--max-episodes 0", "above 0"]),
+        ["envs", "serve", "--env", "toolcall", "--max-episodes", "0", "--port", str(closed_port())],
+        ["--max-episodes (CLAWRL_ENV_MAX_EPISODES)", "greater than 0"]),
     "host that is not this machine's": lambda s: Mistake(
         [*SERVE, "--host", "203.0.113.7", "--port", str(closed_port()), "--run-dir", str(s.tmp / "run")],
         ["203.0.113.7 is not an address of this machine", "--host"]),
@@ -161,6 +162,12 @@ MISTAKES: dict[str, Callable[[Setup], Mistake]] = {
     "a setting out of range": lambda s: Mistake(
         [*SERVE, "--port", "0", "--run-dir", str(s.tmp / "run"), "--max-batch-size", "0"],
         ["--max-batch-size (CLAWRL_MAX_BATCH_SIZE)", "greater than or equal to 1"]),
+    "openai engine without its server's URL": lambda s: Mistake(
+        [*SERVE, "--port", "0", "--run-dir", str(s.tmp / "run"), "--engine", "openai"],
+        ["--engine openai needs --engine-url", "give the server's base URL"]),
+    "a list setting with an item that is not one": lambda s: Mistake(
+        ["rollout", "--env", "toolcall", "--policy", "oracle", "--toolcall-levels", "1,two"],
+        ["--toolcall-levels (CLAWRL_ENV_TOOLCALL_LEVELS)", "valid integer", "'two'"]),
     "rollout of an unknown environment": lambda s: Mistake(
         ["rollout", "--env", "nope", "--policy", "oracle"], ["no environment 'nope'", "--env"]),
     "rollout against a server that is not there": lambda s: Mistake(

@@ -16,18 +16,26 @@ from pydantic_settings import BaseSettings
 
 from clawrl.cli import build_parser, config_from_args
 from clawrl.config import (
+    BackgroundConfig,
     BenchConfig,
     DashboardConfig,
     EngineConfig,
+    EnvConfig,
+    EnvServeConfig,
+    EnvsServeSettings,
     JudgeConfig,
     LossConfig,
+    RolloutSettings,
     ServeConfig,
+    ServeSettings,
     StoreConfig,
     TrainConfig,
+    TrainSettings,
 )
 from clawrl.trainer_process import settings_env
 
-SERVER_CONFIGS = (EngineConfig, StoreConfig, ServeConfig, DashboardConfig, JudgeConfig, LossConfig, TrainConfig)
+SERVER_CONFIGS = (EngineConfig, StoreConfig, ServeConfig, DashboardConfig, JudgeConfig, LossConfig, TrainConfig,
+                  BackgroundConfig)
 UPSTREAM_NAMES = ("PORT", "SERVED_MODEL_NAME", "SGLANG_API_KEY")
 CLAWRL = Path(sys.executable).parent / "clawrl"  # the installed command, next to this interpreter
 
@@ -41,11 +49,12 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def env_name(config: type[BaseSettings], field: str) -> str:
-    return f"{'CLAWRL_BENCH_' if config is BenchConfig else 'CLAWRL_'}{field.upper()}"
+    return f"{config.model_config['env_prefix']}{field.upper()}"
 
 
-# Text fields with a format of their own: a value in that format.
-FORMATTED = {(BenchConfig, "seed_list"): "20-22", (BenchConfig, "tuning_seeds"): "200-201"}
+# Fields with a format or bounds of their own: a value in that format.
+FORMATTED = {(BenchConfig, "seed_list"): "20-22", (BenchConfig, "tuning_seeds"): "200-201",
+             (BackgroundConfig, "background_nice"): "5"}
 
 
 def other_value(config: type[BaseSettings], field: str) -> str:
@@ -57,6 +66,10 @@ def other_value(config: type[BaseSettings], field: str) -> str:
     annotation = info.annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    if typing.get_origin(annotation) is list:  # a list: as its flag takes it
+        item = typing.get_args(annotation)[0]
+        item = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
+        return {str: "from-env,and-more", int: "2,3"}[item]
     if annotation is bool:
         return "false" if info.default else "true"
     if typing.get_origin(annotation) is typing.Literal:
@@ -67,9 +80,10 @@ def other_value(config: type[BaseSettings], field: str) -> str:
     return {int: "2048", float: "0.75", str: "from-env", Path: "/from/env"}[annotation]
 
 
-ALL_FIELDS = [(config, field) for config in (*SERVER_CONFIGS, BenchConfig) for field in config.model_fields]
+ALL_FIELDS = [(config, field) for config in (*SERVER_CONFIGS, BenchConfig, EnvConfig, EnvServeConfig)
+              for field in config.model_fields]
 # settings that a validator refuses alone, with what they need
-COMPANIONS = {(BenchConfig, "user_url"): {"user_model": "from-env"}}
+COMPANIONS = {(BenchConfig, "user_url"): {"user_model": "from-env"}, (EngineConfig, "engine"): {"engine_url": "http://e/v1"}}
 
 
 @pytest.mark.parametrize(("config", "field"), ALL_FIELDS, ids=[f"{c.__name__}.{f}" for c, f in ALL_FIELDS])
@@ -134,15 +148,99 @@ def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`clawrl serve` starts `clawrl train` with CLAWRL_* variables that rebuild the same settings."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
     args = build_parser().parse_args(
         ["serve", "--model", "some/model", "--run-dir", str(tmp_path), "--method", "rl", "--full", "--lr", "0.001",
-         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard", "--loss-agg", "seq-mean"]
+         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard", "--loss-agg", "seq-mean",
+         "--background-cpus", ",".join(map(str, cpus))]
     )
-    configs = [config_from_args(config, args) for config in (EngineConfig, StoreConfig, TrainConfig)]
+    serve = config_from_args(ServeSettings, args)
+    assert serve.background.background_cpus == cpus  # a list, from its flag's spelling
+    configs = [serve.engine, serve.store, serve.train, serve.background]
     for name, value in settings_env(*configs).items():
         monkeypatch.setenv(name, value)
-    assert [EngineConfig(), StoreConfig(), TrainConfig()] == configs
+    trainer = config_from_args(TrainSettings, build_parser().parse_args(["train"]))  # what the child reads
+    assert [trainer.engine, trainer.store, trainer.train, trainer.background] == configs
+    assert [EngineConfig(), StoreConfig(), TrainConfig(), BackgroundConfig()] == configs
     assert LossConfig().method == "rl" and LossConfig().eps_high == 0.3 and LossConfig().loss_agg == "seq-mean"
+
+
+def test_list_settings_are_lists_given_and_written_as_their_flags_take_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = EnvConfig(toolcall_kinds="arithmetic, units", toolcall_levels="1,2", swe_libraries="")
+    assert (env.toolcall_kinds, env.toolcall_levels, env.swe_libraries) == (["arithmetic", "units"], [1, 2], [])
+    assert EnvConfig(toolcall_kinds=["units"]).toolcall_kinds == ["units"]  # a list, in Python
+    assert EnvConfig().toolcall_kinds == ["arithmetic", "number_theory", "units", "word"]
+    dumped = env.model_dump(mode="json")  # the flag's spelling: a dump read back as variables gives the same
+    assert (dumped["toolcall_kinds"], dumped["toolcall_levels"], dumped["swe_libraries"]) == ("arithmetic,units", "1,2", "")
+    for field in ("toolcall_kinds", "toolcall_levels", "swe_libraries"):
+        monkeypatch.setenv(f"CLAWRL_ENV_{field.upper()}", str(getattr(env, field)))
+    assert EnvConfig() == EnvConfig(toolcall_kinds="arithmetic,units", toolcall_levels="1,2")
+    with pytest.raises(ValidationError, match="valid integer"):
+        EnvConfig(toolcall_levels="1,two")
+    with pytest.raises(ValidationError, match="comma-separated names"):
+        EnvConfig(web_families="click-button;enter-text")
+
+    bench = BenchConfig(seed_list="10-12,20", tuning_seeds="100-101")
+    assert (bench.seed_list, bench.tuning_seeds) == ([10, 11, 12, 20], [100, 101])
+    assert (str(bench.seed_list), str(bench.tuning_seeds)) == ("10-12,20", "100-101")  # as --seed-list takes them
+    monkeypatch.setenv("CLAWRL_BENCH_SEED_LIST", "tuning")  # a named set, from the environment too
+    monkeypatch.setenv("CLAWRL_BENCH_TUNING_SEEDS", "102,104")
+    assert BenchConfig().seed_list == [102, 104] and BenchConfig().run_seeds() == [102, 104]
+    assert BenchConfig(seed_list="report").seed_list == [10, 11, 12, 13, 14]
+
+    assert BackgroundConfig().background_cpus == "auto"
+    cpu = min(os.sched_getaffinity(0))
+    assert BackgroundConfig(background_cpus=f"{cpu}").background_cpus == [cpu]
+    assert BackgroundConfig(background_cpus=[cpu]).model_dump()["background_cpus"] == str(cpu)
+
+
+def test_each_command_reads_one_settings_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLAWRL_MAX_BATCH_SIZE", "5")
+    monkeypatch.setenv("CLAWRL_JUDGE", "rule")
+    args = build_parser().parse_args(["serve", "--port", "31002", "--method", "opd", "--background-nice", "3"])
+    settings = config_from_args(ServeSettings, args)
+    assert isinstance(settings, ServeSettings) and isinstance(settings.engine, EngineConfig)
+    assert (settings.serve.port, settings.train.method, settings.background.background_nice) == (31002, "opd", 3)
+    assert (settings.engine.max_batch_size, settings.judge.judge) == (5, "rule")  # the environment's, no flag
+    assert ServeSettings().engine.max_batch_size == 5  # every component from the environment
+
+    envs = config_from_args(EnvsServeSettings, build_parser().parse_args(["envs", "serve", "--env", "web", "--port", "9000"]))
+    assert (envs.env.env, envs.server.port, envs.server.host, envs.server.max_episodes) == ("web", 9000, "127.0.0.1", 64)
+    assert (envs.server.idle_timeout_s, envs.server.step_timeout_s) == (600.0, 120.0)
+    monkeypatch.setenv("CLAWRL_ENV_MAX_EPISODES", "7")
+    assert config_from_args(EnvsServeSettings, build_parser().parse_args(["envs", "serve"])).server.max_episodes == 7
+    with pytest.raises(SystemExit, match=r"^error: --step-timeout-s \(CLAWRL_ENV_STEP_TIMEOUT_S\): Input should be greater than 0"):
+        config_from_args(EnvsServeSettings, build_parser().parse_args(["envs", "serve", "--step-timeout-s", "0"]))
+
+    rollout = config_from_args(RolloutSettings, build_parser().parse_args(["rollout", "--policy", "oracle", "--seed", "4"]))
+    assert (rollout.rollout.policy, rollout.rollout.seed, rollout.env.env) == ("oracle", 4, "toolcall")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--engine", "vllm", "--method", "rl", "--lora-rank", "128"],
+      "--lora-rank 128 is above --max-lora-rank 64; raise --max-lora-rank or lower --lora-rank"),
+     (["--engine", "openai", "--engine-url", "http://e/v1", "--method", "rl", "--full"],
+      "--engine openai cannot swap in full-weight versions (a remote server has no call for it); "
+      "train LoRA adapters (drop --full) or use --engine vllm"),
+     (["--engine", "openai"], "--engine openai needs --engine-url; give the server's base URL (e.g. http://127.0.0.1:8000/v1)")],
+)
+def test_an_engine_that_cannot_serve_the_trainers_versions_is_refused_when_read(flags: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        config_from_args(ServeSettings, build_parser().parse_args(["serve", *flags]))
+    assert refused.value.code == f"error: {message}"
+
+
+def test_engine_rules_apply_only_where_they_matter() -> None:
+    vllm, openai = EngineConfig(engine="vllm"), EngineConfig(engine="openai", engine_url="http://e/v1")
+    assert ServeSettings(engine=vllm, train=TrainConfig(lora_rank=128)).train.method is None  # no trainer
+    assert ServeSettings(engine=vllm, train=TrainConfig(method="rl", lora_rank=128, full=True)).train.full
+    assert ServeSettings(engine=vllm, train=TrainConfig(method="rl", lora_rank=64)).engine.max_lora_rank == 64
+    assert ServeSettings(engine=openai, train=TrainConfig(method="rl")).engine.engine == "openai"
+    with pytest.raises(ValidationError, match="above --max-lora-rank"):
+        ServeSettings(engine=EngineConfig(engine="vllm", max_lora_rank=8), train=TrainConfig(method="opd"))
+    # the trainer alone publishes what it is asked to: the serving engine's limits are serve's rule
+    assert TrainSettings(engine=vllm, train=TrainConfig(method="rl", lora_rank=128)).train.lora_rank == 128
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ import pytest
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.http import HTTPEnvironment
-from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Action
 from clawrl.envs.records import PlannedEpisode
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
-from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.toolcall.env import ToolCallEnv
+from clawrl.envs.toolcall.problems import problem
 from tests.helpers import wait_until
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")

@@ -12,10 +12,10 @@ import pytest
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import make_policy
 from clawrl.envs.pool import EnvPool, LeaseExpiredError, PoolFullError
-from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Action
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
-from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.toolcall.env import ToolCallEnv
+from clawrl.envs.toolcall.problems import problem
 
 ENV_CONFIG = EnvConfig(toolcall_train_problems=20)
 

@@ -21,11 +21,11 @@ import httpx
 import pytest
 
 from clawrl.config import EnvConfig, RolloutConfig
-from clawrl.envs.problems import problem, problem_ids
 from clawrl.envs.rollout import plan_episodes, run_rollouts
 from clawrl.envs.sandbox import sandbox_available
 from clawrl.envs.server import server_policies
-from clawrl.envs.toolcall import SYSTEM_PROMPT, ToolCallEnv
+from clawrl.envs.toolcall.env import SYSTEM_PROMPT, ToolCallEnv
+from clawrl.envs.toolcall.problems import problem, problem_ids
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.store.episodes import EpisodeGroup, EpisodeStore

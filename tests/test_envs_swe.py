@@ -14,10 +14,10 @@ import pytest
 from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Action, StepResult
 from clawrl.envs.sandbox import SandboxLimits, sandbox_available
-from clawrl.envs.swe import SWEEnv
-from clawrl.envs.swe_generate import INSTANCES_FILE, generate_instances, generated_instances_dir
-from clawrl.envs.swe_instances import SWEInstance, checkout, load_instances
-from clawrl.envs.swe_judge import judge
+from clawrl.envs.swe.env import SWEEnv
+from clawrl.envs.swe.generate import INSTANCES_FILE, generate_instances, generated_instances_dir
+from clawrl.envs.swe.instances import SWEInstance, checkout, load_instances
+from clawrl.envs.swe.judge import judge
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 

@@ -17,8 +17,8 @@ from clawrl.envs.policies import make_policy
 from clawrl.envs.protocol import Action
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
-from clawrl.envs.terminal import TerminalEnv, load_tasks
-from clawrl.envs.terminal_tasks import EVAL_WORDS, TRAIN_WORDS, generate_tasks, generated_tasks_dir
+from clawrl.envs.terminal.env import TerminalEnv, load_tasks
+from clawrl.envs.terminal.tasks import EVAL_WORDS, TRAIN_WORDS, generate_tasks, generated_tasks_dir
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 HAS_GIT = shutil.which("git") is not None

@@ -11,11 +11,11 @@ import pytest
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import make_policy
-from clawrl.envs.problems import final_answer, parse_number, problem, problem_ids
 from clawrl.envs.protocol import Action, EpisodeOverError
 from clawrl.envs.rollout import plan_episodes, run_rollouts, summarize
 from clawrl.envs.sandbox import sandbox_available
-from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.toolcall.env import ToolCallEnv
+from clawrl.envs.toolcall.problems import final_answer, parse_number, problem, problem_ids
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=f"no sandbox: {sandbox_available()}")
 CONFIG = EnvConfig(max_steps=3, toolcall_train_problems=300, toolcall_eval_problems=60)

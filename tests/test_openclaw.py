@@ -24,6 +24,7 @@ saying so; under CI (`CLAWRL_REQUIRE_OPENCLAW=1`, set by .ci/run) it fails inste
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -187,7 +188,7 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
                 # 6 s each on one idle core): wait as long as the judge's own limit for one turn.
                 wait_for_judgment(store, entry.turn.id, timeout=judge.judge_timeout_s)
         (tmp_path / "requests.jsonl").write_text(  # what OpenClaw sent, for whoever reads a failure
-            "".join(json.dumps({"messages": e.turn.messages, "tools": e.turn.tools, "sampling": e.turn.sampling}) + "\n"
+            "".join(json.dumps({"messages": e.turn.messages, "tools": e.turn.tools, "sampling": dataclasses.asdict(e.turn.sampling)}) + "\n"
                     for turns in sessions.values() for e in turns)  # fmt: skip
         )
 

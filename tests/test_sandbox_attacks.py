@@ -28,10 +28,9 @@ from typing import TypeVar
 import pytest
 
 from clawrl.config import EnvConfig
-from clawrl.envs import seccomp
 from clawrl.envs.protocol import Action
-from clawrl.envs.sandbox import OUTPUT_LIMIT, Sandbox, SandboxError, SandboxLimits, sandbox_available
-from clawrl.envs.terminal import TerminalEnv
+from clawrl.envs.sandbox import OUTPUT_LIMIT, Sandbox, SandboxError, SandboxLimits, sandbox_available, seccomp
+from clawrl.envs.terminal.env import TerminalEnv
 from tests.helpers import host_pids_with, wait_until
 
 REASON = sandbox_available()
@@ -266,8 +265,7 @@ def test_an_agent_that_subverts_its_sandbox_still_gets_what_its_work_earns(tmp_p
 
 KEYRING_RUNNER = """
 import asyncio, ctypes, sys
-from clawrl.envs import seccomp
-from clawrl.envs.sandbox import Sandbox
+from clawrl.envs.sandbox import Sandbox, seccomp
 libc = ctypes.CDLL(None, use_errno=True)
 KEY_SPEC_SESSION_KEYRING = -3
 libc.syscall(seccomp.syscall_number("keyctl"), 1, None)  # a session keyring of this runner's own
@@ -498,7 +496,8 @@ def test_the_filter_names_an_architecture_it_does_not_know() -> None:
 def test_without_a_cgroup_the_sandbox_says_so_and_still_bounds_processes_and_disk(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from clawrl.envs import cgroup, sandbox
+    from clawrl.envs import sandbox
+    from clawrl.envs.sandbox import cgroup
 
     monkeypatch.setattr(cgroup, "_trees_cache", ["cgroups are off in this test"])
     monkeypatch.setattr(sandbox, "_cgroup_warning_logged", [])

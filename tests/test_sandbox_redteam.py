@@ -43,8 +43,8 @@ import pytest
 from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Action
 from clawrl.envs.sandbox import Sandbox, SandboxLimits, sandbox_available
-from clawrl.envs.terminal import TerminalEnv
-from clawrl.envs.terminal_tasks import generate_tasks
+from clawrl.envs.terminal.env import TerminalEnv
+from clawrl.envs.terminal.tasks import generate_tasks
 from tests.helpers import host_pids_with, wait_until
 
 REASON = sandbox_available()

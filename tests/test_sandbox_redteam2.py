@@ -43,7 +43,7 @@ import pytest
 from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Action
 from clawrl.envs.sandbox import Sandbox, SandboxLimits, sandbox_available
-from clawrl.envs.swe import SWEEnv
+from clawrl.envs.swe.env import SWEEnv
 from tests.helpers import wait_until
 
 REASON = sandbox_available()

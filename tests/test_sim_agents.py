@@ -19,14 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import RolloutConfig
 from clawrl.envs.policies import Solvable
-from clawrl.envs.problems import problem
 from clawrl.envs.protocol import Environment
 from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
 from clawrl.envs.sandbox import sandbox_available
-from clawrl.envs.terminal import SYSTEM_PROMPT, load_tasks
-from clawrl.envs.terminal_tasks import WORDS, generated_tasks_dir
+from clawrl.envs.terminal.env import SYSTEM_PROMPT, load_tasks
+from clawrl.envs.terminal.tasks import WORDS, generated_tasks_dir
+from clawrl.envs.toolcall.problems import problem
 from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
 from clawrl.envs.web.page import parse_listing
 from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, SWE_FIND, WEB_MICRO, AgentConfig, Habit,

@@ -254,9 +254,9 @@ def test_other_parameterisations_publish_versions_the_engine_serves(tiny_model_d
     assert sample.teacher == ("base" if options["teacher"] == "base" else "policy v0")
     assert (sample.teacher_topk_ids is not None) == bool(options.get("opd_topk"))
     row = TrainingStore(store).version(1)
-    assert row.kind == ("full" if options.get("full") else "lora") and row.metrics["opd_fraction"] == 1.0
+    assert row.kind == ("full" if options.get("full") else "lora") and row.metrics.opd_fraction == 1.0
     if options.get("opd_topk"):
-        assert row.metrics["topk_reverse_kl"] > 0.0
+        assert row.metrics.topk_reverse_kl > 0.0
     turn = store.turn("t0")
 
     async def served() -> tuple[list[float], list[float]]:

@@ -1,6 +1,7 @@
-"""The `clawrl` command. Every config field is also a flag: `--max-batch-size 8` sets
-`EngineConfig.max_batch_size`; flags win over `CLAWRL_*` environment variables, which win over
-defaults.
+"""The `clawrl` command. Each command reads its settings once, as one object (`ServeSettings` for
+`clawrl serve`, ...: `clawrl.config.commands`), and every field of its components is also a flag:
+`--max-batch-size 8` sets `ServeSettings.engine.max_batch_size`; flags win over `CLAWRL_*`
+environment variables, which win over defaults.
 
 Every command checks what it can before it loads a model or opens a port (`clawrl.preflight`): a
 mistake ends it in one `error: ...` line with what to do, exit status 1, and no traceback
@@ -20,23 +21,26 @@ import traceback
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
 
 from clawrl.allocator import limit_malloc_arenas
 from clawrl.config import (
-    BackgroundConfig,
     BenchConfig,
-    DashboardConfig,
+    CommandSettings,
+    ComponentSettings,
+    DashboardSettings,
     EngineConfig,
     EnvConfig,
+    EnvsServeSettings,
     JudgeConfig,
-    RolloutConfig,
-    ServeConfig,
+    JudgeSettings,
+    RolloutSettings,
+    ServeSettings,
     StoreConfig,
     TrainConfig,
+    TrainSettings,
     describe_settings_error,
 )
 from clawrl.logs import LOG_FORMATS, chosen_format, configure_logging, uvicorn_logging
@@ -56,10 +60,17 @@ from clawrl.preflight import (
 
 from clawrl.types import SHARED_LINEAGE
 
-def add_config_flags(parser: argparse.ArgumentParser, *configs: type[BaseSettings]) -> None:
-    """One `--flag` per field of each config class; unset flags leave the field to env/defaults."""
+# A settings class a command reads: one component's, or a whole command's.
+Settings = TypeVar("Settings", bound=ComponentSettings | CommandSettings)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *configs: type[ComponentSettings | CommandSettings]) -> None:
+    """One `--flag` per field of each config class (of each component of a command's settings);
+    unset flags leave the field to env/defaults."""
     seen: set[str] = set()
-    for config in configs:
+    components = [part for config in configs
+                  for part in (config.components().values() if issubclass(config, CommandSettings) else [config])]
+    for config in components:
         group = parser.add_argument_group(config.__name__, config.__doc__)
         for name, info in config.model_fields.items():
             if name in seen:
@@ -84,15 +95,15 @@ def _strip_optional(annotation: Any) -> Any:
     return annotation
 
 
-def config_from_args(config: type[BaseSettings], args: argparse.Namespace) -> Any:
-    """Build a config from the flags that were given (the rest come from the environment).
+def config_from_args(config: type[Settings], args: argparse.Namespace) -> Settings:
+    """The settings `config` from the flags that were given (the rest come from the environment):
+    a command's (`ServeSettings`: each component, then the rules across them) or one component's.
 
     A setting the config refuses (a bad value, or flags that do not go together) ends the command
     with a one-line error: this is where every command reads its settings.
     """
-    given = {name: getattr(args, name) for name in config.model_fields if hasattr(args, name)}
     try:
-        return config(**given)
+        return config.from_flags(vars(args))
     except ValidationError as error:
         raise StartupError(describe_settings_error(config, error)) from None
 
@@ -106,17 +117,14 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    engine_config = config_from_args(EngineConfig, args)
-    store_config = config_from_args(StoreConfig, args)
-    serve_config = config_from_args(ServeConfig, args)
     # every setting is checked before the model is loaded, which can take minutes
-    judge_config, train_config = config_from_args(JudgeConfig, args), config_from_args(TrainConfig, args)
-    background_config = config_from_args(BackgroundConfig, args)
-    check_engine(engine_config, train_config)
+    settings = config_from_args(ServeSettings, args)
+    engine_config, store_config, serve_config = settings.engine, settings.store, settings.serve
+    check_engine(engine_config)
     check_port(serve_config.host, serve_config.port)
     check_writable_dir(store_config.run_dir, "--run-dir")
     model = _checked_model(engine_config)
-    judge_config, judge_reason = _chosen_judge(judge_config, model.model)
+    judge_config, judge_reason = _chosen_judge(settings.judge, model.model)
     _check_judge_model(judge_config)
     store = _open_store(store_config)
     logging.getLogger("clawrl").info("judge: %s (%s)", judge_config.judge, judge_reason)
@@ -127,8 +135,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from clawrl.serve.app import create_app
 
     engine = build_engine(engine_config, _resolved_model(model))
-    judge = _judge_worker(store, judge_config, engine, engine_config, train_config.teacher)
-    trainer = _trainer_process(train_config, engine_config, store_config, background_config)
+    judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher)
+    trainer = _trainer_process(settings)
     app = create_app(engine, store, serve_config, judge, trainer)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
@@ -192,14 +200,14 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
     sys.exit(128 + signum)
 
 
-def _trainer_process(config: TrainConfig, engine_config: EngineConfig, store_config: StoreConfig,
-                     background: BackgroundConfig) -> Any:
-    """With --method, the trainer runs beside the server as its own OS process (never inside it)."""
-    if config.method is None:
+def _trainer_process(settings: ServeSettings) -> Any:
+    """With --method, the trainer runs beside the server as its own OS process (never inside it),
+    with the settings of serve's that `clawrl train` reads (`TrainSettings`), as CLAWRL_* variables."""
+    if settings.train.method is None:
         return None
     from clawrl.trainer_process import TrainerProcess
 
-    return TrainerProcess(engine_config, store_config, config, background).start()
+    return TrainerProcess(settings.engine, settings.store, settings.train, settings.background).start()
 
 
 def _chosen_judge(config: JudgeConfig, served_model: str | None) -> tuple[JudgeConfig, str]:
@@ -224,17 +232,17 @@ def _judge_worker(
 def cmd_judge(args: argparse.Namespace) -> int:
     import asyncio
 
-    config = config_from_args(JudgeConfig, args)
-    if config.judge == "off":
+    settings = config_from_args(JudgeSettings, args)
+    if settings.judge.judge == "off":
         print("error: --judge off leaves nothing to run", file=sys.stderr)
         return 2
-    config, reason = _chosen_judge(config, None)
+    config, reason = _chosen_judge(settings.judge, None)
     _check_judge_model(config)
-    store = _store(args)
+    store = _open_store(settings.store, must_exist=True)
     logging.getLogger("clawrl").info("judge: %s (%s)", config.judge, reason)
     from clawrl.background import step_back  # with torch: seconds
 
-    step_back(config_from_args(BackgroundConfig, args))
+    step_back(settings.background)
     worker = _judge_worker(store, config)
     if args.once:
         print(f"judged {asyncio.run(_judge_until_done(worker))} turn(s)")
@@ -253,9 +261,8 @@ async def _judge_until_done(worker: Any) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    config = config_from_args(TrainConfig, args)
-    store_config = config_from_args(StoreConfig, args)
-    engine_config = config_from_args(EngineConfig, args)
+    settings = config_from_args(TrainSettings, args)
+    config, store_config, engine_config = settings.train, settings.store, settings.engine
     if engine_config.engine == "hf":
         check_device(engine_config.device)
     check_writable_dir(store_config.run_dir, "--run-dir")
@@ -268,7 +275,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
     # its samples stay ready, and nothing half-written is ever registered.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    posture = step_back(config_from_args(BackgroundConfig, args), engine_config.cpu_threads)
+    posture = step_back(settings.background, engine_config.cpu_threads)
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     try:
@@ -289,13 +296,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_versions_list(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from clawrl.store.training import TrainingStore
 
     training = TrainingStore(_store(args))
     serving = training.serving_version(args.lineage)
     versions = [
         {"version": row.version, "lineage": row.lineage, "created_at": row.created_at, "parent": row.parent,
-         "metrics": row.metrics, "step": row.step, "kind": row.kind, "serving": row.version == serving}
+         "metrics": asdict(row.metrics), "step": row.step, "kind": row.kind, "serving": row.version == serving}
         for row in training.versions(args.lineage)
     ]  # fmt: skip
     if args.json:
@@ -439,10 +448,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     from clawrl.dashboard.routes import create_dashboard_app
 
-    config = config_from_args(DashboardConfig, args)
-    store_config = config_from_args(StoreConfig, args)
+    settings = config_from_args(DashboardSettings, args)
+    config = settings.dashboard
     check_port(config.dashboard_host, config.dashboard_port, "--dashboard-port", "--dashboard-host")
-    app = create_dashboard_app(_store(args), config.api_key, str(store_config.run_dir))
+    app = create_dashboard_app(_open_store(settings.store, must_exist=True), config.api_key, str(settings.store.run_dir))
     logging.getLogger("clawrl").info("dashboard on http://%s:%d/dashboard", config.dashboard_host, config.dashboard_port)
     uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, **uvicorn_logging())
     return 0
@@ -544,17 +553,14 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
     from clawrl.envs.http import create_env_app
     from clawrl.envs.registry import make_environment
 
-    config = config_from_args(EnvConfig, args)
+    settings = config_from_args(EnvsServeSettings, args)
+    config, server = settings.env, settings.server
     description = _environment_or_exit(config).description
-    for flag, value in (("--max-episodes", args.max_episodes), ("--idle-timeout-s", args.idle_timeout_s),
-                        ("--step-timeout-s", args.step_timeout_s)):  # fmt: skip
-        if value <= 0:
-            raise StartupError(f"{flag} {value:g}: give a number above 0")
-    check_port(args.host, args.port)
-    app = create_env_app(lambda: make_environment(config), description, args.max_episodes, args.idle_timeout_s,
-                         args.step_timeout_s)  # fmt: skip
-    logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, **uvicorn_logging())
+    check_port(server.host, server.port)
+    app = create_env_app(lambda: make_environment(config), description, server.max_episodes, server.idle_timeout_s,
+                         server.step_timeout_s)  # fmt: skip
+    logging.getLogger("clawrl").info("serving the %s environment on http://%s:%d", config.env, server.host, server.port)
+    uvicorn.run(app, host=server.host, port=server.port, **uvicorn_logging())
     return 0
 
 
@@ -563,7 +569,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     from clawrl.envs.rollout import rollout
 
-    env_config, config = config_from_args(EnvConfig, args), config_from_args(RolloutConfig, args)
+    settings = config_from_args(RolloutSettings, args)
+    env_config, config = settings.env, settings.rollout
     _environment_or_exit(env_config)
     if config.record is not None:
         check_writable_file(config.record, "--record")
@@ -582,11 +589,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible API and record every turn")
-    add_config_flags(serve, EngineConfig, StoreConfig, ServeConfig, JudgeConfig, TrainConfig, BackgroundConfig)
+    add_config_flags(serve, ServeSettings)
     serve.set_defaults(handler=cmd_serve)
 
     judge = commands.add_parser("judge", help="judge recorded turns from their next state (standalone worker)")
-    add_config_flags(judge, StoreConfig, JudgeConfig, BackgroundConfig)
+    add_config_flags(judge, JudgeSettings)
     judge.add_argument("--once", action="store_true", help="judge what is judgeable now, then exit")
     judge.set_defaults(handler=cmd_judge)
 
@@ -661,11 +668,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dashboard = commands.add_parser("dashboard", help="a web page over a run's store: sessions, verdicts, samples, "
                                     "versions, live score (also at /dashboard of clawrl serve)")
-    add_config_flags(dashboard, StoreConfig, DashboardConfig)
+    add_config_flags(dashboard, DashboardSettings)
     dashboard.set_defaults(handler=cmd_dashboard)
 
     train = commands.add_parser("train", help="train on judged turns and publish policy versions (standalone trainer)")
-    add_config_flags(train, EngineConfig, StoreConfig, TrainConfig, BackgroundConfig)
+    add_config_flags(train, TrainSettings)
     train.add_argument("--steps", type=int, default=None, help="stop after this many published versions (default: run until stopped)")
     train.add_argument("--idle-exit-s", type=float, default=None, help="stop after this many seconds without a step")
     train.add_argument("--parent-pid", type=int, default=None, help="stop when this process ends (set by clawrl serve)")
@@ -702,21 +709,12 @@ def build_parser() -> argparse.ArgumentParser:
     envs_list.set_defaults(handler=cmd_envs_list)
     envs_serve = envs.add_parser("serve", help="serve an environment over HTTP in OpenEnv's shape (/reset, /step, "
                                  "/state, /health, /schema)")
-    add_config_flags(envs_serve, EnvConfig)
-    envs_serve.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    envs_serve.add_argument("--port", type=int, default=8000, help="TCP port")
-    envs_serve.add_argument("--max-episodes", type=int, default=64, help="most episodes running at once (one environment "
-                            "each; an episode that ends gives its environment back, warm for the next /reset)")
-    envs_serve.add_argument("--idle-timeout-s", type=float, default=600.0,
-                            help="close an episode (and its sandbox) nobody has touched for this long, and a warm environment "
-                            "unused for this long")  # fmt: skip
-    envs_serve.add_argument("--step-timeout-s", type=float, default=120.0,
-                            help="a step that runs longer fails its episode (500) and closes its environment")
+    add_config_flags(envs_serve, EnvsServeSettings)
     envs_serve.set_defaults(handler=cmd_envs_serve)
 
     rollout = commands.add_parser("rollout", help="play episodes of an environment with a scripted policy or a clawrl "
                                   "server's model (recorded in its store for training); a JSONL record and a summary")
-    add_config_flags(rollout, EnvConfig, RolloutConfig)
+    add_config_flags(rollout, RolloutSettings)
     rollout.add_argument("--json", action="store_true", help="print the summary as JSON")
     rollout.set_defaults(handler=cmd_rollout)
 

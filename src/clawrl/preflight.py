@@ -23,7 +23,10 @@ import tempfile
 import traceback
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clawrl.config import EngineConfig
 
 HUB_TIMEOUT_S = 5.0  # one metadata request to the hub, no retries
 SERVER_TIMEOUT_S = 5.0  # one request to an engine or clawrl server
@@ -256,20 +259,15 @@ def check_device(device: str) -> None:
 # --- engines and servers -----------------------------------------------------------------------
 
 
-def check_engine(engine: Any, train: Any) -> None:
-    """Refuse an engine that could not serve the trainer's versions or cannot run at all (no vLLM,
-    no server at --engine-url), before anything loads."""
-    if train.method is not None and engine.engine == "openai" and train.full:
-        raise StartupError("--engine openai cannot swap in full-weight versions (a remote server has no call for it)",
-                           "train LoRA adapters (drop --full) or use --engine vllm")
-    if train.method is not None and engine.engine == "vllm" and not train.full and train.lora_rank > engine.max_lora_rank:
-        raise StartupError(f"--lora-rank {train.lora_rank} is above --max-lora-rank {engine.max_lora_rank}",
-                           "raise --max-lora-rank or lower --lora-rank")
+def check_engine(engine: EngineConfig) -> None:
+    """Refuse an engine that cannot run here (no CUDA for --device, no vLLM, no server at
+    --engine-url), before anything loads. What the settings alone say (`--engine openai` without
+    `--engine-url`, a LoRA rank above the engine's) is refused when they are read: validators on
+    `EngineConfig` and `ServeSettings`."""
     if engine.engine == "hf":
         check_device(engine.device)
     if engine.engine == "openai":
-        if not engine.engine_url:
-            raise StartupError("--engine openai needs --engine-url", "give the server's base URL (e.g. http://127.0.0.1:8000/v1)")
+        assert engine.engine_url, "EngineConfig refuses --engine openai without --engine-url"
         check_server(engine.engine_url, engine.engine_api_key, "--engine-url", "--engine-api-key", "the engine server")
     if engine.engine == "vllm":
         from clawrl.engines.remote import RemoteEngineError  # with torch and transformers: seconds

@@ -52,6 +52,17 @@ EPISODE_RESULT_SOURCE = "episode"
 
 
 @dataclass
+class TurnSampling:
+    """How a turn's response was sampled: the request's settings after the server's defaults."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
 class Session:
     """One conversation; `id_source` says how its requests were recognised as one."""
 
@@ -79,7 +90,7 @@ class Turn:
     policy_version: int  # the version that produced the response (pi_behaviour)
     messages: list[Message]  # the request's messages
     tools: list[ToolSpec] | None
-    sampling: dict[str, Any]  # temperature, top_p, max_tokens, stop, seed
+    sampling: TurnSampling  # how the response was sampled
     prompt_token_ids: list[int]  # exactly what the engine was fed
     response_token_ids: list[int]  # exactly what it produced (including any stop-string tokens)
     response_logprobs: list[float]  # the engine's raw log-probs of those tokens
@@ -219,6 +230,36 @@ class TrainingExample:
 
 
 @dataclass
+class StepMetrics:
+    """What one update on a batch did. Means are over response tokens unless the name says samples, each
+    token weighted as in the loss (`LossConfig.loss_agg`: equally, except under `seq-mean`, where
+    every response weighs the same). Every field is a plain number, so `dataclasses.asdict` gives a
+    JSON record for the store, `/metrics` and TensorBoard. With several optimizer steps per batch (`ppo_epochs`,
+    `mini_batches`), the loss, the token means and `grad_norm` are the means over the steps of each
+    step's figure (under its mini-batch's weights)."""
+
+    loss: float = 0.0  # the optimised objective (its tokens aggregated as `loss_agg` says)
+    clip_fraction: float = 0.0  # share of tokens whose ratio was clipped (gradient stopped)
+    approx_kl: float = 0.0  # k3 estimate of KL(pi_old || pi_theta): mean of (rho - 1) - log rho
+    entropy: float = 0.0  # mean entropy of the policy over response positions (nats)
+    kl_to_reference: float = 0.0  # k3 estimate of KL(pi_theta || pi_ref); 0 when kl_beta is 0 (not computed)
+    topk_reverse_kl: float = 0.0  # mean top-K reverse KL to the teacher; 0 unless opd_topk is set
+    mean_advantage: float = 0.0  # mean per-token advantage
+    mean_reward: float = 0.0  # mean reward over samples
+    opd_fraction: float = 0.0  # share of samples that carried teacher log-probs
+    logprob_drift: float = 0.0  # mean |log pi_old - log pi_behaviour| over response tokens
+    mean_is_weight: float = 0.0  # mean truncated importance weight min(pi_old / pi_behaviour, cap)
+    mean_staleness: float = 0.0  # trainer version minus behaviour version, mean over samples (set by the trainer)
+    num_samples: int = 0
+    num_tokens: int = 0  # response tokens trained on
+    grad_norm: float = 0.0  # global gradient norm before clipping
+    skipped_step: int = 0  # 1 when every gradient was non-finite and the weights were left unchanged
+    optimizer_steps: int = 0  # optimizer steps taken on the batch: ppo_epochs x mini_batches, less non-finite ones
+    step_seconds: float = 0.0  # wall time of the whole update step
+    tokens_per_s: float = 0.0  # num_tokens / step_seconds
+
+
+@dataclass
 class PolicyVersion:
     """A published policy: one optimizer step's weights under RUN_DIR/policy/LINEAGE/vN/ (v0 = the base model)."""
 
@@ -228,7 +269,7 @@ class PolicyVersion:
     path: str
     sha256: str  # of the version's manifest.json, which lists the digest of every other file
     step: int  # optimizer steps from the base along its lineage
-    metrics: dict[str, Any]  # the step's StepMetrics
+    metrics: StepMetrics  # what the step that made it did
     num_samples: int = 0
     created_at: float = 0.0
     lineage: str = SHARED_LINEAGE  # the line of versions it belongs to: one shared by everyone, or one per user

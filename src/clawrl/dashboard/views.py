@@ -48,7 +48,7 @@ def overview(store: Store, recent_sessions: int = 25, recent_versions: int = 50)
         "versions": [
             {"version": row.version, "parent": row.parent, "kind": row.kind, "step": row.step,
              "created_at": row.created_at, "serving": row.version == serving,
-             "metrics": {name: row.metrics.get(name) for name, _ in VERSION_METRICS}}
+             "metrics": {name: getattr(row.metrics, name) for name, _ in VERSION_METRICS}}
             for row in reversed(versions[-recent_versions:])
         ],
         "sessions": [session_summary(session) for session in store.list_sessions(limit=recent_sessions)],

@@ -137,9 +137,8 @@ class RemoteEngine(Engine):
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Find the served model and its context size; version 0 is the base model."""
-        if not self._base_url:
-            raise RemoteEngineError("--engine openai needs --engine-url, the server's base URL (e.g. http://127.0.0.1:8000/v1)")
+        """Find the served model and its context size; version 0 is the base model. (`EngineConfig`
+        refuses `--engine openai` without `--engine-url`; `vllm` sets its own server's URL.)"""
         listing = await self._request("GET", self._base_url, "/models")
         roots = [card for card in listing.get("data", []) if not card.get("parent")]
         if not roots:

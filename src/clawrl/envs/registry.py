@@ -6,9 +6,9 @@ from typing import Any
 
 from clawrl.config import EnvConfig
 from clawrl.envs.protocol import Environment
-from clawrl.envs.swe import SWEEnv
-from clawrl.envs.terminal import TerminalEnv
-from clawrl.envs.toolcall import ToolCallEnv
+from clawrl.envs.swe.env import SWEEnv
+from clawrl.envs.terminal.env import TerminalEnv
+from clawrl.envs.toolcall.env import ToolCallEnv
 from clawrl.envs.web.env import WebEnv
 
 Family = type[ToolCallEnv] | type[TerminalEnv] | type[SWEEnv] | type[WebEnv]

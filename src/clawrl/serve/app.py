@@ -140,13 +140,13 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         started = time.perf_counter()
         body = await read_json(request, config.max_body_bytes)
         prepared = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()})
-        generation = service.start(prepared)
-        headers = service.headers(generation)
+        generation = service.start(prepared)  # the session lookup runs on beside it
         if prepared.request.stream:
+            await service.identify(generation)  # the headers name the session
             return StreamingResponse(
                 _timed(service.stream(generation), metrics, started),
                 media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={**service.headers(generation), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         metrics.active.inc()
         try:
@@ -154,7 +154,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         finally:
             metrics.active.dec()
             metrics.latency.labels("false").observe(time.perf_counter() - started)
-        return JSONResponse(completion.model_dump(exclude_none=True), headers=headers)
+        return JSONResponse(completion.model_dump(exclude_none=True), headers=service.headers(generation))
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:

@@ -3,11 +3,19 @@
 The order matters for durability: the turn is committed to the store before the answer is
 acknowledged (for a stream, before the chunk that carries `finish_reason`), so every answer a
 client has seen fully is in the store. Everything else here (judging, training) happens elsewhere.
+
+What is not part of that order runs beside generation rather than before it: the session lookup
+(store reads) starts when the prompt is rendered and is awaited only where its result is needed,
+at the record (and, for a stream, before the headers, which name the session). Turns that finish
+while another turn's commit is under way share the next commit (`TurnCommits`, group commit):
+one transaction and one fsync for all of them, each answer still waiting for the commit that
+holds its turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -37,7 +45,8 @@ from clawrl.serve.sessions import (
     turn_kind,
 )
 from clawrl.store import Store
-from clawrl.types import FinishReason, NextState, Turn
+from clawrl.store.repository import TurnWrite
+from clawrl.types import FinishReason, NextState, Turn, TurnSampling
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +64,21 @@ def header_value(text: str) -> str:
 
 @dataclass
 class PreparedRequest:
-    """A validated request, rendered to token ids and placed in its session.
+    """A validated request, rendered to token ids, its session being looked up.
 
-    `turn` is the turn it will record, complete but for the answer: `finish` fills that in.
+    `turn` is the turn it will record, complete but for the answer (`finish` fills that in) and,
+    until `ChatService.identify` has awaited `resolving`, its session (`identity` is None and the
+    turn's `session_id` empty until then).
     """
 
     request: schemas.ChatCompletionRequest
     turn: Turn
-    identity: SessionIdentity
+    resolving: asyncio.Future[SessionIdentity]  # the session lookup, running beside generation
     session_done: bool
     sampling: SamplingParams
     stop: list[str]
     started_at: float = field(default_factory=time.perf_counter)
+    identity: SessionIdentity | None = None
 
 
 @dataclass
@@ -97,12 +109,82 @@ def finish(generation: Generation, text: str, tool_calls: list[dict[str, Any]], 
     )
 
 
+class TurnCommits:
+    """Group commit: every finished turn waits for the commit that makes it durable, and the turns
+    that finish while a commit is under way go together into the next one (one transaction, one
+    fsync: `Store.record_turns`). A turn that finds no commit under way starts one at once, so a
+    lone request waits no longer than its own write; under concurrent requests the commits no
+    longer queue one behind the other (32 answers finishing on the same engine step wrote one after
+    the other, each paying for its own fsync).
+
+    A batch that fails is written again turn by turn, so that one bad turn fails only its own
+    request.
+    """
+
+    MAX_BATCH = 64  # turns per transaction, so that one commit never holds the store for long
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # turns in a commit -> commits of that size
+        self._waiting: list[tuple[TurnWrite, asyncio.Future[int]]] = []
+        self._committer: asyncio.Task[None] | None = None
+
+    async def record(self, write: TurnWrite) -> int:
+        """Returns the turn's index in its session once the turn is committed (raises if it could not be)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        self._waiting.append((write, future))
+        if self._committer is None:
+            self._committer = loop.create_task(self._commit_waiting())
+        return await future
+
+    async def _commit_waiting(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting[: self.MAX_BATCH], self._waiting[self.MAX_BATCH :]
+                try:
+                    outcomes = await asyncio.to_thread(self._commit, [write for write, _ in batch])
+                except asyncio.CancelledError:  # the loop is going away (the server drains its writes first)
+                    for _, future in batch + self._waiting:
+                        future.cancel()
+                    self._waiting = []
+                    raise
+                except Exception as error:  # noqa: BLE001 - every waiter of the batch must hear of it
+                    outcomes = [error] * len(batch)
+                for (_, future), outcome in zip(batch, outcomes, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+        finally:
+            self._committer = None
+
+    def _commit(self, writes: list[TurnWrite]) -> list[int | Exception]:
+        """In a worker thread: the batch in one transaction, else each turn in its own."""
+        self.batch_sizes[len(writes)] += 1
+        try:
+            return list(self.store.record_turns(writes))
+        except Exception as error:
+            if len(writes) == 1:
+                return [error]
+        outcomes: list[int | Exception] = []
+        for write in writes:
+            try:
+                outcomes.append(self.store.record_turns([write])[0])
+            except Exception as error:  # noqa: BLE001 - handed to the request it belongs to
+                outcomes.append(error)
+        return outcomes
+
+
 class ChatService:
     def __init__(self, engine: Engine, store: Store, config: ServeConfig, metrics: ServeMetrics, model_names: set[str]) -> None:
         self.engine, self.store, self.config, self.metrics = engine, store, config, metrics
         self.model_names = model_names
         self.side_regex = re.compile(config.side_turn_system_regex) if config.side_turn_system_regex else None
         self._background: set[asyncio.Task[None]] = set()
+        self.commits = TurnCommits(store)
 
     # --- preparing ----------------------------------------------------------------------------
     async def prepare(self, body: Any, headers: dict[str, str]) -> PreparedRequest:
@@ -122,8 +204,9 @@ class ChatService:
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
             raise APIError(400, f"The model's chat template refused these messages: {error}", "invalid_messages", "messages") from None
         max_tokens = self._response_budget(request, len(prompt_token_ids))
-        identity = await asyncio.to_thread(resolve_session, self.store, explicit, messages, kind)
-        self.metrics.sessions.labels(identity.id_source).inc()
+        # Store reads that generation does not need: they run while the engine works (`identify`)
+        resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind))
+        resolving.add_done_callback(self._count_session)
         sampling = SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
@@ -134,19 +217,13 @@ class ChatService:
         stop = request.stop or []
         turn = Turn(
             id=f"chatcmpl-{uuid.uuid4().hex}",
-            session_id=identity.session_id,
+            session_id="",  # known once `identify` has the lookup's answer
             kind=kind,
             model=self.engine.model_name,
             policy_version=self.engine.policy_version,  # fixed when generation starts
             messages=messages,
             tools=tools,
-            sampling={
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "max_tokens": sampling.max_tokens,
-                "stop": stop,
-                "seed": sampling.seed,
-            },
+            sampling=TurnSampling(sampling.temperature, sampling.top_p, sampling.max_tokens, stop, sampling.seed),
             prompt_token_ids=prompt_token_ids,
             response_token_ids=[],
             response_logprobs=[],
@@ -155,7 +232,29 @@ class ChatService:
             finish_reason="stop",
             message_hashes=conversation_hashes(messages),
         )
-        return PreparedRequest(request, turn, identity, session_done(headers, request.session_done), sampling, stop)
+        return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop)
+
+    async def identify(self, generation: Generation) -> SessionIdentity:
+        """The request's session, once its lookup (started by `prepare`) has answered; the turn
+        gets its session id. A lookup that failed ends the generation too (and raises)."""
+        prepared = generation.prepared
+        if prepared.identity is None:
+            try:
+                # shielded: a caller cancelled while it waits must not cancel the lookup that
+                # another caller (the record of a hung-up stream) still needs
+                identity = await asyncio.shield(prepared.resolving)
+            except Exception:
+                generation.stream.cancel()
+                raise
+            if prepared.identity is None:  # not filled in by another caller meanwhile
+                prepared.identity = identity
+                prepared.turn = dataclasses.replace(prepared.turn, session_id=identity.session_id)
+        return prepared.identity
+
+    def _count_session(self, resolving: asyncio.Future[SessionIdentity]) -> None:
+        """Count the lookup's answer; an error is marked seen (when the request failed first, nobody awaits it)."""
+        if not resolving.cancelled() and resolving.exception() is None:
+            self.metrics.sessions.labels(resolving.result().id_source).inc()
 
     def _response_budget(self, request: schemas.ChatCompletionRequest, prompt_length: int) -> int:
         window = self.engine.max_context_tokens
@@ -207,20 +306,21 @@ class ChatService:
             yield tail, pending
 
     # --- recording ------------------------------------------------------------------------------
-    async def record(self, prepared: PreparedRequest, turn: Turn) -> None:
+    async def record(self, generation: Generation, turn: Turn) -> None:
         """Commit the finished turn (and the next state its request carries); returns once it is durable.
 
         The write goes on even if the caller is cancelled while it waits (a client hanging up just
         as its stream ends): cancelling a thread-pool call that has not started yet would drop it.
         """
-        await asyncio.shield(self._in_background(self._write(prepared, turn)))
+        await asyncio.shield(self._in_background(self._write(generation, turn)))
 
-    async def _write(self, prepared: PreparedRequest, turn: Turn) -> None:
-        identity = prepared.identity
+    async def _write(self, generation: Generation, turn: Turn) -> None:
+        identity = await self.identify(generation)
+        turn = dataclasses.replace(turn, session_id=identity.session_id)  # `finish` may have come first
         continues = None
         if identity.continues_turn_id is not None and identity.next_state is not None:
             continues = NextState(identity.continues_turn_id, identity.next_state, source_turn_id=turn.id)
-        await asyncio.to_thread(self.store.record_turn, turn, identity.id_source, continues, prepared.session_done)
+        await self.commits.record(TurnWrite(turn, identity.id_source, continues, generation.prepared.session_done))
         self.metrics.turns.labels(turn.kind).inc()
         if continues is not None:
             self.metrics.next_states.inc()
@@ -228,7 +328,7 @@ class ChatService:
     def _record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
         result = finish(generation, generation.decoder.text, [], "cancelled")
-        self._in_background(self._write(generation.prepared, result))
+        self._in_background(self._write(generation, result))
 
     def _in_background(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run a write as a task of its own, which `drain()` waits for at shutdown."""
@@ -244,7 +344,9 @@ class ChatService:
 
     # --- answering ------------------------------------------------------------------------------
     def headers(self, generation: Generation) -> dict[str, str]:
+        """The response's headers; the session must be known (`identify`)."""
         turn = generation.prepared.turn
+        assert generation.prepared.identity is not None, "headers before the session is known"
         return {
             "X-Clawrl-Turn": turn.id,
             "X-Clawrl-Session": header_value(turn.session_id),
@@ -258,7 +360,7 @@ class ChatService:
             pass
         result = generation.result
         assert result is not None
-        await self.record(prepared, result)
+        await self.record(generation, result)
         logprobs = schemas.Logprobs(content=self._logprob_entries(generation.steps, prepared)) if prepared.request.logprobs else None
         return schemas.ChatCompletion(
             id=result.id,
@@ -305,7 +407,7 @@ class ChatService:
                 yield chunk(schemas.Delta(content=delta), steps)
             result = generation.result
             assert result is not None
-            await self.record(prepared, result)
+            await self.record(generation, result)
             if tail or tail_steps:
                 yield chunk(schemas.Delta(content=tail or None), tail_steps)
             if result.tool_calls:

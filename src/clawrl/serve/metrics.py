@@ -3,6 +3,7 @@ run several servers in one process)."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -66,7 +67,7 @@ class TrainingCollector:
         step = GaugeMetricFamily("clawrl_train_step", "Optimizer steps behind the newest version")
         step.add_metric([], newest.step)
         yield step
-        for name, value in newest.metrics.items():
+        for name, value in asdict(newest.metrics).items():
             if isinstance(value, (int, float)):
                 gauge = GaugeMetricFamily(f"clawrl_train_{name}", f"{name} of the newest version's step")
                 gauge.add_metric([], value)

@@ -78,15 +78,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import Policy, Solvable
-from clawrl.envs.problems import problem, problem_ids
 from clawrl.envs.protocol import Environment
 from clawrl.envs.records import EpisodeRecord, PlannedEpisode
 from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import run_rollouts
-from clawrl.envs.swe import SWEEnv
-from clawrl.envs.swe_generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
-from clawrl.envs.terminal import SYSTEM_PROMPT, TerminalEnv, load_tasks
-from clawrl.envs.terminal_tasks import EVAL_WORDS, GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
+from clawrl.envs.swe.env import SWEEnv
+from clawrl.envs.swe.generate import GENERATOR_VERSION as SWE_GENERATOR_VERSION
+from clawrl.envs.terminal.env import SYSTEM_PROMPT, TerminalEnv, load_tasks
+from clawrl.envs.terminal.tasks import EVAL_WORDS, GENERATOR_VERSION, WORDS, generate_tasks, generated_tasks_dir, made_up_task
+from clawrl.envs.toolcall.problems import problem, problem_ids
 from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
 from clawrl.envs.web.env import WebEnv
 from clawrl.envs.web.oracle import oracle_reply

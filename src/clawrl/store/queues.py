@@ -22,10 +22,14 @@ def queue_for_judging(db: DBSession, turn_id: str) -> None:
     Judgeable: a main turn its client received in full (a hung-up stream's turn is `cancelled`).
     Two requests may queue the same turn at once on a server database; the second does nothing.
     """
-    turn = db.get(TurnRow, turn_id)
+    # the three columns it needs, not the turn (whose prompt and answer can be long JSON): this
+    # runs in the write of every turn that continues another one
+    turn = db.execute(
+        select(TurnRow.kind, TurnRow.finish_reason, TurnRow.created_at).where(TurnRow.id == turn_id)
+    ).first()
     if turn is None or turn.kind != "main" or turn.finish_reason == "cancelled":
         return
-    if db.get(JudgmentRow, turn_id) is not None:
+    if db.execute(select(JudgmentRow.turn_id).where(JudgmentRow.turn_id == turn_id)).first() is not None:
         return  # feedback after the verdict: the turn was judged once and stays so
     db.execute(_insert_ignoring_duplicates(db, JudgeQueueRow).values(turn_id=turn_id, turn_created_at=turn.created_at))
 

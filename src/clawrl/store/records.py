@@ -1,15 +1,18 @@
 """Rows to records and back: the one place where the store's tables meet the RL vocabulary.
 
 Every record in `clawrl.types` names its fields after its table's columns, so the mapping is
-field by field, with two exceptions kept here: a judgment's hint candidates are JSON objects in
-the table and `HintCandidate`s in the record, and a row's database-only columns (ids, leases) are
-not part of any record. Everything the store returns is a record, detached from the database
+field by field, with the exceptions kept here: a judgment's hint candidates, a turn's sampling
+settings and a version's step metrics are JSON objects in the table and records
+(`HintCandidate`, `TurnSampling`, `StepMetrics`) in the record, and a row's database-only columns
+(ids, leases) are not part of any record. A JSON object written by an older clawrl may lack a
+field a newer record has (its default fills it) or hold one it dropped (ignored). Everything the store returns is a record, detached from the database
 session that read it.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from collections.abc import Mapping
+from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
 from clawrl.store.schema import (
@@ -31,7 +34,9 @@ from clawrl.types import (
     PolicyVersion,
     Sample,
     Session,
+    StepMetrics,
     Turn,
+    TurnSampling,
 )
 
 Record = TypeVar("Record")
@@ -45,16 +50,24 @@ def _record(cls: type[Record], row: Any) -> Record:
     return cls(**{item.name: getattr(row, item.name) for item in fields(cls)})  # type: ignore[arg-type]
 
 
+def _from_json(cls: type[Record], values: Mapping[str, Any] | None) -> Record:
+    """A nested record from its JSON object, taking the fields the record knows."""
+    known = {item.name for item in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{name: value for name, value in (values or {}).items() if name in known})
+
+
 def session(row: SessionRow) -> Session:
     return _record(Session, row)
 
 
 def turn(row: TurnRow) -> Turn:
-    return _record(Turn, row)
+    record = _record(Turn, row)
+    record.sampling = _from_json(TurnSampling, row.sampling)
+    return record
 
 
 def turn_row(record: Turn) -> TurnRow:
-    return TurnRow(**_columns(record))
+    return TurnRow(**(_columns(record) | {"sampling": asdict(record.sampling)}))
 
 
 def next_state(row: NextStateRow) -> NextState:
@@ -89,11 +102,13 @@ def sample_row(record: Sample) -> SampleRow:
 
 
 def policy_version(row: PolicyVersionRow) -> PolicyVersion:
-    return _record(PolicyVersion, row)
+    record = _record(PolicyVersion, row)
+    record.metrics = _from_json(StepMetrics, row.metrics)
+    return record
 
 
 def policy_version_row(record: PolicyVersion) -> PolicyVersionRow:
-    return PolicyVersionRow(**_columns(record))
+    return PolicyVersionRow(**(_columns(record) | {"metrics": asdict(record.metrics)}))
 
 
 def episode(row: EpisodeRow) -> Episode:

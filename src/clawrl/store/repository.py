@@ -36,6 +36,17 @@ RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers colli
 
 
 @dataclass
+class TurnWrite:
+    """One finished turn to record: `Store.record_turn`'s arguments (`now` None: the time of the write)."""
+
+    turn: Turn
+    id_source: SessionIdSource
+    continues: NextState | None = None
+    session_done: bool = False
+    now: float | None = None
+
+
+@dataclass
 class JudgmentStats:
     policy_version: int
     judged: int
@@ -105,36 +116,53 @@ class Store:
         `id_source` is how the turn's session was recognised (kept when the session is new);
         `continues` is what this request added after an earlier turn's answer. Returns the turn's
         index within its session. On a server database two requests can race to create the same
-        new session (or the same next state): the loser's transaction fails on the primary key and
-        is run again, when it finds (and locks) the winner's row. SQLite never races here: its
-        writers take turns (BEGIN IMMEDIATE).
+        new session (or the same next state): the upserts of `_write_turn` let the database settle
+        that (the loser's statement waits for the winner's row and updates it, or does nothing),
+        and any other collision on a key fails the transaction, which is run again. SQLite never
+        races here: its writers take turns (BEGIN IMMEDIATE).
         """
-        now = time.time() if now is None else now
+        return self.record_turns([TurnWrite(turn, id_source, continues, session_done, now)])[0]
+
+    def record_turns(self, writes: list[TurnWrite]) -> list[int]:
+        """Write several turns in ONE transaction, so that one commit (one fsync) makes them all
+        durable: the server's group commit (serve/completions.py) hands over every turn that
+        finished while the previous commit was under way. Returns each turn's index within its
+        session, in order. All or nothing: when the transaction fails, none of them is written and
+        the error is raised (after the retries of `record_turn`), so the caller can record them
+        one by one and let each request meet its own error."""
+        nows = [time.time() if write.now is None else write.now for write in writes]
         for _ in range(RECORD_ATTEMPTS - 1):
             try:
-                return self._record_turn_once(turn, id_source, continues, session_done, now)
+                return self._record_turns_once(writes, nows)
             except IntegrityError:
-                continue  # another writer created the row first; the next try finds it
-        return self._record_turn_once(turn, id_source, continues, session_done, now)
+                continue  # another writer created a row first; the next try finds it
+        return self._record_turns_once(writes, nows)
 
-    def _record_turn_once(
-        self, turn: Turn, id_source: SessionIdSource, continues: NextState | None, session_done: bool, now: float
-    ) -> int:
+    def _record_turns_once(self, writes: list[TurnWrite], nows: list[float]) -> list[int]:
         with self.write() as db:
-            session = db.get(SessionRow, turn.session_id, with_for_update=True)
-            if session is None:
-                session = SessionRow(id=turn.session_id, id_source=id_source, created_at=now, num_turns=0)
-                db.add(session)
-            session.done, session.done_reason = session_done, ("client" if session_done else None)
-            session.updated_at = now
-            index = session.num_turns
-            session.num_turns = index + 1
-            db.add(records.turn_row(dataclasses.replace(turn, index=index, created_at=now)))
-            # the first continuation wins: a regenerated or branched request never overwrites it
-            if continues is not None and db.get(NextStateRow, continues.turn_id) is None:
-                db.add(records.next_state_row(dataclasses.replace(continues, created_at=now)))
+            return [self._write_turn(db, write, now) for write, now in zip(writes, nows, strict=True)]
+
+    def _write_turn(self, db: DBSession, write: TurnWrite, now: float) -> int:
+        """One turn's rows: an upsert of the session that counts the turn and returns its index,
+        the turn, and the next state it carries unless the earlier turn already has one (the first
+        continuation wins: a regenerated or branched request never overwrites it).
+
+        This is on every request's critical path, so it runs Core statements built once
+        (`_turn_statements`) on the transaction's connection: building an ORM unit of work, or even
+        a new statement per call, cost several times what SQLite takes to run them.
+        """
+        count_turn, insert_turn, insert_next_state = _turn_statements(self.is_sqlite)
+        turn, continues, connection = write.turn, write.continues, db.connection()
+        index = connection.execute(count_turn, {
+            "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
+            "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
+        }).scalar_one() - 1  # fmt: skip
+        connection.execute(insert_turn, _row_values(records.turn_row(dataclasses.replace(turn, index=index, created_at=now))))
+        if continues is not None:
+            row = records.next_state_row(dataclasses.replace(continues, created_at=now))
+            if connection.execute(insert_next_state, _row_values(row)).first() is not None:
                 queue_for_judging(db, continues.turn_id)
-            return index
+        return index
 
     def turns_with_answer(self, fingerprints: list[str]) -> list[Turn]:
         """Main turns whose answer has one of these fingerprints, newest first, open sessions only."""
@@ -380,6 +408,35 @@ class Store:
             for turn, next_state in rows:
                 yield records.turn(turn), (records.next_state(next_state) if next_state is not None else None)
             after = (rows[-1][0].created_at, rows[-1][0].id)
+
+
+_TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any]] = {}
+
+
+def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
+    """The statements that record a turn (see `Store._write_turn`), built once per dialect; the
+    values come as parameters. The session's upsert creates it (its `id_source` and `created_at`
+    are kept from then on) or counts one more turn, and returns the count; on a server database it
+    also settles two requests racing to create the same session (the second waits and counts)."""
+    if is_sqlite not in _TURN_STATEMENTS:
+        insert = sqlite_insert if is_sqlite else postgresql_insert
+        sessions, next_states = SessionRow.__table__, NextStateRow.__table__
+        upsert = insert(sessions)
+        count_turn = upsert.on_conflict_do_update(
+            index_elements=[sessions.c.id],
+            set_={"done": upsert.excluded.done, "done_reason": upsert.excluded.done_reason,
+                  "updated_at": upsert.excluded.updated_at, "num_turns": sessions.c.num_turns + 1},
+        ).returning(sessions.c.num_turns)  # fmt: skip
+        insert_next_state = (
+            insert(next_states).on_conflict_do_nothing(index_elements=[next_states.c.turn_id]).returning(next_states.c.turn_id)
+        )
+        _TURN_STATEMENTS[is_sqlite] = (count_turn, TurnRow.__table__.insert(), insert_next_state)
+    return _TURN_STATEMENTS[is_sqlite]
+
+
+def _row_values(row: Any) -> dict[str, Any]:
+    """The column values set on a new ORM row (built by `records`), for a Core insert."""
+    return {key: value for key, value in vars(row).items() if not key.startswith("_sa_")}
 
 
 def _configure_sqlite(engine: Any) -> None:

@@ -49,7 +49,7 @@ from clawrl.store.training import PointerMovedError, SamplesTakenError, Training
 from clawrl.train.episodes import EpisodeSampleBuilder
 from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 from clawrl.train.samples import SampleBuilder
-from clawrl.train.types import StepMetrics
+from clawrl.types import StepMetrics
 from clawrl.train.update import update_step
 from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, TrainingExample, WeightsKind
 
@@ -221,7 +221,7 @@ class Trainer:
         version, parent = self.training.next_version_number(), self.head
         manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics), lineage=self.lineage)
         path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
-        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, asdict(metrics),
+        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, metrics,
                                lineage=self.lineage)  # fmt: skip
         try:
             self.training.register_version(record, sample_ids)

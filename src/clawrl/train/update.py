@@ -66,7 +66,7 @@ from clawrl.train.losses import (
     topk_reverse_kl_at,
     truncated_importance_weights,
 )
-from clawrl.train.types import StepMetrics
+from clawrl.types import StepMetrics
 from clawrl.types import TrainingExample
 
 

@@ -7,7 +7,7 @@
    SWE-bench, where the hidden tests replace them.
 2. `judge`: a fresh sandbox over the untouched checkout; the model's diff is applied with
    `git apply`, then the `test_patch`; FAIL_TO_PASS and PASS_TO_PASS run with the runner
-   (`swe_runner.py`), each test interrupted after `TEST_TIMEOUT_S`, the whole run after
+   (`runner.py`), each test interrupted after `TEST_TIMEOUT_S`, the whole run after
    `JUDGE_TIMEOUT_S`. Resolved when every one of them passes; a diff that does not apply resolves
    nothing.
 
@@ -27,10 +27,10 @@ from typing import Any
 
 from clawrl.envs.episode import command_output
 from clawrl.envs.sandbox import WORKDIR, Sandbox, SandboxLimits
-from clawrl.envs.swe_instances import SWEInstance
-from clawrl.envs.terminal_tasks import tar_gz
+from clawrl.envs.swe.instances import SWEInstance
+from clawrl.envs.terminal.tasks import tar_gz
 
-RUNNER = Path(__file__).with_name("swe_runner.py")
+RUNNER = Path(__file__).with_name("runner.py")
 TEST_TIMEOUT_S = 10.0
 JUDGE_TIMEOUT_S = 120.0
 _JUDGE_DIR = "/tmp/clawrl-judge"

@@ -1,6 +1,6 @@
 """The terminal family: shell tasks in Harbor's task layout, solved with a persistent shell.
 
-A task is a folder (`terminal_tasks.py` writes the built-in ones; any directory of such folders
+A task is a folder (`tasks.py` writes the built-in ones; any directory of such folders
 loads with `TerminalEnv(tasks_dir=...)`):
 
 - `instruction.md` is the user message;
@@ -38,7 +38,7 @@ from clawrl.config import EnvConfig
 from clawrl.envs.episode import Outcome, Tool, ToolEnvironment, command_output
 from clawrl.envs.protocol import Action, ChatMessage, Split
 from clawrl.envs.sandbox import Sandbox, SandboxError, SandboxLimits, ShellSession
-from clawrl.envs.terminal_tasks import REWARD_FILE, generated_tasks_dir
+from clawrl.envs.terminal.tasks import REWARD_FILE, generated_tasks_dir
 
 SYSTEM_PROMPT = (
     "You are working in a Linux terminal. Use the `shell` tool to run commands; the working directory is "

@@ -14,7 +14,7 @@ files a sandbox writes to its tmpfs. Both kernel interfaces are spoken:
 Nested under the runner's own group, a sandbox never escapes a limit the runner itself runs
 under. Creating groups needs write access to the tree (root, or a delegated subtree); where
 there is none, ``create`` raises ``CgroupUnavailable`` with the reason and the sandbox runs with
-rlimits alone (sandbox.py says what then holds).
+rlimits alone (the package's docstring says what then holds).
 
 A sandbox's processes join its group from the forked child, before anything runs (``join_fds``:
 the child writes ``0``, meaning itself, to each ``cgroup.procs``). Groups are named after the

@@ -180,7 +180,7 @@ def _task_toml(category: str, difficulty: str, split: str, seed: int) -> str:
     return (
         'version = "1.0"\n\n[metadata]\n'
         f'category = "{category}"\ndifficulty = "{difficulty}"\nsplit = "{split}"\n'
-        f'generator = "clawrl.envs.terminal_tasks v{GENERATOR_VERSION}"\nseed = {seed}\n\n'
+        f'generator = "clawrl.envs.terminal.tasks v{GENERATOR_VERSION}"\nseed = {seed}\n\n'
         "[verifier]\ntimeout_sec = 60.0\n\n[agent]\ntimeout_sec = 300.0\n\n"
         "[environment]\ncpus = 1\nmemory_mb = 1024\nstorage_mb = 256\nallow_internet = false\n"
     )

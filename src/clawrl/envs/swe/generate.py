@@ -1,15 +1,15 @@
 """The built-in SWE instances: small Python libraries with one injected bug each, found by their tests.
 
-The material is six libraries written for this (`swe_libraries/`: text utilities, unit conversion,
+The material is six libraries written for this (`data/swe_libraries/`: text utilities, unit conversion,
 interval arithmetic, a stack calculator, date helpers, statistics), each a package with a unittest
 suite that passes. For each library, seeded:
 
-1. every candidate mutation of its modules (`swe_mutations.py`) is listed and shuffled;
-2. candidates are tried in that order: the mutant's whole suite runs (`swe_runner.py`, the judge's
+1. every candidate mutation of its modules (`mutations.py`) is listed and shuffled;
+2. candidates are tried in that order: the mutant's whole suite runs (`runner.py`, the judge's
    harness, on the host: this is our own code). A mutant that no test notices is dropped; one that
    breaks tests is a bug. Its FAIL_TO_PASS are the tests it breaks, PASS_TO_PASS all the others;
 3. the issue is written from the symptoms: the failing tests' assertions are evaluated on the
-   mutant (`swe_probe.py`), and the issue quotes one or two calls with what they return (or raise)
+   mutant (`probe.py`), and the issue quotes one or two calls with what they return (or raise)
    and what they should. It never shows the code or the fix;
 4. the instance's base commit holds the mutant and the test files that still pass (the files
    holding a failing test are the hidden `test_patch`, as new files); `patch` restores the module.
@@ -38,17 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawrl.envs.swe_instances import SWEInstance, git_env
-from clawrl.envs.swe_mutations import MUTATION_KINDS, Mutation, mutations
+from clawrl.envs.swe.instances import SWEInstance, git_env
+from clawrl.envs.swe.mutations import MUTATION_KINDS, Mutation, mutations
 
 GENERATOR_VERSION = 1  # bump when the instances change, so caches of the old set are not reused
 INSTANCES_PER_LIBRARY = 9
 EVAL_PER_LIBRARY = 2
 OWNER = "clawrl-swe"
 INSTANCES_FILE = "instances.jsonl"
-LIBRARIES_DIR = Path(__file__).with_name("swe_libraries")
-RUNNER = Path(__file__).with_name("swe_runner.py")
-PROBE = Path(__file__).with_name("swe_probe.py")
+RUNNER = Path(__file__).with_name("runner.py")
+PROBE = Path(__file__).with_name("probe.py")
 # the python3 the judge's sandbox finds on its PATH (it binds the host's /usr and /bin): generating
 # with the same interpreter makes both agree on every result
 SANDBOX_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
@@ -85,9 +84,21 @@ class Bug:
     name: str  # the function or class the first symptom calls
 
 
+def libraries_dir() -> Path:
+    """Where the built-in libraries are. They are data, not clawrl's code, so they live outside src/:
+    `data/swe_libraries/` of the source checkout (what an editable install uses too); a wheel carries
+    a copy as `libraries/` beside this file (setup.py's build step puts it there)."""
+    here = Path(__file__).resolve().parent
+    candidates = (here / "libraries", here.parents[3] / "data" / "swe_libraries")
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"the built-in SWE libraries are missing: none at {' or '.join(map(str, candidates))}")
+
+
 def read_libraries() -> list[Library]:
     libraries = []
-    for folder in sorted(path for path in LIBRARIES_DIR.iterdir() if path.is_dir()):
+    for folder in sorted(path for path in libraries_dir().iterdir() if path.is_dir()):
         files = {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*"))
                  if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
         libraries.append(Library(folder.name, files | {".gitignore": _GITIGNORE}))

@@ -16,9 +16,9 @@ from typing import Any
 
 from clawrl.config import EnvConfig
 from clawrl.envs.episode import Outcome, Tool, ToolEnvironment, command_output
-from clawrl.envs.problems import Problem, final_answer, parse_number, problem, problem_ids
 from clawrl.envs.protocol import Action, ChatMessage, Split
 from clawrl.envs.sandbox import Sandbox, SandboxLimits
+from clawrl.envs.toolcall.problems import Problem, final_answer, parse_number, problem, problem_ids
 
 SYSTEM_PROMPT = (
     "You solve math problems. You can run Python with the `python` tool (print what you need to see). "

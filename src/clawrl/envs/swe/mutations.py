@@ -16,7 +16,7 @@ comments and the bug's diff is a line or two, as a real one would be. The kinds:
 
 A candidate is kept only when the result parses and its syntax tree differs from the original's
 (dropping the last digit of `1000.0` changes nothing); which candidates make a real bug is for the
-tests to say (`swe_generate.py` runs them).
+tests to say (`generate.py` runs them).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The sandbox's spawner: a small process of its own that starts every command of one sandbox.
 
-Run by sandbox.py as ``python -I -S spawner.py RUNNER_PID SOCKET_FD`` on the host while the
+Run by commands.py as ``python -I -S spawner.py RUNNER_PID SOCKET_FD`` on the host while the
 sandbox starts (nothing here is looked up through the sandbox's mounts), it imports only the
 standard library and is never imported by clawrl. Why a process of its own: a command is entered
 by forks of the process that enters it, and forking the runner (a server or a trainer with

@@ -2,7 +2,7 @@
 
 A standalone program (standard library only), run from a repository's root:
 
-    python3 -B swe_runner.py RESULTS [--timeout-s SECONDS] [--ids-file FILE]
+    python3 -B runner.py RESULTS [--timeout-s SECONDS] [--ids-file FILE]
 
 It runs the tests named one per line in FILE (every test under the repository's root when no file
 is given) and appends one JSON line per test to RESULTS as soon as the test ends:

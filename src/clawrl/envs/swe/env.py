@@ -1,6 +1,6 @@
 """The SWE family: fix an issue in a Python repository; resolved when the hidden tests pass.
 
-An instance (`swe_instances.py`, SWE-bench's schema) names a repository, a commit and an issue.
+An instance (`instances.py`, SWE-bench's schema) names a repository, a commit and an issue.
 The episode's sandbox holds a checkout of that commit (its history only) at /workspace; the user
 message is the issue. Tools:
 
@@ -10,12 +10,12 @@ message is the issue. Tools:
   that does not occur, or occurs more than once, is refused with a message saying so;
 - `submit`: ends the episode. An answer without a tool call, or the step limit, ends it too.
 
-Every ending is judged (`swe_judge.py`): the working copy's diff against `base_commit`, test files
+Every ending is judged (`judge.py`): the working copy's diff against `base_commit`, test files
 left out, goes onto a fresh copy with the hidden tests, and FAIL_TO_PASS and PASS_TO_PASS run; the
 reward is 1 when all of them pass, else 0, and `info` holds the share that passed.
 
 Instances come from a JSON Lines file with a directory of repositories (`--swe-instances`,
-`--swe-repos-dir`), or from the built-in generator (`swe_generate.py`), written once under
+`--swe-repos-dir`), or from the built-in generator (`generate.py`), written once under
 `--cache-dir`.
 """
 
@@ -31,10 +31,10 @@ from clawrl.config import EnvConfig
 from clawrl.envs.episode import Outcome, Tool, ToolEnvironment, truncate
 from clawrl.envs.protocol import Action, ChatMessage, Split
 from clawrl.envs.sandbox import WORKDIR, Sandbox, SandboxError, SandboxLimits, ShellSession
-from clawrl.envs.swe_generate import INSTANCES_FILE, generated_instances_dir
-from clawrl.envs.swe_instances import SWEInstance, checkout, load_instances
-from clawrl.envs.swe_judge import JUDGE_TIMEOUT_S, Verdict, judge, working_copy_patch
-from clawrl.envs.terminal import SHELL_PARAMETERS, shell_answer
+from clawrl.envs.swe.generate import INSTANCES_FILE, generated_instances_dir
+from clawrl.envs.swe.instances import SWEInstance, checkout, load_instances
+from clawrl.envs.swe.judge import JUDGE_TIMEOUT_S, Verdict, judge, working_copy_patch
+from clawrl.envs.terminal.env import SHELL_PARAMETERS, shell_answer
 
 SYSTEM_PROMPT = (
     "You are a software engineer fixing an issue in a Python repository, checked out at /workspace (a git "

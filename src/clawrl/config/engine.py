@@ -1,0 +1,92 @@
+"""The model runtime's settings (DESIGN §7): which engine, which model, on which device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from clawrl.config.base import ComponentSettings
+
+
+class EngineConfig(ComponentSettings):
+    """The model runtime that serves requests (DESIGN §7)."""
+
+    model: str = Field(
+        "tiny",
+        description="Model to serve: a local Hugging Face directory, a hub id, or `tiny` for the "
+        "locally built tiny model (cached under --cache-dir).",
+    )
+    engine: Literal["hf", "vllm", "openai"] = Field(
+        "hf",
+        description="Engine kind: `hf` (transformers in this process), `vllm` (a vLLM server that clawrl starts "
+        "from --vllm-python and drives with token ids), or `openai` (an OpenAI-compatible server at --engine-url "
+        "that takes token-id prompts and returns token ids and log-probs, e.g. a vLLM you run).",
+    )
+    engine_url: str | None = Field(
+        None, description="With --engine openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."
+    )
+    engine_api_key: str | None = Field(None, description="With --engine openai: a bearer key for --engine-url.")
+    engine_timeout_s: float = Field(
+        600.0, gt=0, description="With --engine vllm|openai: the longest one call to the server may take."
+    )
+    vllm_python: Path | None = Field(
+        None,
+        description="With --engine vllm: the Python of the environment vLLM is installed in; unset: .venv-vllm "
+        "in the current directory or beside clawrl's source (what `make test` creates).",
+    )
+    max_lora_rank: int = Field(
+        64, ge=1, description="With --engine vllm: the largest LoRA rank the server accepts (vLLM reserves room for it)."
+    )
+    max_loras: int = Field(
+        4, ge=2, description="With --engine vllm: LoRA versions loaded at once (the current one and those still in use)."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="With --engine vllm on a CPU: memory for its KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    vllm_args: str = Field(
+        "", description="With --engine vllm: more arguments for vLLM's server, as on its command line (e.g. "
+        "`--gpu-memory-utilization 0.5`)."
+    )
+    vllm_start_timeout_s: float = Field(
+        600.0, gt=0, description="With --engine vllm: how long the server may take to load before clawrl gives up."
+    )
+    device: str = Field("auto", description="`auto` (CUDA when present), `cpu` or `cuda[:N]`.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA."
+    )
+    max_batch_size: int = Field(32, ge=1, description="Most sequences decoded in one batch.")
+    prefix_cache_gib: float = Field(
+        1.0, ge=0, description="With --engine hf: memory for the KV of recent prompts, so that a prompt starting like "
+        "one of them (an agent's next turn) prefills only the rest; per policy version; 0 turns it off. (vLLM has "
+        "its own prefix caching.)"
+    )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads when running on the CPU (process-wide; with --engine vllm, the OpenMP "
+        "threads of vLLM's CPU worker); unset keeps torch's default. Tiny models run fastest with 1: their "
+        "matrices are too small to split.",
+    )
+    max_context_tokens: int | None = Field(
+        None, ge=16, description="Prompt plus response limit; defaults to the model's max_position_embeddings."
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "clawrl", description="Where locally built models (the tiny model) are cached."
+    )
+    seed: int = Field(0, description="Seed of the tiny model when --model tiny.")
+    share_weights: bool = Field(
+        True,
+        description="On a CPU, the server and the trainer map one copy of the base weights (the page cache keeps "
+        "it once); weights stored in another dtype than served are converted once into --cache-dir for that. "
+        "Off: each process converts and holds its own copy (docs/sizing.md).",
+    )
+
+    @model_validator(mode="after")
+    def _openai_needs_a_server(self) -> Self:
+        # the `openai` engine is a client of that server: without its URL there is nothing to serve with
+        if self.engine == "openai" and not self.engine_url:
+            raise ValueError("--engine openai needs --engine-url; give the server's base URL "
+                             "(e.g. http://127.0.0.1:8000/v1)")
+        return self

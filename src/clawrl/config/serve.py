@@ -1,0 +1,83 @@
+"""The HTTP servers' settings: the OpenAI-compatible server (DESIGN §3) and the standalone dashboard."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from clawrl.config.base import ComponentSettings, with_upstream
+
+
+class ServeConfig(ComponentSettings):
+    """The OpenAI-compatible HTTP server (DESIGN §3)."""
+
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(30000, ge=0, le=65535, validation_alias=with_upstream("port", "PORT"), description="TCP port.")
+    api_key: str | None = Field(
+        None,
+        validation_alias=with_upstream("api_key", "SGLANG_API_KEY"),
+        description="When set, every /v1 request needs `Authorization: Bearer <key>`.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        validation_alias=with_upstream("served_model_name", "SERVED_MODEL_NAME"),
+        description="Model id clients use; defaults to the --model value.",
+    )
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Larger bodies get 413.")
+    keep_alive_s: float = Field(
+        75.0, gt=0, description="How long an idle keep-alive connection stays open. Longer than clients keep theirs "
+        "(httpx and the openai SDK: 5 s), so that a client never writes a request into a connection the server is "
+        "closing at that moment (the request would be lost unread)."
+    )
+    default_max_tokens: int = Field(512, ge=1, description="Response limit when a request sets none.")
+    session_idle_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A session with no request for this long is closed; its last turn gets no next state.",
+    )
+    episode_idle_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A registered episode with no request and no result for this long is ended as failed (its "
+        "rollout client is gone), so that the rest of its group can train.",
+    )
+    side_turn_system_regex: str | None = Field(
+        None,
+        description="Requests whose system prompt matches this regex are side turns (served, never trained on), "
+        "besides known agents' housekeeping requests, which always are (OpenClaw's memory flush and compaction "
+        "summaries: serve/sessions.py KNOWN_SIDE_SYSTEM_PROMPTS).",
+    )
+    policy_poll_s: float = Field(
+        0.25,
+        gt=0,
+        description="How often serving looks in the store for a newly published (or rolled back) policy version.",
+    )
+    dashboard: bool = Field(
+        True,
+        description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
+        "score, read from the store (protected by --api-key when one is set).",
+    )
+
+    @field_validator("side_turn_system_regex")
+    @classmethod
+    def _a_valid_regex(cls, pattern: str | None) -> str | None:
+        # refused here, when the settings are read, not by the first request that would use it
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"not a regular expression: {error}") from None
+        return pattern
+
+
+class DashboardConfig(ComponentSettings):
+    """`clawrl dashboard`: the dashboard alone, over a run's store, while the loops run elsewhere."""
+
+    dashboard_host: str = Field("127.0.0.1", description="Interface to listen on.")
+    dashboard_port: int = Field(30080, ge=0, le=65535, description="TCP port of the dashboard.")
+    api_key: str | None = Field(
+        None,
+        validation_alias=with_upstream("api_key", "SGLANG_API_KEY"),
+        description="When set, the dashboard needs it: as a Bearer token or as the HTTP Basic password (any user).",
+    )
