@@ -12,6 +12,12 @@
 
     python benchmarks/serve_overhead.py --requests 100 --max-tokens 32
 
+With `--null-engine` the engine costs nothing: it answers every prompt at once with the same
+`--max-tokens` ordinary tokens (the tiny model's tokenizer renders and detokenizes as usual). The
+in-process mode is then little more than rendering the prompt, and what the server takes is its
+own cost alone, without the engine's run-to-run noise: on a shared machine, where the engine's own
+time drifts by tens of milliseconds between runs, it is the figure that tells two builds apart.
+
 Prints a markdown table and writes the figures as JSON (`--out`).
 """
 
@@ -35,13 +41,14 @@ from machine import machine  # benchmarks/machine.py, beside this script
 
 from clawrl.config import EngineConfig, ServeConfig
 from clawrl.engines import build_engine
-from clawrl.engines.base import Engine, SamplingParams
+from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
 from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
 
 SERVED_NAME = "bench"
+NULL_ANSWER = "The city has a river, an old bridge and a market square that fills every morning."
 CONCURRENCY_LEVELS = (1, 8, 32)
 WARMUP_REQUESTS = 5
 
@@ -64,6 +71,37 @@ class ThroughputLevel:
     tokens_per_s: float
     median_latency_ms: float
     p99_latency_ms: float
+
+
+class NullEngine(Engine):
+    """An engine that costs nothing (`--null-engine`): every request gets the same ordinary tokens at
+    once, each step through the stream's queue as an engine delivers it."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_name = str(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.max_context_tokens = 4096
+        self._answer = self.tokenizer.encode(NULL_ANSWER * 8, add_special_tokens=False)
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
+        stream = GenerationStream(0)
+        count = min(sampling.max_tokens, len(self._answer))
+        for index, token_id in enumerate(self._answer[:count]):
+            stream.push(TokenStep(token_id, -0.5, finish_reason="length" if index == count - 1 else None))
+        stream.finish()
+        return stream
+
+    async def score(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def load_version(self, *_args: Any, **_kwargs: Any) -> None:
+        raise NotImplementedError
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -194,6 +232,8 @@ def markdown(results: dict[str, Any]) -> str:
     overhead = results["overhead"]
     direct, served = overhead["in_process"], overhead["http"]
     lines = [
+        "Engine: " + ("none (`--null-engine`): the server's own cost alone" if results["args"]["null_engine"] else results["args"]["model"]),
+        "",
         (
             f"Latency, one request at a time ({served['requests']} requests, greedy, "
             f"max_tokens={results['args']['max_tokens']}, non-streaming):"
@@ -234,6 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cpu", help="engine device: cpu, cuda or auto")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads on the CPU (1 is fastest for the tiny model)")
+    parser.add_argument("--null-engine", action="store_true", help="an engine that costs nothing: the server's own cost alone")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_overhead.json"), help="JSON results")
     args = parser.parse_args(argv)
     if args.requests < WARMUP_REQUESTS or args.max_tokens < 1:
@@ -245,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="clawrl-bench-") as scratch:
         model_dir = build_tiny_model(Path(scratch) / "model", seed=0) if args.model == "tiny" else Path(args.model)
-        engine = build_engine(EngineConfig(model=str(model_dir), device=args.device, cpu_threads=args.cpu_threads))
+        if args.null_engine:
+            engine: Engine = NullEngine(model_dir)
+        else:
+            engine = build_engine(EngineConfig(model=str(model_dir), device=args.device, cpu_threads=args.cpu_threads))
         store = Store.for_run_dir(Path(scratch) / "run")
         config = ServeConfig(port=free_port(), served_model_name=SERVED_NAME)
         started = time.perf_counter()
@@ -265,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model,
             "device": args.device,
             "cpu_threads": args.cpu_threads,
+            "null_engine": args.null_engine,
         },
         "machine": machine(),
         "elapsed_s": time.perf_counter() - started,
