@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.envs.terminal.env import TerminalEnv
 from clawrl.envs.terminal.tasks import generated_tasks_dir
-from clawrl.sim.agents import TERMINAL_MICRO, agent_model_path, micro_env_config, solution_command
+from clawrl.sim.agent_cache import agent_model_path
+from clawrl.sim.agents import TERMINAL_MICRO, micro_env_config, solution_command
 
 KINDS = ("exact", "wrong", "typo", "ls", "finish", "other")
 _COMMAND = re.compile(r'"command":\s*"((?:[^"\\]|\\.)*)"')

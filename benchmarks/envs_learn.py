@@ -46,13 +46,13 @@ from clawrl.envs.registry import make_environment
 from clawrl.envs.rollout import plan_episodes, run_rollouts
 from clawrl.envs.server import server_policies
 from clawrl.serve.runner import free_port
-from clawrl.sim.agents import FAMILIES, agent_model_path, micro_env_config
+from clawrl.sim.agent_cache import agent_model_path
+from clawrl.sim.agents import FAMILIES, micro_env_config
 from clawrl.sim.bench import Agent, ServerProcess, settle
 from clawrl.sim.metrics import bootstrap_ci, mean
 from clawrl.sim.stats import paired_difference
 from clawrl.store import Store
 from clawrl.store.episodes import EpisodeStore
-from clawrl.store.training import TrainingStore
 
 ARMS = {"integrated": 0.3, "outcome": 0.0}  # arm -> --step-judge-coef
 # lr picked on tuning seed 100 (1e-4: eval 0.11 -> 0.36 in 6 rounds; 2e-4: -> 0.18; 5e-4: -> 0.03, the copying breaks)
@@ -109,7 +109,7 @@ def run_arm(arm: str, seed: int, family: str, args: argparse.Namespace, out: Pat
     with ServerProcess(serve_command(model_dir, run_dir, port, ARMS[arm], seed, args.train_flags), run_dir, port) as server:
         agent = Agent(server.base_url, "unused", MAX_TOKENS)
         store = Store.for_run_dir(run_dir)
-        training, episodes = TrainingStore(store), EpisodeStore(store)
+        training, episodes = store.training, store.episodes
         for round_number in range(args.rounds + 1):
             started = time.monotonic()
             version = agent.policy_version()

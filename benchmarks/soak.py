@@ -78,7 +78,6 @@ from clawrl.serve.runner import free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
 from clawrl.store.schema import FeedbackRow, TurnRow
-from clawrl.store.training import TrainingStore
 from machine import machine  # benchmarks/machine.py, beside this script
 
 SERVED_NAME = "soak"
@@ -717,7 +716,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     hung_up = check_turns(run_dir, {turn_id: ("main", -1) for turn_id in seen.hung_up}, cancelled_ok=True)
     store = Store.for_run_dir(run_dir)
     try:
-        versions = TrainingStore(store).versions()
+        versions = store.training.versions()
     finally:
         store.close()
     samples = sampler.samples

@@ -70,7 +70,7 @@ def run_level(store: Store, writers: int, args: argparse.Namespace) -> dict[str,
             turn = turn_for(session_id, index, args, rng)
             continues = NextState(previous, [turn.messages[-1]], turn.id) if previous is not None else None
             started = time.perf_counter()
-            store.record_turn(turn, "header", continues)
+            store.turns.record_turn(turn, "header", continues)
             mine.append(time.perf_counter() - started)
             previous = turn.id
         with lock:

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     run_dir = scratch / "run"
     engine_config = EngineConfig(model=str(model_dir), engine=args.engine, device=args.device, cpu_threads=args.cpu_threads)
     store = Store.for_run_dir(run_dir)
-    training = TrainingStore(store)
+    training = store.training
     engine = build_engine(engine_config)
     if args.engine != "hf":  # the server starts an hf engine itself; a vLLM server is started here, before the clock
         asyncio.run(engine.start())

@@ -214,7 +214,7 @@ def record(
     """Record a main turn of `session_id` as serving would; with `continues_turn_id`, its request
     carries `next_state` for that earlier turn. `fields` sets or overrides any other `Turn` field."""
     continues = NextState(continues_turn_id, next_state or [], turn_id) if continues_turn_id is not None else None
-    store.record_turn(turn(turn_id, session_id, messages, answer, **fields), id_source, continues, session_done)
+    store.turns.record_turn(turn(turn_id, session_id, messages, answer, **fields), id_source, continues, session_done)
 
 
 def judgment(turn_id: str, score: int = 1, hint: str | None = None) -> Judgment:
@@ -241,7 +241,7 @@ class Conversation:
 
     def judge(self, turn_id: str, score: int, hint: str | None = None) -> None:
         """Record a rule verdict on `turn_id`."""
-        assert self.store.record_judgment(judgment(turn_id, score, hint))
+        assert self.store.judging.record_judgment(judgment(turn_id, score, hint))
 
 
 def ready_sample(turn_id: str, reward: float = 1.0) -> Sample:
@@ -255,8 +255,8 @@ def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore
     store = Store.for_run_dir(tmp_path)
     for index in range(count):
         record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
-        store.record_judgment(judgment(f"t{index}"))
-    training = TrainingStore(store)
+        store.judging.record_judgment(judgment(f"t{index}"))
+    training = store.training
     training.add_samples([ready_sample(f"t{index}") for index in range(count)])
     return store, training
 
@@ -353,9 +353,9 @@ def wait_for_judgment(store: Store, turn_id: str, timeout: float = 60) -> Any:
     """The judgment of `turn_id` once the judge has recorded it; fails after `timeout` seconds (the first
     judgment of a process also waits for the offline judge's classifier to be built: seconds on a loaded CI)."""
     deadline = time.monotonic() + timeout
-    while (judgment := store.judgment(turn_id)) is None:
+    while (judgment := store.judging.judgment(turn_id)) is None:
         if time.monotonic() >= deadline:
-            case = store.turn_context(turn_id)
+            case = store.judging.turn_context(turn_id)
             raise AssertionError(
                 f"turn {turn_id} was never judged ({case.turn.kind}, finish {case.turn.finish_reason}, "
                 f"next state {case.next_messages!r:.500}, answer {case.turn.response_text!r:.200})"

@@ -66,3 +66,21 @@ def test_the_layer_rules_of_the_design_hold() -> None:
     code = code_graph()
     assert "train" not in code["serve"] and "engines" not in code["train"]
     assert not code["versions"] & {"engines", "train", "serve"} and not code["model"] & {"engines", "train", "serve"}
+
+
+MAX_MODULE_LINES = 600  # a file longer than this holds more than one concern (issue 29)
+
+
+def test_every_module_is_short_enough_to_read_top_to_bottom() -> None:
+    long = {str(path.relative_to(SOURCE)): count for path in SOURCE.rglob("*.py")
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}  # fmt: skip
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_the_store_exposes_one_facet_per_concern() -> None:
+    """Callers reach the store's concerns through its facets (`store.turns`, `store.judging`,
+    `store.training`, `store.episodes`), never by wrapping a store in a facet class themselves."""
+    wrapping = re.compile(r"\b(TurnStore|JudgingStore|TrainingStore|EpisodeStore)\(")
+    offenders = [str(path.relative_to(ROOT)) for path in [*SOURCE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+                 if path.parent.name != "store" and wrapping.search(path.read_text(encoding="utf-8"))]  # fmt: skip
+    assert not offenders, offenders

@@ -353,8 +353,8 @@ def test_server_still_serves_and_recorded_no_bad_request(http: httpx.Client, bad
 
     store = Store.for_run_dir(bad_run_dir)
     try:
-        sessions = store.list_sessions(limit=1000)
-        turns = [entry.turn for session in sessions for entry in store.session_turns(session.id)]
+        sessions = store.turns.list_sessions(limit=1000)
+        turns = [entry.turn for session in sessions for entry in store.turns.session_turns(session.id)]
         assert [turn.id for turn in turns] == [completion["id"]], "a refused request was recorded as a turn"
     finally:
         store.close()

@@ -18,7 +18,6 @@ from clawrl.sim.bench import run_bench
 from clawrl.sim.memory import NOTES_HEADING
 from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
 
 CI_PRETRAIN = PretrainConfig(steps=300)
 
@@ -44,10 +43,10 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert (tmp_path / "learning.png").stat().st_size > 1000 and "combine (RL + OPD)" in (tmp_path / "report.md").read_text()
 
     store = Store.for_run_dir(tmp_path / "runs" / "combine-seed0")
-    assert len(store.list_sessions()) >= 14  # sessions were told apart with no session header
-    turns = [entry.turn for session in store.list_sessions(limit=1000) for entry in store.session_turns(session.id)]
+    assert len(store.turns.list_sessions()) >= 14  # sessions were told apart with no session header
+    turns = [entry.turn for session in store.turns.list_sessions(limit=1000) for entry in store.turns.session_turns(session.id)]
     side = {turn.id for turn in turns if turn.kind == "side"}
-    sampled = set(TrainingStore(store).samples_for([turn.id for turn in turns]))
+    sampled = set(store.training.samples_for([turn.id for turn in turns]))
     assert len(side) >= 2 * 16  # held-out prompts, at the start and after versions
     assert sampled and not side & sampled  # never trained on
 
@@ -66,8 +65,8 @@ def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_
     arm = results["arms"]["memory_combine"]
     assert arm["per_seed"][0]["versions"] >= 1 and arm["training"]["samples_trained"] >= 4  # combine trained
     store = Store.for_run_dir(tmp_path / "runs" / "memory_combine-seed0")
-    prompts = [turn.messages[0]["content"] for session in store.list_sessions()
-               for turn in (entry.turn for entry in store.session_turns(session.id)) if turn.kind == "main"]
+    prompts = [turn.messages[0]["content"] for session in store.turns.list_sessions()
+               for turn in (entry.turn for entry in store.turns.session_turns(session.id)) if turn.kind == "main"]
     assert any(NOTES_HEADING in prompt for prompt in prompts)
 
 
@@ -75,11 +74,11 @@ def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp
     results = bench(tmp_path, model_dir, "memory", sessions=4)
     assert set(results["arms"]) == {"memory"}
     store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
-    sessions = sorted(store.list_sessions(), key=lambda session: session.created_at)
+    sessions = sorted(store.turns.list_sessions(), key=lambda session: session.created_at)
     prompts = [turn.messages[0]["content"] for session in sessions
-               for turn in (entry.turn for entry in store.session_turns(session.id)) if turn.kind == "main"]
+               for turn in (entry.turn for entry in store.turns.session_turns(session.id)) if turn.kind == "main"]
     assert NOTES_HEADING not in prompts[0]
-    hints = [judgment.hint for judgment in store.judgments_for([t.id for s in sessions for t in (entry.turn for entry in store.session_turns(s.id))]).values()
+    hints = [judgment.hint for judgment in store.judging.judgments_for([t.id for s in sessions for t in (entry.turn for entry in store.turns.session_turns(s.id))]).values()
              if judgment.hint]
     assert hints, "the simulated student corrected nothing in four sessions"
     assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)

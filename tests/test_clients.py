@@ -48,12 +48,12 @@ def run_against(server: ServerThread, command: list[str], code: str) -> str:
 def test_the_openai_sdk_script_records_a_session_its_next_state_and_feedback(server: ServerThread, run_dir: Path) -> None:
     output = run_against(server, [sys.executable, "-c"], snippet("The openai Python SDK", "python"))
     store = Store.for_run_dir(run_dir)
-    turns = store.session_turns("tea-notes")
+    turns = store.turns.session_turns("tea-notes")
     assert [entry.turn.kind for entry in turns] == ["main", "main"]
     first = turns[0]
     assert f"turn {first.turn.id} served by policy version 0" in output
     assert first.next_messages == [{"role": "user", "content": "no, make it rhyme and keep it short"}]
-    assert [(item.score, item.text) for item in store.turn_context(first.turn.id).feedback] == [
+    assert [(item.score, item.text) for item in store.judging.turn_context(first.turn.id).feedback] == [
         (-1, "Rhyme the last words of lines one and three.")
     ]
     assert turns[1].turn.response_token_ids  # the streamed answer is recorded with its token ids
@@ -65,7 +65,7 @@ def test_the_curl_lines_answer_take_feedback_and_refuse_an_unknown_model(server:
     assert '"recorded":true' in output.replace(" ", "")
     assert '"code":"model_not_found"' in output.replace(" ", "") and output.rstrip().endswith("HTTP 404")
     store = Store.for_run_dir(run_dir)
-    (only,) = store.session_turns("curl-demo")
-    assert [(item.score, item.text) for item in store.turn_context(only.turn.id).feedback] == [
+    (only,) = store.turns.session_turns("curl-demo")
+    assert [(item.score, item.text) for item in store.judging.turn_context(only.turn.id).feedback] == [
         (1, "Good list, keep answers this short.")
     ]

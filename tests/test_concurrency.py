@@ -128,12 +128,12 @@ def test_32_concurrent_streams_finish_while_health_stays_fast(busy_server: Serve
     store = Store.for_run_dir(run_dir)
     try:
         for result in results:
-            turn = store.turn(result.turn_id)
+            turn = store.turns.turn(result.turn_id)
             assert turn is not None, f"turn {result.turn_id} was streamed but not recorded"
             assert turn.finish_reason == result.finish_reason
             assert turn.response_text == result.content
             assert 1 <= len(turn.response_token_ids) <= MAX_TOKENS
-        sessions = store.list_sessions(limit=1000)
+        sessions = store.turns.list_sessions(limit=1000)
         assert sum(session.num_turns for session in sessions) == CLIENTS
     finally:
         store.close()

@@ -75,7 +75,7 @@ def test_sigkill_loses_no_acknowledged_turn_and_restart_continues_sessions(tool_
 
     store = Store.for_run_dir(run_dir)
     for turn_id in acknowledged:
-        assert store.turn(turn_id) is not None, f"acknowledged turn {turn_id} was lost"
+        assert store.turns.turn(turn_id) is not None, f"acknowledged turn {turn_id} was lost"
     store.close()
 
     with serve_process(tool_model_dir, run_dir, port):

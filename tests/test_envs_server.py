@@ -28,7 +28,7 @@ from clawrl.envs.toolcall.env import SYSTEM_PROMPT, ToolCallEnv
 from clawrl.envs.toolcall.problems import problem, problem_ids
 from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
-from clawrl.store.episodes import EpisodeGroup, EpisodeStore
+from clawrl.store.episodes import EpisodeGroup
 from clawrl.types import EPISODE_RESULT_SOURCE
 from tests.helpers import fit, run_cli, start_server
 
@@ -73,7 +73,7 @@ def toolcall_server(toolcall_model_dir: Path, run_dir: Path) -> Iterator[ServerT
 
 def recorded_groups(run_dir: Path) -> list[EpisodeGroup]:
     """Every group of the server's store (no trainer runs: none has samples)."""
-    return EpisodeStore(Store.for_run_dir(run_dir)).groups_to_sample(limit=100)
+    return Store.for_run_dir(run_dir).episodes.groups_to_sample(limit=100)
 
 
 @needs_sandbox
@@ -109,7 +109,7 @@ def assert_steps_recorded(store: Store, steps: list[Any], messages: list[dict[st
         assert turn.messages == messages[:position]  # the conversation so far, as the policy sent it
         following = actions[number + 1] if number + 1 < len(actions) else len(messages)
         observation = messages[position + 1 : following]
-        context = store.turn_context(turn.id)
+        context = store.judging.turn_context(turn.id)
         if not observation:  # an answer without a tool call ends the episode with nothing to observe
             assert context.next_state is None
             continue
@@ -127,10 +127,10 @@ def test_eval_split_episodes_are_side_turns_and_never_reach_training(toolcall_se
     assert summary["episodes"] == 4 and summary["failed"] == 0 and summary["split"] == "eval"
     store = Store.for_run_dir(run_dir)
     assert recorded_groups(run_dir) == [], "an evaluation registers no episode"
-    assert list(store.iter_main_turns()) == [], "nothing to judge or train on"
-    sessions = store.list_sessions()
+    assert list(store.turns.iter_main_turns()) == [], "nothing to judge or train on"
+    sessions = store.turns.list_sessions()
     assert len(sessions) == 4
-    steps = [context.turn for session in sessions for context in store.session_turns(session.id)]
+    steps = [context.turn for session in sessions for context in store.turns.session_turns(session.id)]
     assert len(steps) >= 4 and {turn.kind for turn in steps} == {"side"}  # recorded all the same
 
 

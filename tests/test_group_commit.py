@@ -16,7 +16,7 @@ import httpx
 from clawrl.serve.completions import TurnCommits
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
-from clawrl.store.repository import TurnWrite
+from clawrl.store.turns import TurnWrite
 from tests.helpers import start_server, turn, user
 from tests.test_durability import serve_process
 
@@ -34,7 +34,7 @@ def test_turns_that_finish_together_share_a_commit_and_each_answer_waits_for_its
     (non-streaming) or its finish chunk (streaming), its turn is already committed."""
     with start_server(tiny_model_dir, run_dir, served_model_name="tiny") as server:
         commits: TurnCommits = server.app.state.service.commits
-        store, record_turns = commits.store, commits.store.record_turns
+        store, record_turns = commits.store, commits.store.turns.record_turns
         committed: dict[str, float] = {}  # turn id -> when its commit returned
 
         def slow_record_turns(writes: list[TurnWrite]) -> list[int]:
@@ -44,7 +44,7 @@ def test_turns_that_finish_together_share_a_commit_and_each_answer_waits_for_its
             committed.update((write.turn.id, done) for write in writes)
             return indexes
 
-        store.record_turns = slow_record_turns  # type: ignore[method-assign]
+        store.turns.record_turns = slow_record_turns  # type: ignore[method-assign]
         received: dict[str, float] = {}  # turn id -> when its client saw the end of its answer
         found_on_arrival: dict[str, bool] = {}
 
@@ -57,7 +57,7 @@ def test_turns_that_finish_together_share_a_commit_and_each_answer_waits_for_its
                     if body["stream"] and '"finish_reason":"' in line or not body["stream"] and line:
                         break  # the finish chunk, or the (one-line) JSON answer
             received[turn_id] = time.perf_counter()
-            found_on_arrival[turn_id] = store.turn(turn_id) is not None
+            found_on_arrival[turn_id] = store.turns.turn(turn_id) is not None
 
         async def clients() -> None:
             async with httpx.AsyncClient(base_url=server.base_url.removesuffix("/v1"), timeout=60) as http:
@@ -73,7 +73,7 @@ def test_turns_that_finish_together_share_a_commit_and_each_answer_waits_for_its
     assert sum(size * count for size, count in sizes.items()) == CLIENTS
     assert sum(sizes.values()) < CLIENTS, f"no turns shared a commit: {dict(sizes)}"
     check = Store.for_run_dir(run_dir)
-    assert check.counts()["main_turns"] == CLIENTS
+    assert check.turns.counts()["main_turns"] == CLIENTS
     check.close()
 
 
@@ -81,7 +81,7 @@ def test_a_batch_that_fails_is_written_turn_by_turn(tmp_path: Path) -> None:
     """One turn that cannot be written (its id is taken) fails its own request only: the batch is
     rolled back and written again one turn at a time."""
     store = Store.for_run_dir(tmp_path)
-    store.record_turn(turn("t-taken", "s0", [user("q")], "A."), "new")
+    store.turns.record_turn(turn("t-taken", "s0", [user("q")], "A."), "new")
     commits = TurnCommits(store)
     writes = [TurnWrite(turn(turn_id, session, [user("q")], "A."), "new")
               for turn_id, session in [("t1", "s1"), ("t-taken", "s2"), ("t3", "s1")]]  # fmt: skip
@@ -93,9 +93,9 @@ def test_a_batch_that_fails_is_written_turn_by_turn(tmp_path: Path) -> None:
     assert (first, third) == (0, 1)  # their session's indexes, in order
     assert isinstance(taken, Exception)
     assert commits.batch_sizes == {3: 1}  # all three went to one commit, which failed as a whole
-    assert store.turn("t1") is not None and store.turn("t3") is not None
-    assert store.session("s2") is None  # the failed turn left nothing behind
-    assert store.session("s1").num_turns == 2
+    assert store.turns.turn("t1") is not None and store.turns.turn("t3") is not None
+    assert store.turns.session("s2") is None  # the failed turn left nothing behind
+    assert store.turns.session("s1").num_turns == 2
     store.close()
 
 
@@ -104,7 +104,7 @@ def test_a_failed_session_lookup_fails_the_request_and_records_nothing(tiny_mode
     (500) and nothing is recorded, and the next request is served."""
     with start_server(tiny_model_dir, run_dir, served_model_name="tiny") as server:
         store = server.app.state.service.store
-        lookup = store.recent_empty_answers
+        lookup = store.turns.recent_empty_answers
         failing = threading.Event()
         failing.set()
 
@@ -113,7 +113,7 @@ def test_a_failed_session_lookup_fails_the_request_and_records_nothing(tiny_mode
                 raise RuntimeError("the store is unreachable")
             return lookup(*args, **kwargs)
 
-        store.recent_empty_answers = flaky
+        store.turns.recent_empty_answers = flaky
         url = f"{server.base_url}/chat/completions"
         for stream in (False, True):
             response = httpx.post(url, json=chat([user("hello")], stream), timeout=60)
@@ -122,7 +122,7 @@ def test_a_failed_session_lookup_fails_the_request_and_records_nothing(tiny_mode
         response = httpx.post(url, json=chat([user("hello")], False), timeout=60)
         assert response.status_code == 200
         turn_id = response.headers["x-clawrl-turn"]
-        assert store.counts()["main_turns"] == 1 and store.turn(turn_id) is not None
+        assert store.turns.counts()["main_turns"] == 1 and store.turns.turn(turn_id) is not None
 
 
 def test_sigkill_right_after_concurrent_answers_loses_none(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -148,6 +148,6 @@ def test_sigkill_right_after_concurrent_answers_loses_none(tiny_model_dir: Path,
         process.send_signal(signal.SIGKILL)
         process.wait()
     store = Store.for_run_dir(run_dir)
-    lost = [turn_id for turn_id in answered if store.turn(turn_id) is None]
+    lost = [turn_id for turn_id in answered if store.turns.turn(turn_id) is None]
     store.close()
     assert not lost, f"answered turns lost: {lost}"

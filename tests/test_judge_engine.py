@@ -122,7 +122,7 @@ def test_the_worker_stores_every_candidate_with_its_overlap(judge_model_dir: Pat
     record(store, "t2", "s1", [user("no")], "ok", continues_turn_id="t1", next_state=[user("no")])
     worker = JudgeWorker(store, ScriptedHints(), JudgeConfig(), selector=OverlapSelector(engine, top_k=4))
     assert asyncio.run(_with_engine(engine, worker.judge_available)) == 1
-    judgment = store.judgment("t1")
+    judgment = store.judging.judgment("t1")
     assert judgment.hint == HELPFUL
     overlaps = {candidate.hint: candidate.overlap for candidate in judgment.hint_candidates}
     assert overlaps[HELPFUL] > overlaps[UNRELATED] >= 0
@@ -166,7 +166,7 @@ def test_judging_with_the_serving_engine_records_no_extra_turns(judge_model_dir:
 
 
 def _turns(store: Store, session_id: str) -> list[dict[str, Any]]:
-    return [{"id": entry.turn.id} for entry in store.session_turns(session_id)]
+    return [{"id": entry.turn.id} for entry in store.turns.session_turns(session_id)]
 
 
 # --------------------------------------------------------------------------- selection under the trainer's teacher
@@ -209,7 +209,7 @@ def test_rule_hints_are_chosen_under_the_teacher_the_trainer_uses(
         return await worker.judge_available()
 
     assert asyncio.run(_with_engine(engine, judge_under_version_1)) == 1
-    judgment = store.judgment("t1")
+    judgment = store.judging.judgment("t1")
     assert judgment.score == -1
     overlaps = {candidate.hint: candidate.overlap for candidate in judgment.hint_candidates}
     # one candidate per directive, after the whole reply as one hint (`judge/hints.py`)

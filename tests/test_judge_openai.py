@@ -194,11 +194,11 @@ def test_a_400_is_not_retried_and_the_turn_is_given_back(judge_server: ScriptedJ
     worker = JudgeWorker(store, backend(judge_server), JudgeConfig())
     assert asyncio.run(worker.judge_available()) == 0
     assert len(judge_server.prm_requests()) == 1
-    assert store.judgment("t1") is None
+    assert store.judging.judgment("t1") is None
     # the lease was released, not left to expire (300 s): the next round judges the turn
     judge_server.script(prm=["\\boxed{-1}"])
     assert asyncio.run(worker.judge_available()) == 1
-    assert store.judgment("t1").score == -1
+    assert store.judging.judgment("t1").score == -1
 
 
 def test_valid_hints_are_candidates_and_a_short_one_is_dropped(judge_server: ScriptedJudge) -> None:
@@ -225,7 +225,7 @@ def test_the_worker_stores_votes_score_hint_and_judge_model(judge_server: Script
     config = JudgeConfig(judge="openai", judge_url=judge_server.url, judge_model=MODEL, prm_m=3)
     worker = JudgeWorker(store, build_backend(config), config)
     assert asyncio.run(worker.judge_available()) == 1
-    judgment = store.judgment("t1")
+    judgment = store.judging.judgment("t1")
     assert judgment.score == -1 and sorted_votes(judgment.votes) == [-1, -1, 1]
     assert judgment.hint == PLAIN_PROSE
     assert judgment.source == "prm" and judgment.judge_model == MODEL
@@ -248,7 +248,7 @@ def test_two_workers_on_one_store_judge_each_turn_once(judge_server: ScriptedJud
 
     async def until_all_judged(worker: JudgeWorker) -> None:
         deadline = time.monotonic() + 10
-        while not all(await asyncio.to_thread(lambda: [store.judgment(turn_id) for turn_id in judgeable])):
+        while not all(await asyncio.to_thread(lambda: [store.judging.judgment(turn_id) for turn_id in judgeable])):
             assert time.monotonic() < deadline, "turns left unjudged"
             if not await worker.judge_available():
                 await asyncio.sleep(0.01)
@@ -295,18 +295,18 @@ def test_a_worker_killed_mid_judgment_leaves_the_turn_to_a_restarted_worker(judg
         worker_process.wait(timeout=10)
     finally:
         worker_process.kill()
-    assert store.judgment("t1") is None
-    assert store.claim_turns_to_judge("early", 1, 60.0) == []  # still leased to the dead worker
+    assert store.judging.judgment("t1") is None
+    assert store.judging.claim_turns_to_judge("early", 1, 60.0) == []  # still leased to the dead worker
     config = JudgeConfig(judge="openai", judge_url=judge_server.url, judge_model=MODEL, judge_poll_s=0.05)
     restarted = JudgeWorker(store, build_backend(config), config)
     judge_server.script(prm=["The user asked for a rewrite. \\boxed{-1}"] * config.prm_m)
 
     async def until_judged() -> None:
         deadline = time.monotonic() + 15
-        while await asyncio.to_thread(store.judgment, "t1") is None:  # once the lease (4 s) expires
+        while await asyncio.to_thread(store.judging.judgment, "t1") is None:  # once the lease (4 s) expires
             assert time.monotonic() < deadline, "the turn was never judged"
             if not await restarted.judge_available():
                 await asyncio.sleep(0.05)
 
     asyncio.run(until_judged())
-    assert store.judgment("t1").score == -1
+    assert store.judging.judgment("t1").score == -1

@@ -29,7 +29,7 @@ def test_a_correction_through_the_server_gives_minus_one_and_a_hint(tool_model_d
     assert first.score == -1 and first.source == "rule"
     assert "without the bold and the numbered list" in first.hint
     assert second.score == 1 and second.hint is None
-    assert store.judgment(turn_ids[2]) is None  # the last turn has no next state
+    assert store.judging.judgment(turn_ids[2]) is None  # the last turn has no next state
     shown = session_detail(store, session_id)["turns"][0]["judgment"]
     assert shown["score"] == -1 and shown["source"] == "rule" and shown["votes"] == [-1]
 
@@ -57,10 +57,10 @@ def test_explicit_feedback_outranks_the_judge_and_its_text_is_a_hint(tmp_path: P
     store = Store.for_run_dir(tmp_path)
     record(store, "t1", "s1", [user("write a poem")], "A poem.")
     record(store, "t2", "s1", [user("thanks, perfect")], "You're welcome.", continues_turn_id="t1", next_state=[user("thanks, perfect")])
-    store.add_feedback("t1", -1, "Use rhymes and keep it to four lines.")
+    store.turns.add_feedback("t1", -1, "Use rhymes and keep it to four lines.")
     worker = JudgeWorker(store, RuleJudge(), JudgeConfig())
     assert asyncio.run(worker.judge_available()) == 1
-    judgment = store.judgment("t1")
+    judgment = store.judging.judgment("t1")
     assert judgment.score == -1 and judgment.source == "feedback"
     assert judgment.hint == "Use rhymes and keep it to four lines."
 
@@ -81,7 +81,7 @@ def test_a_hanging_judge_times_out_and_the_turn_is_judged_by_another_worker(tmp_
     assert asyncio.run(stuck.judge_available()) == 0
     healthy = JudgeWorker(store, RuleJudge(), JudgeConfig())
     assert asyncio.run(healthy.judge_available()) == 1
-    assert store.judgment("t1").score == -1
+    assert store.judging.judgment("t1").score == -1
 
 
 def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
@@ -95,8 +95,8 @@ def test_standalone_judge_command(tool_model_dir: Path, run_dir: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "judged 4 turn(s)" in result.stdout
     store = Store.for_run_dir(run_dir)
-    assert store.judgment(turn_ids[0]).score == -1
-    assert all(store.judgment(turn_id) is not None for turn_id in turn_ids[:4])
+    assert store.judging.judgment(turn_ids[0]).score == -1
+    assert all(store.judging.judgment(turn_id) is not None for turn_id in turn_ids[:4])
 
 
 def test_judge_figures_are_on_metrics(tool_model_dir: Path, run_dir: Path) -> None:

@@ -181,7 +181,7 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
             }
             replies = {session_id: future.result() for session_id, future in running.items()}
         store = Store.for_run_dir(run_dir)
-        sessions = {session.id: store.session_turns(session.id) for session in store.list_sessions()}
+        sessions = {session.id: store.turns.session_turns(session.id) for session in store.turns.list_sessions()}
         for turns in sessions.values():
             for entry in turns[:-1]:
                 # Picking among hints scores OpenClaw's ~23K-token prompt once per candidate (about
@@ -244,7 +244,7 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
             assert [typed(entry.next_messages) for entry in shown] == [[line] for line in lines[1:]] + [[]]
 
             # Judged from what the user typed: the correction's directive is the hint.
-            verdicts = [store.judgment(entry.turn.id) for entry in shown[:-1]]
+            verdicts = [store.judging.judgment(entry.turn.id) for entry in shown[:-1]]
             assert [(verdict.score, verdict.hint) for verdict in verdicts if verdict] == SCORES[session_id]
 
 
@@ -281,10 +281,10 @@ def test_openclaws_memory_flush_and_compaction_summaries_are_side_turns(tiny_mod
         assert flushed.headers["x-clawrl-session"] == first.headers["x-clawrl-session"]  # grouped with its conversation
         assert second.headers["x-clawrl-session"] == first.headers["x-clawrl-session"]
         store = Store.for_run_dir(run_dir)
-        next_state = store.turn_context(first.headers["x-clawrl-turn"]).next_state
+        next_state = store.judging.turn_context(first.headers["x-clawrl-turn"]).next_state
         assert next_state is not None and next_state.source_turn_id == second.headers["x-clawrl-turn"]
         assert next_state.messages == [correction, context]  # not the flush instruction
-        assert store.counts()["main_turns"] == 2 and store.counts()["side_turns"] == 2
+        assert store.turns.counts()["main_turns"] == 2 and store.turns.counts()["side_turns"] == 2
 
         # A client's word still decides.
         summary.pop("stream_options")

@@ -159,7 +159,7 @@ def test_sigterm_lets_requests_in_flight_finish_then_stops_the_trainer_and_exits
         assert received[-1] == "data: [DONE]" and len(received) > 100  # the whole answer, after the signal
         assert serve.wait(60) == 0
         assert not Path(f"/proc/{trainer_pid}").exists() or Path(f"/proc/{trainer_pid}/stat").read_text().split()[2] == "Z"
-        finished = Store.for_run_dir(tmp_path).turn(turn_id)
+        finished = Store.for_run_dir(tmp_path).turns.turn(turn_id)
         assert finished is not None and len(finished.response_token_ids) == 1200  # recorded whole
         assert '"finish_reason":"length"' in received[-2]
     finally:

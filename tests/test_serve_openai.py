@@ -42,7 +42,7 @@ def test_plain_chat_is_answered_and_recorded(client: openai.OpenAI, store: Store
     completion = raw.parse()
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert completion.usage.completion_tokens >= 1
-    turn = store.turn(raw.headers["x-clawrl-turn"])
+    turn = store.turns.turn(raw.headers["x-clawrl-turn"])
     assert turn is not None and turn.id == completion.id
     assert turn.response_text == completion.choices[0].message.content
     assert len(turn.response_token_ids) == completion.usage.completion_tokens == len(turn.response_logprobs)
@@ -58,7 +58,7 @@ def test_streaming_sends_several_content_chunks(client: openai.OpenAI, store: St
     contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(contents) >= 3
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    turn = store.turn(chunks[0].id)
+    turn = store.turns.turn(chunks[0].id)
     assert turn is not None and turn.response_text == "".join(contents)
 
 
@@ -72,7 +72,7 @@ def test_logprobs_match_recorded_turn(client: openai.OpenAI, store: Store) -> No
         temperature=0,
     )
     entries = completion.choices[0].logprobs.content
-    turn = store.turn(completion.id)
+    turn = store.turns.turn(completion.id)
     assert turn is not None
     assert [e.logprob for e in entries] == pytest.approx(turn.response_logprobs)
     for entry in entries:
@@ -96,7 +96,7 @@ def test_tool_round_trip_records_tool_next_state(client: openai.OpenAI, store: S
     second = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0, max_tokens=40)
     assert second.choices[0].message.content == WEATHER_ANSWER
 
-    turn = store.turn(first.id)
+    turn = store.turns.turn(first.id)
     assert turn is not None and turn.tool_calls[0]["function"]["name"] == "get_weather"
     detail = session_detail(store, turn.session_id)
     assert detail is not None and [t["id"] for t in detail["turns"]] == [first.id, second.id]
@@ -138,7 +138,7 @@ def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(server:
         for _ in range(3):  # the role chunk, then two content chunks
             next(events)
     deadline = time.monotonic() + 30
-    while (turn := store.turn(turn_id)) is None:
+    while (turn := store.turns.turn(turn_id)) is None:
         assert time.monotonic() < deadline, "the hung-up turn was never recorded"
         time.sleep(0.05)
     assert turn.finish_reason == "cancelled" and not turn.trainable
@@ -158,7 +158,7 @@ def test_stream_with_include_usage_ends_with_a_usage_chunk_then_done(server: Ser
     assert events[-1] == "[DONE]"
     usage_chunk = json.loads(events[-2])
     assert usage_chunk["choices"] == []
-    turn = store.turn(usage_chunk["id"])
+    turn = store.turns.turn(usage_chunk["id"])
     assert turn is not None
     assert usage_chunk["usage"] == {
         "prompt_tokens": len(turn.prompt_token_ids),

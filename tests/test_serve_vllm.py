@@ -92,7 +92,7 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
             body = {"model": "m", "messages": FIXED_PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True, "turn_type": "side"}
             response = http.post("/chat/completions", json=body)
         assert response.status_code == 200 and response.headers["x-clawrl-policy-version"] == "2"
-        turn = Store.for_run_dir(run_dir).turn(response.headers["x-clawrl-turn"])
+        turn = Store.for_run_dir(run_dir).turns.turn(response.headers["x-clawrl-turn"])
         served = [entry["logprob"] for entry in response.json()["choices"][0]["logprobs"]["content"]]
         model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(run_dir / "policy" / "shared" / "v2"))
         expected = score_response(model.eval(), turn.prompt_token_ids, turn.response_token_ids, 0).logprobs

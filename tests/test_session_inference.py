@@ -69,7 +69,7 @@ def test_next_state_is_attached_once(tmp_path: Path) -> None:
     second = resolve_session(store, None, [user("q"), assistant("A."), user("retry 2")], "main")
     record(store, "t3", second.session_id, [user("q"), assistant("A."), user("retry 2")], "C.",
            continues_turn_id=second.continues_turn_id, next_state=second.next_state)
-    turns = store.session_turns("s1")
+    turns = store.turns.session_turns("s1")
     assert [entry.turn.id for entry in turns] == ["t1", "t2", "t3"]
     assert turns[0].next_messages == [user("retry 1")]
 

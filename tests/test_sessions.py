@@ -136,13 +136,13 @@ def test_side_turns_are_served_but_never_trainable(http: httpx.Client, store: St
         headers={"X-Turn-Type": "side"},
     )
     assert title.status_code == 200 and title.headers["x-clawrl-turn-kind"] == "side"
-    side = store.turn(title.headers["x-clawrl-turn"])
+    side = store.turns.turn(title.headers["x-clawrl-turn"])
     assert side is not None and side.kind == "side" and not side.trainable
     # a side turn that quotes the conversation does not become the main turn's next state
     assert next_states(store, agent.session_ids[0])[0] is None
     agent.say("the real follow-up")
     assert next_states(store, agent.session_ids[0])[0]["content"].startswith("the real follow-up")
-    main = store.turn(agent.turn_ids[0])
+    main = store.turns.turn(agent.turn_ids[0])
     assert main is not None and main.kind == "main" and main.trainable
 
     body_side = http.post("/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "t"}], "max_tokens": 4, "turn_type": "side"})
@@ -163,7 +163,7 @@ def test_session_done_starts_a_new_session(http: httpx.Client, store: Store) -> 
     agent = Agent(http)
     agent.say("first")
     agent.say("bye", **{"X-Session-Done": "true"})
-    session = store.session(agent.session_ids[0])
+    session = store.turns.session(agent.session_ids[0])
     assert session is not None and session.done and session.done_reason == "client"
     agent.say("back again")
     assert agent.session_ids[2] != agent.session_ids[0]
@@ -177,10 +177,10 @@ def test_idle_sessions_are_closed(tool_model_dir: Path, run_dir: Path, serving_e
             session_id = response.headers["x-clawrl-session"]
             store = Store.for_run_dir(run_dir)
             deadline = time.monotonic() + 10
-            while not store.session(session_id).done:
+            while not store.turns.session(session_id).done:
                 assert time.monotonic() < deadline, "idle session was not closed"
                 time.sleep(0.1)
-            assert store.session(session_id).done_reason == "idle"
+            assert store.turns.session(session_id).done_reason == "idle"
 
 
 def test_feedback_is_recorded_for_a_turn(http: httpx.Client, store: Store) -> None:

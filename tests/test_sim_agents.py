@@ -29,10 +29,22 @@ from clawrl.envs.terminal.tasks import WORDS, generated_tasks_dir
 from clawrl.envs.toolcall.problems import problem
 from clawrl.envs.web.env import SYSTEM_PROMPT as WEB_SYSTEM_PROMPT
 from clawrl.envs.web.page import parse_listing
-from clawrl.sim.agents import (_VERBS, HABITS, SWE_DEMONSTRATION_LIBRARIES, SWE_FIND, WEB_MICRO, AgentConfig, Habit,
-                               agent_config, copy_drill, demonstration_tasks, demonstration_words, encode_episode,
-                               line_drill, lookup_drill, micro_env_config, opening_drill, play_demonstrations,
-                               renumbered, swe_fix_command, train_agent)  # fmt: skip
+from clawrl.sim.agent_training import _VERBS, copy_drill, encode_episode, line_drill, lookup_drill, opening_drill, train_agent
+from clawrl.sim.agents import (
+    HABITS,
+    SWE_DEMONSTRATION_LIBRARIES,
+    SWE_FIND,
+    WEB_MICRO,
+    AgentConfig,
+    Habit,
+    agent_config,
+    demonstration_tasks,
+    demonstration_words,
+    micro_env_config,
+    play_demonstrations,
+    renumbered,
+    swe_fix_command,
+)
 from clawrl.sim.pretrain import pad_batch
 from tests.helpers import require_chromium
 

@@ -22,7 +22,6 @@ from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
 from clawrl.store.records import judgment_row, turn_row
 from clawrl.store.schema import SampleRow, SessionRow
-from clawrl.store.training import TrainingStore
 from tests.helpers import judgment, record, running_hf_engine, turn, user
 
 
@@ -50,7 +49,7 @@ def test_a_conversation_whose_first_answer_was_empty_is_still_continued(tmp_path
 def test_a_stream_hung_up_while_its_turn_waits_to_be_written_is_still_recorded(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One of about 700 hung-up streams in a two-minute soak was never recorded, neither finished
     nor cancelled. When a stream's generation has ended, `ChatService.stream` awaits
-    `self.record(...)`, which is `asyncio.to_thread(store.record_turn, ...)` on the event loop's
+    `self.record(...)`, which is `asyncio.to_thread(store.turns.record_turn, ...)` on the event loop's
     default executor (min(32, CPUs + 4) threads: 6 on 2 cores, shared with every request's
     prompt rendering and session lookup). If the client hangs up then, Starlette cancels the
     response task; cancelling the awaited future also cancels the executor's work item when no
@@ -88,7 +87,7 @@ def test_a_stream_hung_up_while_its_turn_waits_to_be_written_is_still_recorded(t
             await busy
             await service.drain()
             await asyncio.sleep(0.5)
-            return prepared.turn.id, store.turn(prepared.turn.id)
+            return prepared.turn.id, store.turns.turn(prepared.turn.id)
 
     turn_id, turn = asyncio.run(scenario())
     assert turn is not None, f"turn {turn_id} was generated and its client had its first events, but it was never recorded"
@@ -115,7 +114,7 @@ def _store_with_history(path: Path, settled_turns: int) -> Store:
         record(store, f"m{index}", f"sm{index}", [user("q")], "A.")
         record(store, f"n{index}", f"sm{index}", [user("q"), assistant("A."), user("thanks")], "B.",
                continues_turn_id=f"m{index}", next_state=[user("thanks")])
-        store.record_judgment(judgment(f"m{index}", 1))
+        store.judging.record_judgment(judgment(f"m{index}", 1))
     return store
 
 
@@ -152,8 +151,8 @@ def test_claiming_turns_to_judge_does_not_slow_down_as_the_store_grows(tmp_path:
     small = _store_with_history(tmp_path / "small", 500)
     large = _store_with_history(tmp_path / "large", 20_000)
     claimed: list[list[str]] = []
-    small_steps = _vm_steps(small, lambda: claimed.append(small.claim_turns_to_judge("w", 4, 60.0)))
-    large_steps = _vm_steps(large, lambda: claimed.append(large.claim_turns_to_judge("w", 4, 60.0)))
+    small_steps = _vm_steps(small, lambda: claimed.append(small.judging.claim_turns_to_judge("w", 4, 60.0)))
+    large_steps = _vm_steps(large, lambda: claimed.append(large.judging.claim_turns_to_judge("w", 4, 60.0)))
     assert [sorted(ids) for ids in claimed] == [["j0", "j1", "j2", "j3"]] * 2
     assert large_steps <= 3 * max(small_steps, 1), (small_steps, large_steps)
 
@@ -167,7 +166,7 @@ def test_finding_judged_turns_to_sample_does_not_slow_down_as_the_store_grows(tm
     found: list[list[str]] = []
 
     def poll(store: Store) -> int:
-        training = TrainingStore(store)
+        training = store.training
         return _vm_steps(store, lambda: found.append([judged.turn.id for judged in training.judged_turns_without_sample(4)]))
 
     small_steps, large_steps = poll(small), poll(large)

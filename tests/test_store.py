@@ -9,7 +9,6 @@ import pytest
 
 from clawrl.store import Store
 from clawrl.store.migrations import SCHEMA_VERSION, SchemaTooNewError
-from clawrl.store.training import TrainingStore
 from tests.helpers import judgment, record, user
 
 
@@ -50,12 +49,12 @@ def test_a_version_4_store_keeps_its_waiting_work_when_the_queues_arrive(tmp_pat
     record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
     record(store, "t3", "s1", [user("q3")], "a3", continues_turn_id="t2", next_state=[user("q3")])
     record(store, "t4", "s1", [user("q4")], "a4", continues_turn_id="t3", next_state=[user("q4")])
-    store.record_judgment(judgment("t1", 1))
+    store.judging.record_judgment(judgment("t1", 1))
     store.close()
     with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 13's store looked like
         db.execute("DROP TABLE judge_queue")
         db.execute("DROP TABLE sample_queue")
         db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
     upgraded = Store.for_run_dir(tmp_path)
-    assert upgraded.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
-    assert [judged.turn.id for judged in TrainingStore(upgraded).judged_turns_without_sample(10)] == ["t1"]
+    assert upgraded.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
+    assert [judged.turn.id for judged in upgraded.training.judged_turns_without_sample(10)] == ["t1"]

@@ -22,49 +22,49 @@ def store_with_conversation(tmp_path: Path) -> Store:
 
 def test_only_turns_with_a_next_state_or_feedback_are_claimed(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t1", "t2", "t3"]
-    store.add_feedback("t4", -1, "wrong")
-    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t4"]
+    assert store.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t1", "t2", "t3"]
+    store.turns.add_feedback("t4", -1, "wrong")
+    assert store.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t4"]
 
 
 def test_leases_are_exclusive_and_expire(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    first = store.claim_turns_to_judge("a", limit=2, lease_s=60, now=1000.0)
-    second = store.claim_turns_to_judge("b", limit=10, lease_s=60, now=1001.0)
+    first = store.judging.claim_turns_to_judge("a", limit=2, lease_s=60, now=1000.0)
+    second = store.judging.claim_turns_to_judge("b", limit=10, lease_s=60, now=1001.0)
     assert first == ["t1", "t2"] and second == ["t3"]
     # worker a was killed: after its lease runs out, its turns are claimed again
-    assert store.claim_turns_to_judge("c", limit=10, lease_s=60, now=1100.0) == ["t1", "t2", "t3"]
+    assert store.judging.claim_turns_to_judge("c", limit=10, lease_s=60, now=1100.0) == ["t1", "t2", "t3"]
 
 
 def test_a_turn_is_judged_once(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    store.claim_turns_to_judge("a", limit=1, lease_s=60)
-    assert store.record_judgment(judgment("t1", 1)) is True
-    assert store.record_judgment(judgment("t1", -1)) is False
-    assert store.judgment("t1").score == 1
-    assert "t1" not in store.claim_turns_to_judge("b", limit=10, lease_s=60)
+    store.judging.claim_turns_to_judge("a", limit=1, lease_s=60)
+    assert store.judging.record_judgment(judgment("t1", 1)) is True
+    assert store.judging.record_judgment(judgment("t1", -1)) is False
+    assert store.judging.judgment("t1").score == 1
+    assert "t1" not in store.judging.claim_turns_to_judge("b", limit=10, lease_s=60)
 
 
 def test_released_lease_is_claimable_at_once(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    assert store.claim_turns_to_judge("a", limit=1, lease_s=600) == ["t1"]
-    store.release_lease("t1", "a")
-    assert store.claim_turns_to_judge("b", limit=1, lease_s=600) == ["t1"]
+    assert store.judging.claim_turns_to_judge("a", limit=1, lease_s=600) == ["t1"]
+    store.judging.release_lease("t1", "a")
+    assert store.judging.claim_turns_to_judge("b", limit=1, lease_s=600) == ["t1"]
 
 
 def test_two_stores_on_one_file_never_claim_the_same_turn(tmp_path: Path) -> None:
     """Two worker processes share the SQLite file; each opens its own connection pool."""
     store_with_conversation(tmp_path)
     a, b = Store.for_run_dir(tmp_path), Store.for_run_dir(tmp_path)
-    claims = [a.claim_turns_to_judge("a", limit=1, lease_s=60), b.claim_turns_to_judge("b", limit=1, lease_s=60),
-              a.claim_turns_to_judge("a", limit=1, lease_s=60), b.claim_turns_to_judge("b", limit=1, lease_s=60)]
+    claims = [a.judging.claim_turns_to_judge("a", limit=1, lease_s=60), b.judging.claim_turns_to_judge("b", limit=1, lease_s=60),
+              a.judging.claim_turns_to_judge("a", limit=1, lease_s=60), b.judging.claim_turns_to_judge("b", limit=1, lease_s=60)]
     flat = [turn for claim in claims for turn in claim]
     assert sorted(flat) == ["t1", "t2", "t3"]
 
 
 def test_session_detail_shows_each_turns_judgment(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    store.record_judgment(judgment("t1", -1))
+    store.judging.record_judgment(judgment("t1", -1))
     turns = session_detail(store, "s1")["turns"]
     assert turns[0]["judgment"] == {"score": -1, "votes": [-1], "hint": None, "source": "rule"}
     assert turns[1]["judgment"] is None
@@ -73,16 +73,16 @@ def test_session_detail_shows_each_turns_judgment(tmp_path: Path) -> None:
 def test_a_turn_is_no_longer_claimed_after_max_attempts(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
     for attempt in range(3):  # three claims, each failing and given back
-        assert "t1" in store.claim_turns_to_judge(f"w{attempt}", 1, 60.0, max_attempts=3)
-        store.release_lease("t1", f"w{attempt}")
-    assert store.claim_turns_to_judge("w3", 10, 60.0, max_attempts=3) == ["t2", "t3"]  # t1 is given up, not the others
+        assert "t1" in store.judging.claim_turns_to_judge(f"w{attempt}", 1, 60.0, max_attempts=3)
+        store.judging.release_lease("t1", f"w{attempt}")
+    assert store.judging.claim_turns_to_judge("w3", 10, 60.0, max_attempts=3) == ["t2", "t3"]  # t1 is given up, not the others
 
 
 def test_feedback_after_the_verdict_does_not_bring_the_turn_back(tmp_path: Path) -> None:
     store = store_with_conversation(tmp_path)
-    store.record_judgment(judgment("t1", 1))
-    store.add_feedback("t1", -1, "actually wrong")
-    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
+    store.judging.record_judgment(judgment("t1", 1))
+    store.turns.add_feedback("t1", -1, "actually wrong")
+    assert store.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
 
 
 def test_a_hung_up_turn_is_never_judged_even_when_continued(tmp_path: Path) -> None:
@@ -90,17 +90,17 @@ def test_a_hung_up_turn_is_never_judged_even_when_continued(tmp_path: Path) -> N
     store = Store.for_run_dir(tmp_path)
     record(store, "t1", "s1", [user("q1")], "a1", finish_reason="cancelled")
     record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
-    store.add_feedback("t1", 1, None)
-    assert store.claim_turns_to_judge("w", limit=10, lease_s=60) == []
+    store.turns.add_feedback("t1", 1, None)
+    assert store.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == []
 
 
 def test_the_judge_backlog_is_what_waits_for_a_verdict(tmp_path: Path) -> None:
     store = Store.for_run_dir(tmp_path)
     record(store, "t1", "s1", [user("q1")], "a1")
     recorded = time.time()
-    assert store.judge_backlog() == (0, 0.0)  # nothing said after it yet
+    assert store.judging.judge_backlog() == (0, 0.0)  # nothing said after it yet
     record(store, "t2", "s1", [user("q2")], "a2", continues_turn_id="t1", next_state=[user("q2")])
-    waiting, oldest_age_s = store.judge_backlog(now=recorded + 60.0)
+    waiting, oldest_age_s = store.judging.judge_backlog(now=recorded + 60.0)
     assert waiting == 1 and 59.0 <= oldest_age_s <= 61.0
-    store.record_judgment(judgment("t1", 1))
-    assert store.judge_backlog() == (0, 0.0)
+    store.judging.record_judgment(judgment("t1", 1))
+    assert store.judging.judge_backlog() == (0, 0.0)

@@ -19,7 +19,7 @@ from clawrl.engines import build_engine
 from clawrl.judge.worker import build_worker
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
-from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.store.training import PointerMovedError, SamplesTakenError
 from tests.helpers import (
     CORRECTION,
     PostgresServer,
@@ -55,7 +55,7 @@ def test_serving_judging_and_the_dashboard_on_postgres(tool_model_dir: Path, pos
         page = httpx.get(f"{root}/dashboard/sessions/{session_id}", timeout=30)
         metrics = httpx.get(f"{root}/metrics", timeout=30)
     assert first.score == -1 and "without the bold" in first.hint and second.score == 1
-    turns = store.session_turns(session_id)
+    turns = store.turns.session_turns(session_id)
     assert [entry.turn.index for entry in turns] == [0, 1, 2]
     recorded = turns[0].turn
     assert recorded.prompt_token_ids and len(recorded.response_token_ids) == len(recorded.response_logprobs)
@@ -81,7 +81,7 @@ def test_a_number_json_cannot_hold_is_refused_before_postgres_sees_it(tool_model
             assert error["code"] == "invalid_json" and error["type"] == "invalid_request_error" and "not finite" in error["message"]
         session_id, _turns = converse(server.base_url, ["hello"])
     store = Store(postgres_url)
-    assert [session.id for session in store.list_sessions(limit=100)] == [session_id], "a refused request was recorded"
+    assert [session.id for session in store.turns.list_sessions(limit=100)] == [session_id], "a refused request was recorded"
 
 
 def test_concurrent_requests_of_one_new_session_are_all_recorded(tool_model_dir: Path, postgres_url: str) -> None:
@@ -96,7 +96,7 @@ def test_concurrent_requests_of_one_new_session_are_all_recorded(tool_model_dir:
         with ThreadPoolExecutor(16) as pool:
             responses = list(pool.map(ask, range(16)))
     assert [response.status_code for response in responses] == [200] * 16, [r.text for r in responses if r.status_code != 200]
-    turns = Store(postgres_url).session_turns("shared")
+    turns = Store(postgres_url).turns.session_turns("shared")
     assert sorted(entry.turn.index for entry in turns) == list(range(16))
     assert {entry.turn.id for entry in turns} == {response.headers["x-clawrl-turn"] for response in responses}
 
@@ -105,14 +105,14 @@ def test_judge_workers_on_separate_handles_never_claim_the_same_turn(postgres_ur
     setup = Store(postgres_url)
     for index in range(40):
         record(setup, f"t{index}", f"s{index}", [user("q")], "a")
-        setup.add_feedback(f"t{index}", 1, None)  # judgeable
+        setup.turns.add_feedback(f"t{index}", 1, None)  # judgeable
     stores = [Store(postgres_url) for _ in range(4)]
     barrier = threading.Barrier(len(stores))
 
     def claim(worker: int) -> list[str]:
         barrier.wait()
         claimed: list[str] = []
-        while batch := stores[worker].claim_turns_to_judge(f"w{worker}", limit=3, lease_s=60):
+        while batch := stores[worker].judging.claim_turns_to_judge(f"w{worker}", limit=3, lease_s=60):
             claimed += batch
         return claimed
 
@@ -128,17 +128,17 @@ def test_a_verdict_is_written_once_when_two_workers_race(postgres_url: str) -> N
     verdicts = [judgment("t0", score) for score in (1, -1)]
     stores = [Store(postgres_url), Store(postgres_url)]
     with ThreadPoolExecutor(2) as pool:
-        written = list(pool.map(lambda pair: pair[0].record_judgment(pair[1]), zip(stores, verdicts, strict=True)))
+        written = list(pool.map(lambda pair: pair[0].judging.record_judgment(pair[1]), zip(stores, verdicts, strict=True)))
     assert sorted(written) == [False, True]
-    assert store.judgment("t0").score == verdicts[written.index(True)].score
+    assert store.judging.judgment("t0").score == verdicts[written.index(True)].score
 
 
 def test_training_records_are_exactly_once_on_postgres(postgres_url: str) -> None:
     store = Store(postgres_url)
     for index in range(4):
         record(store, f"t{index}", "s", [user(f"q{index}")], f"a{index}")
-        store.record_judgment(judgment(f"t{index}"))
-    training = TrainingStore(store)
+        store.judging.record_judgment(judgment(f"t{index}"))
+    training = store.training
     training.add_samples([ready_sample(f"t{index}") for index in range(4)])
     training.register_version(version(1, 0), ["t0", "t1"])
     with pytest.raises(SamplesTakenError):
@@ -156,7 +156,7 @@ def test_two_processes_opening_a_new_postgres_store_at_once(postgres_url: str) -
 
     def open_store(_: int) -> int:
         barrier.wait()
-        return len(Store(postgres_url).list_sessions())
+        return len(Store(postgres_url).turns.list_sessions())
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(open_store, range(4))) == [0, 0, 0, 0]
@@ -171,7 +171,7 @@ def test_the_store_survives_a_dropped_connection(postgres_url: str, postgres_ser
     with psycopg.connect(f"host=127.0.0.1 port={postgres_server.port} user=clawrl dbname=postgres", autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                       (database,))
-    assert store.turn("t0") is not None  # pool_pre_ping replaces the dead connection
+    assert store.turns.turn("t0") is not None  # pool_pre_ping replaces the dead connection
 
 
 def test_clawrl_serve_and_its_trainer_share_a_postgres_store(tiny_model_dir: Path, tmp_path: Path, postgres_url: str) -> None:
@@ -196,13 +196,13 @@ def test_clawrl_serve_and_its_trainer_share_a_postgres_store(tiny_model_dir: Pat
         serve.wait(60)
     assert [(item["version"], item["parent"], item["metrics"]["num_samples"]) for item in listed] == [(1, 0, 3), (2, 1, 3)]
     assert not (tmp_path / "run" / "clawrl.db").exists()  # everything went to PostgreSQL
-    assert TrainingStore(Store(postgres_url)).sample_counts() == {"trained": 6}
+    assert Store(postgres_url).training.sample_counts() == {"trained": 6}
 
 
 def test_a_nul_in_sampled_text_or_a_message_is_recorded_not_refused(postgres_url: str) -> None:
     # PostgreSQL refuses NUL in text; an untrained model samples one now and then (SQLite keeps it)
     store = Store(postgres_url)
     record(store, "nul", "s-nul", [user("a\x00b")], "answer\x00text")
-    recorded = store.turn("nul")
+    recorded = store.turns.turn("nul")
     assert recorded is not None and recorded.response_text == "answer\ufffdtext"
     assert recorded.response_token_ids == [3]  # the ids, what trains, are kept as they were

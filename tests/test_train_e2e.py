@@ -35,7 +35,6 @@ from clawrl.engines.hf import HFEngine
 from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
 from clawrl.trainer_process import TrainerProcess
 from clawrl.train.trainer import Trainer
 from tests.helpers import HINT, Conversation, LoadClients, healthz, run_cli, start_server, teach, wait_until
@@ -70,7 +69,7 @@ def test_feedback_trains_new_versions_that_serving_swaps_in_under_load(tiny_mode
         base_url=server.base_url, timeout=60
     ) as http:
         store = Store.for_run_dir(run_dir)
-        training = TrainingStore(store)
+        training = store.training
         version_0, logprobs_0, _ = fixed_answer(http)
         assert version_0 == 0
         with TrainerProcess(*trainer_configs(tiny_model_dir, run_dir)), LoadClients(server.base_url) as load:
@@ -83,7 +82,7 @@ def test_feedback_trains_new_versions_that_serving_swaps_in_under_load(tiny_mode
         version_3, logprobs_3, turn_id = fixed_answer(http)
         metrics = http.get(server.base_url.removesuffix("/v1") + "/metrics").text
 
-    assert version_3 == 3 and store.turn(turn_id).policy_version == 3
+    assert version_3 == 3 and store.turns.turn(turn_id).policy_version == 3
     assert not torch.allclose(torch.tensor(logprobs_3[:3]), torch.tensor(logprobs_0[:3]), atol=1e-3)
     samples = [training.sample(turn_id) for turn_id in taught]
     assert [sample.status for sample in samples] == ["trained"] * 9
@@ -101,8 +100,8 @@ def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_mo
     with start_server(tiny_model_dir, run_dir, judge=JudgeConfig(judge_poll_s=0.05), policy_poll_s=0.1, served_model_name="m") as server:
         taught = teach(server.base_url, sessions=3)  # nine samples: three steps of three
         store = Store.for_run_dir(run_dir)
-        training = TrainingStore(store)
-        wait_until(lambda: all(store.judgment(turn_id) for turn_id in taught), 30, "judgments")
+        training = store.training
+        wait_until(lambda: all(store.judging.judgment(turn_id) for turn_id in taught), 30, "judgments")
         trainer = TrainerProcess(*trainer_configs(tiny_model_dir, run_dir, micro_batch_size=1)).start()
         try:
             wait_until(lambda: training.newest_version() >= 1, 120, "v1", every=0.005)
@@ -118,7 +117,7 @@ def test_trainer_killed_mid_step_resumes_and_never_trains_a_sample_twice(tiny_mo
         with httpx.Client(base_url=server.base_url, timeout=60) as http:
             served, _, turn_id = fixed_answer(http)
 
-    assert killed_at < 3 and served == 3 and store.turn(turn_id).policy_version == 3
+    assert killed_at < 3 and served == 3 and store.turns.turn(turn_id).policy_version == 3
     assert [(row.version, row.parent) for row in training.versions()] == [(1, 0), (2, 1), (3, 2)]
     trained: list[str] = []
     for number in (1, 2, 3):
@@ -144,7 +143,7 @@ def test_a_restarted_trainer_continues_exactly_where_it_stopped(tiny_model_dir: 
     with start_server(tiny_model_dir, interrupted, judge=JudgeConfig(judge_poll_s=0.05), served_model_name="m") as server:
         taught = teach(server.base_url, sessions=2)
         store = Store.for_run_dir(interrupted)
-        wait_until(lambda: all(store.judgment(turn_id) for turn_id in taught), 30, "judgments")
+        wait_until(lambda: all(store.judging.judgment(turn_id) for turn_id in taught), 30, "judgments")
     store.close()
     shutil.copytree(interrupted, straight)
     torch.set_num_threads(1)
@@ -195,18 +194,18 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
         with httpx.Client(base_url=base + "/v1", timeout=60) as http:
             version_2, logprobs_2, turn_id = fixed_answer(http)
             store = Store.for_run_dir(run_dir)
-            prompt, response = store.turn(turn_id).prompt_token_ids, store.turn(turn_id).response_token_ids
+            prompt, response = store.turns.turn(turn_id).prompt_token_ids, store.turns.turn(turn_id).response_token_ids
             run_cli("versions", "rollback", "v1", "--run-dir", str(run_dir), parse=False)
             wait_until(lambda: healthz(base)["policy_version"] == 1, 30, "v1 served again")
             version_1, logprobs_1, turn_id_1 = fixed_answer(http)
-        assert (version_2, version_1) == (2, 1) and store.turn(turn_id_1).policy_version == 1
-        expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "shared" / "v1", prompt, store.turn(turn_id_1).response_token_ids)
+        assert (version_2, version_1) == (2, 1) and store.turns.turn(turn_id_1).policy_version == 1
+        expected = adapter_logprobs(tiny_model_dir, run_dir / "policy" / "shared" / "v1", prompt, store.turns.turn(turn_id_1).response_token_ids)
         torch.testing.assert_close(torch.tensor(logprobs_1), torch.tensor(expected), rtol=0, atol=1e-4)
         assert response  # the v2 answer was recorded with its token ids
         # The trainer continues from v1: the next version's parent is v1.
         teach(base + "/v1", sessions=1)
         wait_until(lambda: healthz(base)["policy_version"] == 3, 120, "v3 served")
-        assert TrainingStore(store).version(3).parent == 1
+        assert store.training.version(3).parent == 1
         assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     finally:
         serve.send_signal(signal.SIGTERM)
@@ -250,14 +249,14 @@ def test_other_parameterisations_publish_versions_the_engine_serves(tiny_model_d
     stopped.set()
     assert trainer.run(max_steps=1, stop=stopped) == 0  # a stop asked for ends the loop before a step
     assert trainer.run(max_steps=1) == 1
-    sample = TrainingStore(store).sample("t0")
+    sample = store.training.sample("t0")
     assert sample.teacher == ("base" if options["teacher"] == "base" else "policy v0")
     assert (sample.teacher_topk_ids is not None) == bool(options.get("opd_topk"))
-    row = TrainingStore(store).version(1)
+    row = store.training.version(1)
     assert row.kind == ("full" if options.get("full") else "lora") and row.metrics.opd_fraction == 1.0
     if options.get("opd_topk"):
         assert row.metrics.topk_reverse_kl > 0.0
-    turn = store.turn("t0")
+    turn = store.turns.turn("t0")
 
     async def served() -> tuple[list[float], list[float]]:
         engine = HFEngine(engine_config)

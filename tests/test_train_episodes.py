@@ -14,8 +14,7 @@ from transformers import AutoTokenizer
 
 from clawrl.config import EngineConfig, TrainConfig
 from clawrl.store import Store
-from clawrl.store.episodes import EpisodeStore, StepCountError
-from clawrl.store.training import TrainingStore
+from clawrl.store.episodes import StepCountError
 from clawrl.train.episodes import EpisodeSampleBuilder, group_advantages, step_rewards
 from clawrl.train.trainer import Trainer
 from clawrl.types import EPISODE_RESULT_SOURCE, Episode
@@ -69,7 +68,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 def play(store: Store, session: str, group: str, outcome: float | None, steps: int, size: int = 2, seed: int = 0) -> list[str]:
     """Record an episode of `steps` steps as the server would: registered, its turns (each step's
     request carrying the previous tool result), and its result (`outcome` None: failed)."""
-    episodes = EpisodeStore(store)
+    episodes = store.episodes
     episodes.start(Episode(session, "toolcall", "task-1", group, size, seed))
     turn_ids = [f"{session}-t{index}" for index in range(steps)]
     for index, turn_id in enumerate(turn_ids):
@@ -84,22 +83,22 @@ def play(store: Store, session: str, group: str, outcome: float | None, steps: i
 
 def test_an_episode_is_recorded_and_its_final_observation_is_the_last_steps_next_state(store: Store) -> None:
     turn_ids = play(store, "e1", "g", 1.0, steps=2)
-    episode = EpisodeStore(store).episode("e1")
+    episode = store.episodes.episode("e1")
     assert episode is not None and episode.status == "finished" and episode.reward == 1.0 and episode.step_rewards == [0.0, 1.0]
-    last = store.turn_context(turn_ids[-1]).next_state
+    last = store.judging.turn_context(turn_ids[-1]).next_state
     assert last is not None and last.messages == TOOL_RESULT and last.source_turn_id == EPISODE_RESULT_SOURCE
-    assert store.turn_context(turn_ids[0]).next_state.source_turn_id == turn_ids[1]
-    assert store.session("e1").done
-    EpisodeStore(store).start(Episode("e2", "toolcall", "task-1", "g", 2, 1))
+    assert store.judging.turn_context(turn_ids[0]).next_state.source_turn_id == turn_ids[1]
+    assert store.turns.session("e1").done
+    store.episodes.start(Episode("e2", "toolcall", "task-1", "g", 2, 1))
     record(store, "e2-t0", "e2", [user("q")], "a", id_source="header")
     with pytest.raises(StepCountError):  # one recorded step, two step rewards
-        EpisodeStore(store).end("e2", "finished", 1.0, [0.0, 1.0], None, [])
+        store.episodes.end("e2", "finished", 1.0, [0.0, 1.0], None, [])
 
 
 def test_a_group_waits_for_all_its_episodes_and_its_turns_are_no_chat(store: Store) -> None:
-    episodes, training = EpisodeStore(store), TrainingStore(store)
+    episodes, training = store.episodes, store.training
     first = play(store, "e1", "g", 1.0, steps=2)
-    assert store.record_judgment(judgment(first[0]))
+    assert store.judging.record_judgment(judgment(first[0]))
     assert episodes.groups_to_sample(10) == []  # one of two episodes has ended
     assert training.judged_turns_without_sample(10) == []  # an episode's turn is never a chat's
     play(store, "e2", "g", 0.0, steps=2, seed=1)
@@ -109,11 +108,11 @@ def test_a_group_waits_for_all_its_episodes_and_its_turns_are_no_chat(store: Sto
 
 
 def test_an_abandoned_episode_ends_failed_and_its_group_goes_on(store: Store) -> None:
-    episodes = EpisodeStore(store)
+    episodes = store.episodes
     play(store, "e1", "g", 1.0, steps=2)
     episodes.start(Episode("e2", "toolcall", "task-1", "g", 2, 1))  # its client dies after one step
     record(store, "e2-t0", "e2", [user("q")], "a", id_source="header")
-    stepped = store.session("e2").updated_at
+    stepped = store.turns.session("e2").updated_at
     assert episodes.fail_abandoned(idle_s=60, now=stepped + 59) == 0 and episodes.groups_to_sample(10) == []
     assert episodes.fail_abandoned(idle_s=60, now=stepped + 61) == 1
     abandoned = episodes.episode("e2")
@@ -126,13 +125,13 @@ def test_an_abandoned_episode_ends_failed_and_its_group_goes_on(store: Store) ->
 
 
 def test_samples_wait_for_the_judge_and_drop_failed_episodes_and_flat_steps(store: Store) -> None:
-    training = TrainingStore(store)
-    builder = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", gamma=0.5, judge_coef=1.0)
+    training = store.training
+    builder = EpisodeSampleBuilder(store.episodes, training, "rl", gamma=0.5, judge_coef=1.0)
     good, bad = play(store, "e1", "g", 1.0, steps=2, size=3), play(store, "e2", "g", 0.0, steps=2, size=3, seed=1)
     crashed = play(store, "e3", "g", None, steps=1, size=3, seed=2)
     assert builder.build() == 0  # every step has a next state and none is judged yet
     for turn_id, score in zip(good + bad, [1, 1, 1, -1]):
-        assert store.record_judgment(judgment(turn_id, score))
+        assert store.judging.record_judgment(judgment(turn_id, score))
     assert builder.build() == 5
     samples = training.samples_for(good + bad + crashed)
     # index 0: r = 1*0.5 + 1 = 1.5 and 0*0.5 + 1 = 1.0, equal judge terms but not equal rewards
@@ -143,18 +142,18 @@ def test_samples_wait_for_the_judge_and_drop_failed_episodes_and_flat_steps(stor
     assert samples[crashed[0]].status == "dropped" and samples[crashed[0]].drop_reason == "failed_episode"
     assert builder.build() == 0  # built once
 
-    flat = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", gamma=0.5, judge_coef=0.0)
+    flat = EpisodeSampleBuilder(store.episodes, training, "rl", gamma=0.5, judge_coef=0.0)
     same = play(store, "f1", "flat", 1.0, steps=1) + play(store, "f2", "flat", 1.0, steps=1, seed=1)
     assert flat.build() == 2
     assert {sample.drop_reason for sample in training.samples_for(same).values()} == {"flat_group"}
 
 
 def test_a_step_longer_than_the_trainers_context_is_dropped_not_truncated(store: Store) -> None:
-    training = TrainingStore(store)
+    training = store.training
     fits = play(store, "e1", "g", 1.0, steps=1) + play(store, "e2", "g", 0.0, steps=1, seed=1)
     too_long = play(store, "e3", "h", 1.0, steps=1, seed=2) + play(store, "e4", "h", 0.0, steps=1, seed=3)
-    length = max(len(turn.prompt_token_ids) + len(turn.response_token_ids) for turn in map(store.turn, fits + too_long))
-    builder = EpisodeSampleBuilder(EpisodeStore(store), training, "rl", 0.5, 0.0, max_context_tokens=length)
+    length = max(len(turn.prompt_token_ids) + len(turn.response_token_ids) for turn in map(store.turns.turn, fits + too_long))
+    builder = EpisodeSampleBuilder(store.episodes, training, "rl", 0.5, 0.0, max_context_tokens=length)
     assert builder.build(limit=1) == 2  # group g: its steps fit exactly
     builder.max_context_tokens = length - 1
     assert builder.build() == 2  # group h: one token over
@@ -169,7 +168,7 @@ def test_a_step_longer_than_the_trainers_context_is_dropped_not_truncated(store:
 def test_the_trainer_makes_a_step_from_a_recorded_group(tiny_model_dir: Path, tmp_path: Path) -> None:
     store = Store.for_run_dir(tmp_path)
     chat = Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir))
-    episodes = EpisodeStore(store)
+    episodes = store.episodes
     for session, outcome, seed in (("e1", 1.0, 0), ("e2", 0.0, 1)):
         episodes.start(Episode(session, "toolcall", "task-1", "g", 2, seed))
         chat.turn(f"{session}-t0", session, "What is 6 * 7?", "<tool_call>python</tool_call>")
@@ -179,9 +178,9 @@ def test_the_trainer_makes_a_step_from_a_recorded_group(tiny_model_dir: Path, tm
     trainer = Trainer(config, EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1), store, tmp_path)
     trainer.start()
     assert trainer.run_once()  # no judge term: the samples need no judgment
-    version = TrainingStore(store).version(1)
+    version = store.training.version(1)
     assert version is not None and version.num_samples == 4
-    samples = TrainingStore(store).samples_for(["e1-t0", "e1-t1", "e2-t0", "e2-t1"])
+    samples = store.training.samples_for(["e1-t0", "e1-t1", "e2-t0", "e2-t1"])
     # outcome 1 vs 0, discounted by 0.5 at the first step: each index normalises to +1 / -1
     assert [round(samples[turn].reward, 4) for turn in ("e1-t0", "e1-t1", "e2-t0", "e2-t1")] == [1.0, 1.0, -1.0, -1.0]
     assert all(sample.status == "trained" and sample.trained_version == 1 for sample in samples.values())

@@ -16,7 +16,6 @@ from clawrl.messages import teacher_messages
 from clawrl.model.chat import render_prompt
 from clawrl.model.scoring import score_response
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
 from clawrl.train.samples import SampleBuilder, centred, decide
 from tests.helpers import HINT, Conversation
 
@@ -29,7 +28,7 @@ def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
 
 def builder(store: Store, tokenizer: Any, model: Any, method: str = "combine", topk: int = 0) -> SampleBuilder:
     return SampleBuilder(
-        TrainingStore(store), tokenizer, method, lambda p, r, k: score_response(model, p, r, k), lambda: "base", topk=topk
+        store.training, tokenizer, method, lambda p, r, k: score_response(model, p, r, k), lambda: "base", topk=topk
     )
 
 
@@ -65,17 +64,17 @@ def test_judged_turns_become_samples_in_arrival_order(tmp_path: Path, tiny: tupl
     talk.judge("a2", 1)  # RL only
     talk.judge("a3", 0, HINT)  # OPD only
     talk.judge("a4", 0)  # nothing, and not the session's first judged turn
-    store.add_feedback("a5", -1, None)  # the last turn: no next state, but explicit feedback
+    store.turns.add_feedback("a5", -1, None)  # the last turn: no next state, but explicit feedback
     talk.judge("a5", -1)
     assert builder(store, tokenizer, model).build() == 5
-    training = TrainingStore(store)
+    training = store.training
     ready = training.ready_samples(10)
     assert [example.sample.turn_id for example in ready] == ["a1", "a2", "a3", "a5"]
     kinds = {row.turn_id: (row.kind, row.reward, row.teacher_logprobs is not None) for row in (e.sample for e in ready)}
     assert kinds == {"a1": ("combined", -1.0, True), "a2": ("rl", 1.0, False), "a3": ("opd", 0.0, True), "a5": ("rl", -1.0, False)}
     dropped = training.sample("a4")
     assert dropped.status == "dropped" and dropped.drop_reason == "no_signal"
-    assert ready[0].turn == store.turn("a1")  # the update trains on the recorded ids and log-probs, as recorded
+    assert ready[0].turn == store.turns.turn("a1")  # the update trains on the recorded ids and log-probs, as recorded
     assert len(ready[0].sample.teacher_logprobs) == len(ready[0].turn.response_token_ids)
     assert builder(store, tokenizer, model).build() == 0  # each turn gets one sample row, once
 
@@ -98,7 +97,7 @@ def test_the_reward_baseline_centres_each_reward_on_the_judges_earlier_scores(tm
         previous = turn_id
 
     def centring_builder() -> SampleBuilder:  # a new one each time: as a restarted trainer
-        return SampleBuilder(TrainingStore(store), tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k),
+        return SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k),
                              lambda: "base", reward_baseline_samples=3)  # fmt: skip
 
     for turn_id in ["b1", "b2", "b3", "b4"]:
@@ -107,7 +106,7 @@ def test_the_reward_baseline_centres_each_reward_on_the_judges_earlier_scores(tm
     talk.judge("b5", scores["b5"])
     talk.judge("b6", scores["b6"])
     centring_builder().build()
-    rewards = {example.sample.turn_id: example.sample.reward for example in TrainingStore(store).ready_samples(10)}
+    rewards = {example.sample.turn_id: example.sample.reward for example in store.training.ready_samples(10)}
     # b1: nothing earlier; b2: after -1; b3 scored 0: no sample and no part of the baseline;
     # b4: after -1, -1; b5 (another build, read back from the store): the last 3 are -1, -1, +1;
     # b6: the last 3 are -1, +1, -1.
@@ -121,7 +120,7 @@ def test_a_judged_turn_without_next_state_or_feedback_is_not_trained_on(tmp_path
     talk.turn("t1", "S", "Write a poem.", "A poem.")
     talk.judge("t1", 1)  # e.g. a judge that ran on it anyway
     builder(store, tokenizer, model).build()
-    sample = TrainingStore(store).sample("t1")
+    sample = store.training.sample("t1")
     assert sample.status == "dropped" and sample.drop_reason == "no_next_state"
 
 
@@ -132,12 +131,12 @@ def test_a_turn_longer_than_the_trainers_context_is_dropped_never_truncated(tmp_
     talk.turn("t1", "S", "Write a long poem about the sea and the sky.", "A poem.")
     talk.turn("t2", "S", "Thanks, that is perfect.", "Glad you like it.", after="t1")
     talk.judge("t1", 1)
-    turn = store.turn("t1")
+    turn = store.turns.turn("t1")
     length = len(turn.prompt_token_ids) + len(turn.response_token_ids)
-    short = SampleBuilder(TrainingStore(store), tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k), lambda: "base",
+    short = SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k), lambda: "base",
                           max_context_tokens=length - 1)  # fmt: skip
     short.build()
-    sample = TrainingStore(store).sample("t1")
+    sample = store.training.sample("t1")
     assert sample.status == "dropped" and sample.drop_reason == "too_long"
 
 
@@ -146,7 +145,7 @@ def test_at_least_one_sample_per_judged_session(tmp_path: Path, tiny: tuple[Any,
     store = Store.for_run_dir(tmp_path)
     talk = Conversation(store, tokenizer)
     build = builder(store, tokenizer, model)
-    training = TrainingStore(store)
+    training = store.training
     # Session Q: nothing but neutral verdicts. Its first judged turn waits for the session's end.
     talk.turn("q1", "Q", "hello", "Hi.")
     talk.turn("q2", "Q", "hmm", "Yes?", after="q1")
@@ -180,8 +179,8 @@ def test_teacher_logprobs_follow_the_engine_score_contract_under_the_hinted_prom
     talk.turn("t2", "S", "too AI-like, rewrite it without the bold", "Friday: lunch, then the demo.", after="t1")
     talk.judge("t1", -1, HINT)
     builder(store, tokenizer, model, topk=3).build()
-    row = TrainingStore(store).sample("t1")
-    turn = store.turn("t1")
+    row = store.training.sample("t1")
+    turn = store.turns.turn("t1")
     hinted_prompt = render_prompt(tokenizer, teacher_messages(turn.messages, HINT), None)
     assert hinted_prompt != turn.prompt_token_ids and HINT in tokenizer.decode(hinted_prompt)
 

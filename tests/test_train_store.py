@@ -12,7 +12,7 @@ import pytest
 
 from clawrl.store import Store
 from clawrl.store.migrations import SCHEMA_VERSION
-from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.store.training import PointerMovedError, SamplesTakenError
 from clawrl.versions.files import ChecksumError, Manifest, discard_unregistered, verify_version, write_version
 from tests.helpers import judgment, ready_sample, record, store_with_samples, user, version
 
@@ -88,15 +88,15 @@ def test_unregistered_directories_are_discarded(tmp_path: Path) -> None:
 def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     store = Store.for_run_dir(tmp_path)
     record(store, "t1", "s1", [user("q")], "a")
-    store.record_judgment(judgment("t1"))
+    store.judging.record_judgment(judgment("t1"))
     store.close()
     with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 3's store looked like
         for table in ("samples", "policy_versions", "policy_pointers", "episodes"):
             db.execute(f"DROP TABLE {table}")
         db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
     store = Store.for_run_dir(tmp_path)
-    assert store.judgment("t1").score == 1 and store.turn("t1").response_text == "a"
-    training = TrainingStore(store)
+    assert store.judging.judgment("t1").score == 1 and store.turns.turn("t1").response_text == "a"
+    training = store.training
     assert training.serving_version() == 0 and training.sample_counts() == {}
     training.add_samples([ready_sample("t1")])
     training.register_version(version(1, 0), ["t1"])
@@ -147,7 +147,7 @@ def test_a_version_5_store_keeps_its_versions_and_pointer_in_the_shared_lineage(
         db.execute("DROP TABLE policy_pointers")
         db.execute("ALTER TABLE old_pointers RENAME TO policy_pointers")
         db.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
-    upgraded = TrainingStore(Store.for_run_dir(tmp_path))
+    upgraded = Store.for_run_dir(tmp_path).training
     assert upgraded.serving_target()[:2] == (1, "rollback")
     assert [(row.version, row.lineage) for row in upgraded.versions()] == [(1, "shared"), (2, "shared")]
     upgraded.register_version(version(3, 1), [])  # publishing goes on where it was

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from clawrl.config.base import ComponentSettings
-
+from clawrl.config.base import ComponentSettings, Names
 
 # How a batch's per-token losses are summed into one (`clawrl.train.losses.sequence_weights`).
 LossAggregation = Literal["token-mean", "seq-mean", "constant"]
@@ -135,8 +134,8 @@ class TrainConfig(LossConfig):
     )
     lora_rank: int = Field(16, ge=1, description="LoRA rank r.")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale alpha / r).")
-    lora_target_modules: str = Field(
-        "all-linear",
+    lora_target_modules: Names = Field(
+        ["all-linear"],
         description="Modules that get LoRA adapters: `all-linear` (every linear projection except the output head) "
         "or a comma-separated list of module names such as `q_proj,v_proj`.",
     )

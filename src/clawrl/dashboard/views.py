@@ -13,7 +13,6 @@ from typing import Any
 from clawrl.messages import content_text, user_typed
 from clawrl.store import Store
 from clawrl.store.inspect import judgment_view, next_state_view, session_summary
-from clawrl.store.training import TrainingStore
 from clawrl.types import Message
 
 # Step metrics shown in the versions table, in this order (StepMetrics field, column title).
@@ -31,19 +30,19 @@ VERSION_METRICS = (
 
 def overview(store: Store, recent_sessions: int = 25, recent_versions: int = 50) -> dict[str, Any]:
     """The run at a glance (newest versions and sessions first)."""
-    training = TrainingStore(store)
+    training = store.training
     serving = training.serving_version()
     versions = training.versions()
     return {
         "serving_version": serving,
         "newest_version": versions[-1].version if versions else 0,
-        "counts": store.counts(),
+        "counts": store.turns.counts(),
         "samples": training.sample_counts(),
         "drop_reasons": training.drop_reasons(),
         "live_score": [
             {"version": row.policy_version, "judged": row.judged, "mean_score": row.mean_score,
              "vote_agreement": row.mean_vote_agreement}
-            for row in store.judgment_stats()
+            for row in store.judging.judgment_stats()
         ],
         "versions": [
             {"version": row.version, "parent": row.parent, "kind": row.kind, "step": row.step,
@@ -51,18 +50,18 @@ def overview(store: Store, recent_sessions: int = 25, recent_versions: int = 50)
              "metrics": {name: getattr(row.metrics, name) for name, _ in VERSION_METRICS}}
             for row in reversed(versions[-recent_versions:])
         ],
-        "sessions": [session_summary(session) for session in store.list_sessions(limit=recent_sessions)],
+        "sessions": [session_summary(session) for session in store.turns.list_sessions(limit=recent_sessions)],
     }  # fmt: skip
 
 
 def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
     """One session's turns, each with its new input, answer, next state, verdict, feedback and sample."""
-    session = store.session(session_id)
+    session = store.turns.session(session_id)
     if session is None:
         return None
-    entries = store.session_turns(session_id)
+    entries = store.turns.session_turns(session_id)
     ids = [entry.turn.id for entry in entries]
-    judgments, samples = store.judgments_for(ids), TrainingStore(store).samples_for(ids)
+    judgments, samples = store.judging.judgments_for(ids), store.training.samples_for(ids)
     turns = []
     for entry in entries:
         turn, sample = entry.turn, samples.get(entry.turn.id)

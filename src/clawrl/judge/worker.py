@@ -136,7 +136,7 @@ class JudgeWorker:
     async def judge_available(self) -> int:
         """Claim what is judgeable now and judge it; returns how many verdicts were written."""
         turn_ids = await asyncio.to_thread(
-            self.store.claim_turns_to_judge,
+            self.store.judging.claim_turns_to_judge,
             self.worker_id,
             self.config.judge_concurrency,
             self.config.judge_lease_s,
@@ -147,17 +147,17 @@ class JudgeWorker:
 
     async def _judge_turn(self, turn_id: str) -> bool:
         started = time.perf_counter()
-        case = await asyncio.to_thread(self.store.turn_context, turn_id)
+        case = await asyncio.to_thread(self.store.judging.turn_context, turn_id)
         try:
             async with asyncio.timeout(self.config.judge_timeout_s):
                 verdict = await self.backend.judge(case)
                 overlaps = await self._overlaps(case, verdict)
         except Exception:  # timed out or failed: give the turn back for another attempt
             log.exception("judging turn %s failed", turn_id)
-            await asyncio.to_thread(self.store.release_lease, turn_id, self.worker_id)
+            await asyncio.to_thread(self.store.judging.release_lease, turn_id, self.worker_id)
             return False
         judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps)
-        written = await asyncio.to_thread(self.store.record_judgment, judgment)
+        written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
         return written
 

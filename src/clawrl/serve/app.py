@@ -32,7 +32,6 @@ from clawrl.jsonbody import parse_json_body
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
-from clawrl.store.episodes import EpisodeStore
 from clawrl.trainer_process import TrainerProcess
 
 log = logging.getLogger(__name__)
@@ -166,11 +165,11 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
             message, param = describe_validation_error(error)
             raise APIError(400, message, "invalid_value", param) from None
         turn_id = await asyncio.to_thread(_feedback_target, store, item)
-        feedback_id = await asyncio.to_thread(store.add_feedback, turn_id, item.score, item.text)
+        feedback_id = await asyncio.to_thread(store.turns.add_feedback, turn_id, item.score, item.text)
         metrics.feedback.labels(str(item.score)).inc()
         return schemas.FeedbackResponse(id=feedback_id, turn=turn_id, score=item.score)
 
-    episodes = EpisodeStore(store)
+    episodes = store.episodes
 
     @app.post("/v1/episodes", **openapi.EPISODE_START)
     async def episode_start(request: Request) -> schemas.EpisodeStartResponse:
@@ -219,14 +218,14 @@ class _CountRequests:
 def _feedback_target(store: Store, item: schemas.FeedbackRequest) -> str:
     """The turn a piece of feedback is about: the named turn, else the session's last main turn."""
     if item.turn is not None:
-        turn = store.turn(item.turn)
+        turn = store.turns.turn(item.turn)
         if turn is None:
             raise APIError(404, f"No turn '{item.turn}' is recorded.", "turn_not_found", "turn")
         if item.session_id is not None and turn.session_id != item.session_id:
             raise APIError(400, f"Turn '{item.turn}' does not belong to session '{item.session_id}'.", "invalid_value", "turn")
         return turn.id
     assert item.session_id is not None
-    last = store.last_main_turn(item.session_id)
+    last = store.turns.last_main_turn(item.session_id)
     if last is None:
         raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")
     return last.id
@@ -247,12 +246,12 @@ async def _close_idle_sessions(store: Store, idle_s: float, episode_idle_s: floa
     """Close sessions nobody has used for `idle_s` (their last turn will get no next state), and end
     episodes idle for `episode_idle_s` as failed (their group can then train)."""
     period = max(0.5, min(60.0, min(idle_s, episode_idle_s) / 4))
-    episodes = EpisodeStore(store)
+    episodes = store.episodes
     while True:
         await asyncio.sleep(period)
         try:
             abandoned = await asyncio.to_thread(episodes.fail_abandoned, episode_idle_s)
-            closed = await asyncio.to_thread(store.close_idle_sessions, idle_s)
+            closed = await asyncio.to_thread(store.turns.close_idle_sessions, idle_s)
         except Exception:  # a busy database must not kill housekeeping; try again next period
             log.exception("closing idle sessions failed")
             continue

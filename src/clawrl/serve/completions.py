@@ -45,7 +45,7 @@ from clawrl.serve.sessions import (
     turn_kind,
 )
 from clawrl.store import Store
-from clawrl.store.repository import TurnWrite
+from clawrl.store.turns import TurnWrite
 from clawrl.types import FinishReason, NextState, Turn, TurnSampling
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def finish(generation: Generation, text: str, tool_calls: list[dict[str, Any]], 
 class TurnCommits:
     """Group commit: every finished turn waits for the commit that makes it durable, and the turns
     that finish while a commit is under way go together into the next one (one transaction, one
-    fsync: `Store.record_turns`). A turn that finds no commit under way starts one at once, so a
+    fsync: `TurnStore.record_turns`). A turn that finds no commit under way starts one at once, so a
     lone request waits no longer than its own write; under concurrent requests the commits no
     longer queue one behind the other (32 answers finishing on the same engine step wrote one after
     the other, each paying for its own fsync).
@@ -184,14 +184,14 @@ class TurnCommits:
         """In a worker thread: the batch in one transaction, else each turn in its own."""
         self.batch_sizes[len(writes)] += 1
         try:
-            return list(self.store.record_turns(writes))
+            return list(self.store.turns.record_turns(writes))
         except Exception as error:
             if len(writes) == 1:
                 return [error]
         outcomes: list[int | Exception] = []
         for write in writes:
             try:
-                outcomes.append(self.store.record_turns([write])[0])
+                outcomes.append(self.store.turns.record_turns([write])[0])
             except Exception as error:  # noqa: BLE001 - handed to the request it belongs to
                 outcomes.append(error)
         return outcomes

@@ -10,7 +10,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
 from clawrl.trainer_process import TrainerProcess
 
 
@@ -31,14 +30,14 @@ class JudgmentCollector:
         agreement = GaugeMetricFamily("clawrl_judge_vote_agreement", "Mean share of votes equal to the score", labels=["policy_version"])
         invalid = CounterMetricFamily("clawrl_judge_invalid_votes", "Judge votes that could not be parsed", labels=["policy_version"])
         latency = CounterMetricFamily("clawrl_judge_latency_seconds", "Total time spent judging", labels=["policy_version"])
-        for row in self.store.judgment_stats():
+        for row in self.store.judging.judgment_stats():
             version = [str(row.policy_version)]
             judged.add_metric(version, row.judged)
             score.add_metric(version, row.mean_score)
             agreement.add_metric(version, row.mean_vote_agreement)
             invalid.add_metric(version, row.invalid_votes)
             latency.add_metric(version, row.latency_s_total)
-        waiting, oldest_age_s = self.store.judge_backlog()
+        waiting, oldest_age_s = self.store.judging.judge_backlog()
         backlog = GaugeMetricFamily("clawrl_judge_backlog_turns", "Turns waiting for a verdict", value=waiting)
         age = GaugeMetricFamily("clawrl_judge_backlog_age_seconds", "How long ago the oldest turn waiting for a verdict was recorded", value=oldest_age_s)
         yield from (judged, score, agreement, invalid, latency, backlog, age)
@@ -51,7 +50,7 @@ class TrainingCollector:
     staleness, log-prob drift, ...)."""
 
     def __init__(self, store: Store) -> None:
-        self.training = TrainingStore(store)
+        self.training = store.training
 
     def collect(self) -> Iterator[Metric]:
         samples = GaugeMetricFamily("clawrl_train_samples", "Training samples by status", labels=["status"])

@@ -98,7 +98,7 @@ def resolve_session(
     if explicit is not None:
         session_id, source = explicit
         identity = SessionIdentity(session_id, source)
-        previous = store.last_main_turn(session_id) if kind == "main" else None
+        previous = store.turns.last_main_turn(session_id) if kind == "main" else None
         if previous is not None:
             position = _answer_position(messages, previous.answer_fingerprint)
             next_state = messages[position + 1 :] if position is not None else _trailing_messages(messages)
@@ -107,7 +107,7 @@ def resolve_session(
         return identity
 
     positions = _answer_positions(messages)
-    for candidate in store.turns_with_answer(list(positions)):
+    for candidate in store.turns.turns_with_answer(list(positions)):
         position = positions[candidate.answer_fingerprint]
         if _follows_conversation(messages[:position], candidate):
             candidate, position = _past_empty_answers(store, messages, candidate, position)
@@ -132,8 +132,8 @@ def _retried_empty_answer(store: Store, messages: list[Message]) -> SessionIdent
     turn of its session, whose conversation the request keeps up to its first new message; what
     the request adds is that turn's next state.
     """
-    for turn in store.recent_empty_answers(time.time() - RETRY_WINDOW_S):
-        newest = store.last_main_turn(turn.session_id)
+    for turn in store.turns.recent_empty_answers(time.time() - RETRY_WINDOW_S):
+        newest = store.turns.last_main_turn(turn.session_id)
         if newest is None or newest.id != turn.id:
             continue  # the session went on: a retry continues the latest turn only
         known = set(turn.message_hashes)
@@ -157,7 +157,7 @@ def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, 
                      if messages[later]["role"] == "assistant" and _assistant_fingerprint(messages[later]) is None]
     if not empty_answers:  # the common case: no store read
         return candidate, position
-    newest = store.last_main_turn(candidate.session_id)
+    newest = store.turns.last_main_turn(candidate.session_id)
     if newest is None or newest.id == candidate.id or newest.response_text.strip() or newest.tool_calls:
         return candidate, position
     for later in empty_answers:

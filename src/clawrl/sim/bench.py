@@ -238,10 +238,10 @@ def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int,
 def wait_for_judgments(store: Store, turn_ids: list[str], timeout_s: float = 60.0) -> dict[str, Any]:
     """The judgments of `turn_ids`, once the judge has judged them all (or `timeout_s` passed)."""
     deadline = time.monotonic() + timeout_s
-    judgments = store.judgments_for(turn_ids)
+    judgments = store.judging.judgments_for(turn_ids)
     while len(judgments) < len(turn_ids) and time.monotonic() < deadline:
         time.sleep(0.1)
-        judgments = store.judgments_for(turn_ids)
+        judgments = store.judging.judgments_for(turn_ids)
     return judgments
 
 
@@ -264,7 +264,7 @@ def catch_up(agent: Agent, store: Store, turn_ids: list[str], batch_size: int, t
     """
     deadline = time.monotonic() + timeout_s
     wait_for_judgments(store, turn_ids, timeout_s)
-    training = TrainingStore(store)
+    training = store.training
     while time.monotonic() < deadline:
         if (not training.judged_turns_without_sample(1)
                 and training.sample_counts().get("ready", 0) < batch_size
@@ -346,13 +346,13 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
                 latest = result.evaluations[-1]
                 progress(SessionDone(arm, seed, index, config.sessions, user.satisfied, latest.score, latest.version))
             if arm in TRAINED_ARMS:
-                settle(agent, TrainingStore(store), train_flags["batch_size"], config.settle_s)
+                settle(agent, store.training, train_flags["batch_size"], config.settle_s)
             result.versions = agent.policy_version()
             if result.evaluations[-1].session != config.sessions or result.evaluations[-1].version != result.versions:
                 result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), config.sessions))
             result.judged = judged_against_truth(store, truths)
             if arm in TRAINED_ARMS:
-                result.training = training_record(TrainingStore(store))
+                result.training = training_record(store.training)
         finally:
             agent.close()
             store.close()

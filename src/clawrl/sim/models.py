@@ -14,7 +14,8 @@ depend on how the tiny models are made.
 from __future__ import annotations
 
 from clawrl.config import EngineConfig
-from clawrl.sim.agents import FAMILIES, agent_model_path
+from clawrl.sim.agent_cache import agent_model_path
+from clawrl.sim.agents import FAMILIES
 from clawrl.sim.pretrain import pretrained_model_path
 from clawrl.sim.tiny import tiny_model_path
 

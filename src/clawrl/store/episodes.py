@@ -18,8 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DBSession
 
 import clawrl.store.records as records
+from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
-from clawrl.store.repository import Store
 from clawrl.store.schema import EpisodeRow, JudgmentRow, NextStateRow, SampleRow, SessionRow, TurnRow
 from clawrl.types import EPISODE_RESULT_SOURCE, Episode, EpisodeStatus, Message, NextState, Turn
 
@@ -68,16 +68,16 @@ class EpisodeGroup:
 
 
 class EpisodeStore:
-    """Episode records over a `Store` (same database, same transactions)."""
+    """Environment episodes and their groups (`store.episodes`)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, database: Database) -> None:
+        self.database = database
 
     def start(self, episode: Episode) -> None:
         """Register a running episode; EpisodeExistsError when its session id is taken."""
         row = records.episode_row(dataclasses.replace(episode, status="running", created_at=time.time(), ended_at=None))
         try:
-            with self.store.write() as db:
+            with self.database.write() as db:
                 db.add(row)
         except IntegrityError:  # the primary key: registered before, or by a concurrent request
             raise EpisodeExistsError(episode.session_id) from None
@@ -99,7 +99,7 @@ class EpisodeStore:
         `step_rewards` do not match its main turns.
         """
         now = time.time()
-        with self.store.write() as db:
+        with self.database.write() as db:
             row = db.get(EpisodeRow, session_id, with_for_update=True)
             if row is None:
                 raise UnknownEpisodeError(session_id)
@@ -134,7 +134,7 @@ class EpisodeStore:
         last_activity = func.coalesce(select(SessionRow.updated_at).where(SessionRow.id == EpisodeRow.session_id)
                                       .scalar_subquery(), EpisodeRow.created_at)  # fmt: skip
         error = f"abandoned: no request and no result for {idle_s:g}s"
-        with self.store.write() as db:
+        with self.database.write() as db:
             rows = list(db.scalars(select(EpisodeRow).where(EpisodeRow.status == "running", last_activity < cutoff)
                                    .with_for_update()))  # fmt: skip
             for row in rows:
@@ -142,7 +142,7 @@ class EpisodeStore:
             return len(rows)
 
     def episode(self, session_id: str) -> Episode | None:
-        with self.store.read() as db:
+        with self.database.read() as db:
             row = db.get(EpisodeRow, session_id)
             return records.episode(row) if row is not None else None
 
@@ -160,7 +160,7 @@ class EpisodeStore:
             .order_by(func.min(EpisodeRow.created_at))
             .limit(limit)
         )
-        with self.store.read() as db:
+        with self.database.read() as db:
             group_ids = list(db.scalars(query))
             return [self._group(db, group_id) for group_id in group_ids]
 

@@ -89,11 +89,11 @@ def turn_view(context: TurnContext, judgment: Judgment | None = None) -> dict[st
 
 
 def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
-    session = store.session(session_id)
+    session = store.turns.session(session_id)
     if session is None:
         return None
-    entries = store.session_turns(session_id)
-    judgments = store.judgments_for([entry.turn.id for entry in entries])
+    entries = store.turns.session_turns(session_id)
+    judgments = store.judging.judgments_for([entry.turn.id for entry in entries])
     turns = [turn_view(entry, judgments.get(entry.turn.id)) for entry in entries]
     return {**session_summary(session), "turns": turns}
 
@@ -103,7 +103,7 @@ def export_jsonl(store: Store, out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with out.open("w", encoding="utf-8") as handle:
-        for turn, next_state in store.iter_main_turns():
+        for turn, next_state in store.turns.iter_main_turns():
             view = next_state_view(next_state)
             row = {
                 "turn_id": turn.id,

@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
-from clawrl.store.repository import Store
+from clawrl.store.database import Database
 from clawrl.store.schema import (
     EpisodeRow,
     FeedbackRow,
@@ -64,10 +64,10 @@ class SamplesTakenError(RuntimeError):
 
 
 class TrainingStore:
-    """Training records over a `Store` (same database, same transactions)."""
+    """Samples, policy versions and the serving pointer (`store.training`)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, database: Database) -> None:
+        self.database = database
 
     # --- building samples -----------------------------------------------------------------------
     def judged_turns_without_sample(self, limit: int) -> list[JudgedTurn]:
@@ -81,7 +81,7 @@ class TrainingStore:
             .order_by(SampleQueueRow.turn_created_at, SampleQueueRow.turn_id)
             .limit(limit)
         )
-        with self.store.read() as db:
+        with self.database.read() as db:
             rows = db.execute(query).all()
             ids = [turn.id for turn, _ in rows]
             with_next = set(db.scalars(select(NextStateRow.turn_id).where(NextStateRow.turn_id.in_(ids))))
@@ -109,12 +109,12 @@ class TrainingStore:
             .order_by(SampleRow.id.desc())
             .limit(limit)
         )
-        with self.store.read() as db:
+        with self.database.read() as db:
             return [float(score) for score in reversed(db.scalars(query).all())]
 
     def add_samples(self, samples: list[Sample]) -> None:
         now = time.time()
-        with self.store.write() as db:
+        with self.database.write() as db:
             for sample in samples:
                 row = records.sample_row(dataclasses.replace(sample, created_at=now))
                 row.settled_at = now if sample.status == "dropped" else None
@@ -124,7 +124,7 @@ class TrainingStore:
     def held_samples(self) -> list[HeldSample]:
         held = select(SampleRow.turn_id, TurnRow.session_id, SessionRow.done).join(TurnRow, TurnRow.id == SampleRow.turn_id)
         held = held.join(SessionRow, SessionRow.id == TurnRow.session_id).where(SampleRow.status == "held")
-        with self.store.read() as db:
+        with self.database.read() as db:
             rows = db.execute(held.order_by(SampleRow.id)).all()
             sessions = {session_id for _, session_id, _ in rows}
             with_sample = set(
@@ -138,7 +138,7 @@ class TrainingStore:
 
     def release_held(self, turn_ids: list[str]) -> None:
         """Held samples become ready (their session ended without any other sample)."""
-        with self.store.write() as db:
+        with self.database.write() as db:
             db.execute(
                 update(SampleRow)
                 .where(SampleRow.turn_id.in_(turn_ids), SampleRow.status == "held")
@@ -146,7 +146,7 @@ class TrainingStore:
             )
 
     def drop_samples(self, turn_ids: list[str], reason: DropReason, from_status: SampleStatus = "ready") -> None:
-        with self.store.write() as db:
+        with self.database.write() as db:
             db.execute(
                 update(SampleRow)
                 .where(SampleRow.turn_id.in_(turn_ids), SampleRow.status == from_status)
@@ -163,30 +163,30 @@ class TrainingStore:
             .order_by(SampleRow.id)
             .limit(limit)
         )
-        with self.store.read() as db:
+        with self.database.read() as db:
             return [TrainingExample(records.turn(turn), records.sample(sample)) for sample, turn in db.execute(query).all()]
 
     def sample(self, turn_id: str) -> Sample | None:
-        with self.store.read() as db:
+        with self.database.read() as db:
             row = db.scalars(select(SampleRow).where(SampleRow.turn_id == turn_id)).first()
             return records.sample(row) if row is not None else None
 
     def samples_for(self, turn_ids: list[str]) -> dict[str, Sample]:
         """The sample of each of `turn_ids` that has one."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             rows = db.scalars(select(SampleRow).where(SampleRow.turn_id.in_(turn_ids)))
             return {row.turn_id: records.sample(row) for row in rows}
 
     def drop_reasons(self) -> dict[str, int]:
         """Dropped samples by reason."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             rows = db.execute(
                 select(SampleRow.drop_reason, func.count()).where(SampleRow.status == "dropped").group_by(SampleRow.drop_reason)
             ).all()
         return {reason or "unknown": count for reason, count in rows}
 
     def sample_counts(self) -> dict[str, int]:
-        with self.store.read() as db:
+        with self.database.read() as db:
             rows = db.execute(select(SampleRow.status, func.count()).group_by(SampleRow.status)).all()
         return {status: count for status, count in rows}
 
@@ -198,7 +198,7 @@ class TrainingStore:
         more; nothing is written then.
         """
         now = time.time()
-        with self.store.write() as db:
+        with self.database.write() as db:
             if _pointer(db, version.lineage, lock=True) != version.parent:
                 raise PointerMovedError(f"serving moved off v{version.parent} during the step")
             marked = db.execute(
@@ -214,13 +214,13 @@ class TrainingStore:
     # --- versions -------------------------------------------------------------------------------
     def serving_version(self, lineage: str = SHARED_LINEAGE) -> int:
         """The version of `lineage` serving should answer with (0, the base model, when nothing was published)."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             return _pointer(db, lineage)
 
     def serving_target(self, lineage: str = SHARED_LINEAGE) -> tuple[int, PointerReason, PolicyVersion | None]:
         """The lineage's serving pointer, why it was last moved (publish | rollback) and its version
         row (None for the base model), in one read."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             pointer = db.get(PolicyPointerRow, (lineage, SERVING))
             if pointer is None:
                 return 0, "publish", None
@@ -231,7 +231,7 @@ class TrainingStore:
             return pointer.version, reason, records.policy_version(row) if row is not None else None
 
     def version(self, version: int) -> PolicyVersion | None:
-        with self.store.read() as db:
+        with self.database.read() as db:
             row = db.get(PolicyVersionRow, version)
             return records.policy_version(row) if row is not None else None
 
@@ -240,23 +240,23 @@ class TrainingStore:
         query = select(PolicyVersionRow).order_by(PolicyVersionRow.version)
         if lineage is not None:
             query = query.where(PolicyVersionRow.lineage == lineage)
-        with self.store.read() as db:
+        with self.database.read() as db:
             return [records.policy_version(row) for row in db.scalars(query)]
 
     def newest_version(self, lineage: str = SHARED_LINEAGE) -> int:
         """The lineage's highest version number (0 when none): the age reference for staleness."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             newest = select(func.max(PolicyVersionRow.version)).where(PolicyVersionRow.lineage == lineage)
             return db.scalar(newest) or 0
 
     def next_version_number(self) -> int:
         """One past the highest number of any lineage: numbers are never shared between lineages."""
-        with self.store.read() as db:
+        with self.database.read() as db:
             return (db.scalar(select(func.max(PolicyVersionRow.version))) or 0) + 1
 
     def rollback(self, version: int, lineage: str = SHARED_LINEAGE) -> None:
         """Point the lineage's serving (and its trainer) at an earlier version; 0 is the base model."""
-        with self.store.write() as db:
+        with self.database.write() as db:
             row = db.get(PolicyVersionRow, version) if version != 0 else None
             if version != 0 and (row is None or row.lineage != lineage):
                 raise KeyError(f"no policy version v{version} in lineage {lineage!r}")

@@ -44,14 +44,12 @@ from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
 from clawrl.model.weights import load_causal_lm, shared_weights
 from clawrl.store import Store
-from clawrl.store.episodes import EpisodeStore
-from clawrl.store.training import PointerMovedError, SamplesTakenError, TrainingStore
+from clawrl.store.training import PointerMovedError, SamplesTakenError
 from clawrl.train.episodes import EpisodeSampleBuilder
-from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 from clawrl.train.samples import SampleBuilder
-from clawrl.types import StepMetrics
 from clawrl.train.update import update_step
-from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, TrainingExample, WeightsKind
+from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, StepMetrics, TrainingExample, WeightsKind
+from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +75,8 @@ def enable_activation_checkpointing(model: PreTrainedModel) -> None:
 
 
 def lora_config(config: TrainConfig) -> LoraConfig:
-    targets: str | list[str] = config.lora_target_modules
-    if targets != "all-linear":
-        targets = [name.strip() for name in targets.split(",") if name.strip()]
+    names = list(config.lora_target_modules)
+    targets = "all-linear" if names == ["all-linear"] else names  # peft reads `all-linear` only as text, not as a name
     return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets, lora_dropout=0.0)
 
 
@@ -94,7 +91,7 @@ class Trainer:
         self.method = config.method or "combine"
         self.kind: WeightsKind = "full" if config.full else "lora"
         self.lineage = SHARED_LINEAGE  # the one lineage this trainer extends (per-user lineages: DESIGN §12)
-        self.training = TrainingStore(store)
+        self.training = store.training
         self.device = resolve_device(engine_config.device)
         if self.device.type == "cpu" and engine_config.cpu_threads:
             torch.set_num_threads(engine_config.cpu_threads)
@@ -132,7 +129,7 @@ class Trainer:
             reward_baseline_samples=config.reward_baseline_samples,
         )
         self.episode_builder = EpisodeSampleBuilder(
-            EpisodeStore(store), self.training, self.method, config.episode_gamma, config.step_judge_coef,
+            store.episodes, self.training, self.method, config.episode_gamma, config.step_judge_coef,
             max_context_tokens=self.max_context_tokens,
         )
         self.head = 0  # the version the weights in memory are: the starting weights so far

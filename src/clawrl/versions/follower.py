@@ -18,7 +18,6 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
 from clawrl.types import SHARED_LINEAGE
 from clawrl.versions.files import ChecksumError, verify_version
 
@@ -39,7 +38,7 @@ class PolicyFollower:
 
     def __init__(self, engine: Swappable, store: Store, registry: CollectorRegistry, poll_s: float,
                  lineage: str = SHARED_LINEAGE) -> None:
-        self.engine, self.training, self.poll_s, self.lineage = engine, TrainingStore(store), poll_s, lineage
+        self.engine, self.training, self.poll_s, self.lineage = engine, store.training, poll_s, lineage
         self._failed: int | None = None  # the pointer value whose version could not be loaded
         self.swaps = Counter("clawrl_policy_swaps", "Policy versions swapped into serving", ["reason"], registry=registry)
         self.failures = Counter("clawrl_policy_swap_failures", "Versions that failed their checksum or load", registry=registry)

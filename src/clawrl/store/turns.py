@@ -1,0 +1,253 @@
+"""The conversation record: finished turns and their sessions, next states and feedback.
+
+Serving writes here (one transaction per turn, or per group commit) and reads the turns that
+session resolution needs; the CLI and the dashboard read sessions and turns back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, tuple_, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DBSession
+
+import clawrl.store.records as records
+from clawrl.store.database import Database
+from clawrl.store.queues import queue_for_judging
+from clawrl.store.schema import FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.types import Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
+
+RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
+
+
+@dataclass
+class TurnWrite:
+    """One finished turn to record: `TurnStore.record_turn`'s arguments (`now` None: the time of the write)."""
+
+    turn: Turn
+    id_source: SessionIdSource
+    continues: NextState | None = None
+    session_done: bool = False
+    now: float | None = None
+
+
+class TurnStore:
+    """Sessions, turns, next states and feedback (`store.turns`)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def record_turn(
+        self,
+        turn: Turn,
+        id_source: SessionIdSource,
+        continues: NextState | None = None,
+        session_done: bool = False,
+        now: float | None = None,
+    ) -> int:
+        """Write a turn, attach the next state it carries to the turn it continues, and commit.
+
+        `id_source` is how the turn's session was recognised (kept when the session is new);
+        `continues` is what this request added after an earlier turn's answer. Returns the turn's
+        index within its session. On a server database two requests can race to create the same
+        new session (or the same next state): the upserts of `_write_turn` let the database settle
+        that (the loser's statement waits for the winner's row and updates it, or does nothing),
+        and any other collision on a key fails the transaction, which is run again. SQLite never
+        races here: its writers take turns (BEGIN IMMEDIATE).
+        """
+        return self.record_turns([TurnWrite(turn, id_source, continues, session_done, now)])[0]
+
+    def record_turns(self, writes: list[TurnWrite]) -> list[int]:
+        """Write several turns in ONE transaction, so that one commit (one fsync) makes them all
+        durable: the server's group commit (serve/completions.py) hands over every turn that
+        finished while the previous commit was under way. Returns each turn's index within its
+        session, in order. All or nothing: when the transaction fails, none of them is written and
+        the error is raised (after the retries of `record_turn`), so the caller can record them
+        one by one and let each request meet its own error."""
+        nows = [time.time() if write.now is None else write.now for write in writes]
+        for _ in range(RECORD_ATTEMPTS - 1):
+            try:
+                return self._record_turns_once(writes, nows)
+            except IntegrityError:
+                continue  # another writer created a row first; the next try finds it
+        return self._record_turns_once(writes, nows)
+
+    def _record_turns_once(self, writes: list[TurnWrite], nows: list[float]) -> list[int]:
+        with self.database.write() as db:
+            return [self._write_turn(db, write, now) for write, now in zip(writes, nows, strict=True)]
+
+    def _write_turn(self, db: DBSession, write: TurnWrite, now: float) -> int:
+        """One turn's rows: an upsert of the session that counts the turn and returns its index,
+        the turn, and the next state it carries unless the earlier turn already has one (the first
+        continuation wins: a regenerated or branched request never overwrites it).
+
+        This is on every request's critical path, so it runs Core statements built once
+        (`_turn_statements`) on the transaction's connection: building an ORM unit of work, or even
+        a new statement per call, cost several times what SQLite takes to run them.
+        """
+        count_turn, insert_turn, insert_next_state = _turn_statements(self.database.is_sqlite)
+        turn, continues, connection = write.turn, write.continues, db.connection()
+        index = connection.execute(count_turn, {
+            "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
+            "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
+        }).scalar_one() - 1  # fmt: skip
+        connection.execute(insert_turn, _row_values(records.turn_row(dataclasses.replace(turn, index=index, created_at=now))))
+        if continues is not None:
+            row = records.next_state_row(dataclasses.replace(continues, created_at=now))
+            if connection.execute(insert_next_state, _row_values(row)).first() is not None:
+                queue_for_judging(db, continues.turn_id)
+        return index
+
+    def turns_with_answer(self, fingerprints: list[str]) -> list[Turn]:
+        """Main turns whose answer has one of these fingerprints, newest first, open sessions only."""
+        if not fingerprints:
+            return []
+        with self.database.read() as db:
+            query = (
+                select(TurnRow)
+                .join(SessionRow, SessionRow.id == TurnRow.session_id)
+                .where(TurnRow.answer_fingerprint.in_(fingerprints), TurnRow.kind == "main", ~SessionRow.done)
+                .order_by(TurnRow.created_at.desc())
+                .limit(64)
+            )
+            return [records.turn(row) for row in db.scalars(query)]
+
+    def recent_empty_answers(self, since: float, limit: int = 16) -> list[Turn]:
+        """Main turns of open sessions answered with nothing (no text, no tool call) since `since`, newest first."""
+        with self.database.read() as db:
+            query = (
+                select(TurnRow)
+                .join(SessionRow, SessionRow.id == TurnRow.session_id)
+                .where(TurnRow.kind == "main", ~SessionRow.done, TurnRow.created_at >= since,
+                       func.length(func.trim(TurnRow.response_text)) == 0, TurnRow.finish_reason != "tool_calls")
+                .order_by(TurnRow.created_at.desc())
+                .limit(limit)
+            )  # fmt: skip
+            return [records.turn(row) for row in db.scalars(query)]
+
+    def last_main_turn(self, session_id: str) -> Turn | None:
+        with self.database.read() as db:
+            query = (
+                select(TurnRow)
+                .where(TurnRow.session_id == session_id, TurnRow.kind == "main")
+                .order_by(TurnRow.index.desc())
+                .limit(1)
+            )
+            row = db.scalars(query).first()
+            return records.turn(row) if row is not None else None
+
+    def close_idle_sessions(self, idle_s: float, now: float | None = None) -> int:
+        """Mark sessions with no request for `idle_s` seconds as done; returns how many."""
+        cutoff = (time.time() if now is None else now) - idle_s
+        with self.database.write() as db:
+            result = db.execute(
+                update(SessionRow)
+                .where(~SessionRow.done, SessionRow.updated_at < cutoff)
+                .values(done=True, done_reason="idle")
+            )
+            return result.rowcount
+
+    def add_feedback(self, turn_id: str, score: int, text: str | None) -> int:
+        with self.database.write() as db:
+            row = FeedbackRow(turn_id=turn_id, score=score, text=text, created_at=time.time())
+            db.add(row)
+            db.flush()
+            queue_for_judging(db, turn_id)
+            return row.id
+
+    def counts(self) -> dict[str, int]:
+        """How much the store holds: sessions (open ones too), turns by kind, next states, judgments, feedback."""
+        with self.database.read() as db:
+            turns = dict(db.execute(select(TurnRow.kind, func.count()).group_by(TurnRow.kind)).all())
+            return {
+                "sessions": db.scalar(select(func.count()).select_from(SessionRow)) or 0,
+                "open_sessions": db.scalar(select(func.count()).where(SessionRow.done.is_(False))) or 0,
+                "main_turns": turns.get("main", 0),
+                "side_turns": turns.get("side", 0),
+                "next_states": db.scalar(select(func.count()).select_from(NextStateRow)) or 0,
+                "judged": db.scalar(select(func.count()).select_from(JudgmentRow)) or 0,
+                "feedback": db.scalar(select(func.count()).select_from(FeedbackRow)) or 0,
+            }
+
+    def turn(self, turn_id: str) -> Turn | None:
+        with self.database.read() as db:
+            row = db.get(TurnRow, turn_id)
+            return records.turn(row) if row is not None else None
+
+    def session(self, session_id: str) -> Session | None:
+        with self.database.read() as db:
+            row = db.get(SessionRow, session_id)
+            return records.session(row) if row is not None else None
+
+    def list_sessions(self, limit: int = 100) -> list[Session]:
+        with self.database.read() as db:
+            rows = db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit))
+            return [records.session(row) for row in rows]
+
+    def session_turns(self, session_id: str) -> list[TurnContext]:
+        """A session's turns in order, each with its next state and feedback (see `judgments_for`)."""
+        with self.database.read() as db:
+            turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.index)))
+            ids = [turn.id for turn in turns]
+            next_states = {
+                row.turn_id: records.next_state(row)
+                for row in db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(ids)))
+            }
+            feedback: dict[str, list[Feedback]] = {}
+            for row in db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id.in_(ids)).order_by(FeedbackRow.id)):
+                feedback.setdefault(row.turn_id, []).append(records.feedback(row))
+            return [TurnContext(records.turn(turn), next_states.get(turn.id), feedback.get(turn.id, [])) for turn in turns]
+
+    def iter_main_turns(self, batch: int = 500) -> Iterator[tuple[Turn, NextState | None]]:
+        """Every main turn in arrival order with its next state, read in batches."""
+        after: tuple[float, str] = (-1.0, "")
+        while True:
+            with self.database.read() as db:
+                rows = db.execute(
+                    select(TurnRow, NextStateRow)
+                    .outerjoin(NextStateRow, NextStateRow.turn_id == TurnRow.id)
+                    .where(TurnRow.kind == "main", tuple_(TurnRow.created_at, TurnRow.id) > after)
+                    .order_by(TurnRow.created_at, TurnRow.id)
+                    .limit(batch)
+                ).all()
+            if not rows:
+                return
+            for turn, next_state in rows:
+                yield records.turn(turn), (records.next_state(next_state) if next_state is not None else None)
+            after = (rows[-1][0].created_at, rows[-1][0].id)
+
+
+_TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any]] = {}
+
+
+def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
+    """The statements that record a turn (see `TurnStore._write_turn`), built once per dialect; the
+    values come as parameters. The session's upsert creates it (its `id_source` and `created_at`
+    are kept from then on) or counts one more turn, and returns the count; on a server database it
+    also settles two requests racing to create the same session (the second waits and counts)."""
+    if is_sqlite not in _TURN_STATEMENTS:
+        insert = sqlite_insert if is_sqlite else postgresql_insert
+        sessions, next_states = SessionRow.__table__, NextStateRow.__table__
+        upsert = insert(sessions)
+        count_turn = upsert.on_conflict_do_update(
+            index_elements=[sessions.c.id],
+            set_={"done": upsert.excluded.done, "done_reason": upsert.excluded.done_reason,
+                  "updated_at": upsert.excluded.updated_at, "num_turns": sessions.c.num_turns + 1},
+        ).returning(sessions.c.num_turns)  # fmt: skip
+        insert_next_state = (
+            insert(next_states).on_conflict_do_nothing(index_elements=[next_states.c.turn_id]).returning(next_states.c.turn_id)
+        )
+        _TURN_STATEMENTS[is_sqlite] = (count_turn, TurnRow.__table__.insert(), insert_next_state)
+    return _TURN_STATEMENTS[is_sqlite]
+
+
+def _row_values(row: Any) -> dict[str, Any]:
+    """The column values set on a new ORM row (built by `records`), for a Core insert."""
+    return {key: value for key, value in vars(row).items() if not key.startswith("_sa_")}
