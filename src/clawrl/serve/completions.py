@@ -55,25 +55,6 @@ log = logging.getLogger(__name__)
 _HEADER_SAFE = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) != "%")
 
 
-# Prompts up to this size (characters of message content, tool calls and tool specs) are rendered
-# on the event loop: well under a millisecond, less than handing them to a worker thread and back
-# costs; longer ones (a long agent conversation takes tens of milliseconds) go to a worker thread,
-# so that they never hold up the other requests' streams.
-INLINE_RENDER_CHARS = 4096
-
-
-def _prompt_size(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    size = len(str(tools)) if tools else 0
-    for message in messages:
-        content = message.get("content")
-        size += len(content) if isinstance(content, str) else len(str(content))
-        if message.get("tool_calls"):
-            size += len(str(message["tool_calls"]))
-        if size > INLINE_RENDER_CHARS:
-            break
-    return size
-
-
 def header_value(text: str) -> str:
     """`text` percent-encoded (UTF-8) where a header could not carry it as is: a session id may be
     any string (the body's `session_id`, `user:` and the OpenAI `user` field), but a header value
@@ -219,10 +200,7 @@ class ChatService:
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
         explicit = explicit_session(headers, request.session_id, request.user)
         try:
-            if _prompt_size(messages, tools) <= INLINE_RENDER_CHARS:
-                prompt_token_ids = render_prompt(self.engine.tokenizer, messages, tools)  # cheaper than a thread hop
-            else:
-                prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
+            prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
             raise APIError(400, f"The model's chat template refused these messages: {error}", "invalid_messages", "messages") from None
         max_tokens = self._response_budget(request, len(prompt_token_ids))
