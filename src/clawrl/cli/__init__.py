@@ -17,8 +17,8 @@ sessions, export, feedback, dashboard), `models` (model build-*, plan), `bench` 
 from __future__ import annotations
 
 from clawrl.cli.entry import main
-from clawrl.cli.flags import Settings, add_config_flags, config_from_args
+from clawrl.cli.flags import config_from_args
 from clawrl.cli.loops import _exit_on_signal, _stop_signalled
 from clawrl.cli.parser import build_parser
 
-__all__ = ["Settings", "_exit_on_signal", "_stop_signalled", "add_config_flags", "build_parser", "config_from_args", "main"]
+__all__ = ["_exit_on_signal", "_stop_signalled", "build_parser", "config_from_args", "main"]
