@@ -7,9 +7,6 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test install vllm clean
 
-# pytest-xdist workers for `make test`: one module per worker at a time (tests/scheduling.py).
-TEST_WORKERS ?= 2
-
 # The project and what it runs on; the demo needs nothing more.
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +36,7 @@ demo: $(STAMP)
 test: $(DEV_STAMP) vllm
 	bash scripts/install-openclaw.sh
 	bash scripts/install-chromium.sh
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/pytest -q
 
 clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache

@@ -26,22 +26,6 @@ from clawrl.serve.runner import ServerThread
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
 from tests.helpers import BorrowedEngine, PostgresServer, fit, require_vllm, start_server, weather_conversations
-from tests.scheduling import ModuleScheduling, rank, unlisted_shared_vllm_modules
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long modules first (see tests/scheduling.py); a module that borrows the shared vLLM
-    server without being listed as such is a usage error, not a second server on another worker."""
-    unlisted = unlisted_shared_vllm_modules(items)
-    if unlisted:
-        raise pytest.UsageError(f"add {sorted(unlisted)} to SHARED_VLLM_MODULES in tests/scheduling.py")
-    items.sort(key=lambda item: rank(item.nodeid))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling | None:
-    """`--dist loadscope` schedules by module (tests/scheduling.py); other modes are xdist's own."""
-    return ModuleScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
 @pytest.fixture(scope="session")
