@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -66,3 +69,15 @@ def test_the_trainer_process_runs_behind_serving(tiny_model_dir: Path, tmp_path:
         time.sleep(2.0)  # its model loaded and torch's threads started
         assert trainer.running()
         assert _thread_postures(pid) == {(min(19, own_nice + 6), str(last_cpu))}
+
+
+def test_numpys_blas_threads_step_back_with_torchs() -> None:
+    """OpenBLAS starts a thread per core of the machine at numpy's import; pinned to fewer cores they
+    spin against each other (the judge's classifier took 17 s instead of 1.2 s to build)."""
+    last_cpu = max(os.sched_getaffinity(0))
+    script = ("import json, numpy; from threadpoolctl import threadpool_info; from clawrl.background import step_back; "
+              f"from clawrl.config import BackgroundConfig; posture = step_back(BackgroundConfig(background_cpus='{last_cpu}')); "
+              "print(json.dumps([posture.threads, [pool['num_threads'] for pool in threadpool_info() if pool['user_api'] == 'blas']]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    threads, blas_pools = json.loads(done.stdout)
+    assert threads == 1 and blas_pools and set(blas_pools) == {1}

@@ -4,8 +4,11 @@ On a machine that serves and trains at once, the two compete for the same cores.
 waiting on every served token; a training step or a verdict that lands a few milliseconds later
 costs nothing. So the background processes lower their own CPU priority (the kernel's scheduler
 then gives serving the core whenever both want it), pin themselves to their own cores where the
-machine has more than one, and size torch's thread pool to those cores so that they never run
-more busy threads than they have cores.
+machine has more than one, and size torch's thread pool, and numpy's BLAS pool beside it, to those
+cores so that they never run more busy threads than they have cores. The BLAS pool matters as much
+as torch's: OpenBLAS starts one spinning thread per core of the machine when numpy is imported, and
+once they are all pinned to one core they wait on each other; the judge's classifier (numpy
+matrix products) took 17 s instead of 1.2 s to build that way.
 
 Each process applies this to itself, first thing, to every thread it already has (a thread made
 later inherits it): `clawrl serve` starts the trainer as `clawrl train`, which calls
@@ -19,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from clawrl.config import BackgroundConfig, parse_cpu_list
 
@@ -62,6 +66,7 @@ def step_back(config: BackgroundConfig, cpu_threads: int | None = None) -> Postu
         os.sched_setaffinity(thread_id, cpus)
     threads = choose_threads(config, cpu_threads, cpus, available)
     torch.set_num_threads(threads)
+    threadpool_limits(limits=threads, user_api="blas")  # for the whole process, from now on
     posture = Posture(os.getpriority(os.PRIO_PROCESS, 0), tuple(sorted(cpus)), threads)
     log.info("running behind serving: nice %d, CPUs %s, %d torch thread(s)", posture.nice, _cpu_list(cpus), threads)
     return posture
