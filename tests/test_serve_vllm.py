@@ -19,8 +19,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from clawrl.config import EngineConfig
-from clawrl.engines.vllm import SERVED_NAME, VLLMServer
+from clawrl.engines.vllm import SERVED_NAME, VLLMEngine
 from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
@@ -106,19 +105,14 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
     wait_until(lambda: not any(running(pid) for pid in servers), 60, "vLLM's server stopped with clawrl")
 
 
-def test_the_openai_judge_runs_against_a_real_vllm_server(tiny_model_dir: Path) -> None:
-    """`--judge openai` pointed at vLLM: its requests are accepted and its answers parsed. The tiny
-    model writes noise, not a boxed score, so every vote is invalid and the score neutral."""
-    require_vllm()
-    server = VLLMServer(EngineConfig(model="tiny", engine="vllm", device="cpu", max_context_tokens=4096), tiny_model_dir)
+def test_the_openai_judge_runs_against_a_real_vllm_server(vllm_tool_engine: VLLMEngine) -> None:
+    """`--judge openai` pointed at vLLM (the test session's shared server): its requests are accepted
+    and its answers parsed. The tiny model writes noise, not a boxed score, so every vote is invalid
+    and the score neutral."""
     answered = turn("t1", "s1", [user("Write a short note to my team about Friday.")], "**Friday**\n1. Meeting at 10")
     case = TurnContext(answered, NextState("t1", [user("too AI-like, rewrite it without the bold")], "t2"), feedback=[])
-    asyncio.run(server.start())
-    try:
-        judge = OpenAIJudge(server.base_url, SERVED_NAME, votes=3, max_tokens=48, call_timeout_s=120, attempts=1)
-        verdict = asyncio.run(judge.judge(case))
-    finally:
-        server.stop()
+    judge = OpenAIJudge(vllm_tool_engine.servers[0].base_url, SERVED_NAME, votes=3, max_tokens=48, call_timeout_s=120, attempts=1)
+    verdict = asyncio.run(judge.judge(case))
     assert verdict.source == "prm" and verdict.votes == [None, None, None] and verdict.score == 0
 
 
