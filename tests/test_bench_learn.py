@@ -27,13 +27,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pretrained_model_path(tmp_path_factory.mktemp("cache"), seed=0, config=CI_PRETRAIN)
 
 
-def bench(out: Path, model_dir: Path, method: str, sessions: int) -> dict:
-    config = BenchConfig(method=method, sessions=sessions, seeds=1, out=out, model=str(model_dir), heldout_prompts=16)
+def bench(out: Path, model_dir: Path, method: str, sessions: int, eval_every: int = 1) -> dict:
+    config = BenchConfig(method=method, sessions=sessions, seeds=1, out=out, model=str(model_dir), heldout_prompts=16,
+                         eval_every=eval_every)  # fmt: skip
     return run_bench(config, {}, progress=lambda _: None)
 
 
 def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -> None:
-    results = bench(tmp_path, model_dir, "combine", sessions=14)
+    results = bench(tmp_path, model_dir, "combine", sessions=14, eval_every=7)  # the start, halfway, the end
     combine = results["arms"]["combine"]
     assert combine["final"] > combine["baseline"], combine
     assert combine["per_seed"][0]["versions"] >= 3
@@ -61,7 +62,7 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
 
 
 def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_path: Path) -> None:
-    results = bench(tmp_path, model_dir, "memory_combine", sessions=5)
+    results = bench(tmp_path, model_dir, "memory_combine", sessions=5, eval_every=5)
     arm = results["arms"]["memory_combine"]
     assert arm["per_seed"][0]["versions"] >= 1 and arm["training"]["samples_trained"] >= 4  # combine trained
     store = Store.for_run_dir(tmp_path / "runs" / "memory_combine-seed0")
@@ -71,7 +72,7 @@ def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_
 
 
 def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp_path: Path) -> None:
-    results = bench(tmp_path, model_dir, "memory", sessions=4)
+    results = bench(tmp_path, model_dir, "memory", sessions=4, eval_every=4)
     assert set(results["arms"]) == {"memory"}
     store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
     sessions = sorted(store.turns.list_sessions(), key=lambda session: session.created_at)
