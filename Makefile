@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test install vllm clean
+.PHONY: demo test install vllm agents clean
 
 # The project and what it runs on; the demo needs nothing more.
 $(STAMP): pyproject.toml
@@ -33,9 +33,14 @@ demo: $(STAMP)
 # The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw (quick once
 # there; without the npm registry it says why and the test skips), and Debian's Chromium for the
 # web environment's tests (as root with apt-get; elsewhere they skip).
-test: $(DEV_STAMP) vllm
+agents:
 	bash scripts/install-openclaw.sh
 	bash scripts/install-chromium.sh
+
+# The three installs are independent, so they run side by side (on a fresh machine: about 1.5
+# minutes instead of 3); each one's output is printed in one piece when it ends.
+test:
+	$(MAKE) --no-print-directory -j3 --output-sync=target install vllm agents
 	$(BIN)/pytest -q
 
 clean:
