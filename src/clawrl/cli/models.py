@@ -34,7 +34,8 @@ def cmd_build_tiny(args: argparse.Namespace) -> int:
 def cmd_build_random(args: argparse.Namespace) -> int:
     check_writable_dir(Path(args.out), "--out")
     check_device(args.device)
-    from clawrl.model.shapes import architecture_of, build_random_model
+    from clawrl.model.random_weights import build_random_model
+    from clawrl.model.shapes import architecture_of
     from clawrl.sim.corpus import build_corpus
     from clawrl.sim.tiny import CORPUS_SEED, train_tokenizer
 
