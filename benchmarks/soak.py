@@ -45,7 +45,7 @@ became judgeable (a next state or feedback arrived), how long the judge took to 
 whether their samples were trained or dropped as stale.
 
     python benchmarks/soak.py                          # 64 clients, 30 minutes
-    python benchmarks/soak.py --clients 64 --minutes 2  # what tests/test_soak.py runs
+    python benchmarks/soak.py --clients 64 --minutes 1  # what tests/test_soak.py runs
 
 Prints a markdown table (or the JSON with `--json`) and writes the JSON to `--out`.
 """

@@ -1,9 +1,11 @@
-"""The soak (issue 16) for two minutes: a real `clawrl serve` with its trainer under 64 concurrent
+"""The soak (issue 16) for one minute: a real `clawrl serve` with its trainer under 64 concurrent
 clients of every kind (chats, streams, tool round trips, sessions with feedback, side turns,
 clients that hang up). No request may fail, every acknowledged turn and piece of feedback must be
 in the store, every hung-up stream recorded, versions published and served, and the server's file
-descriptors, threads and memory must stay flat. The 30-minute run: `benchmarks/soak.py`,
-docs/benchmarks.md ("Soak")."""
+descriptors, threads and memory must stay flat. About 3,300 answered turns, 300 hung-up streams and
+170 published versions a run here (it ran two minutes until the suite had to fit in 20 minutes:
+rarer races, like the one hang-up in 700 of tests/test_soak_findings.py, are the 30-minute run's
+to find: `benchmarks/soak.py`, docs/benchmarks.md ("Soak"))."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_two_minutes_of_mixed_load_with_the_trainer_publishing(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_minute_of_mixed_load_with_the_trainer_publishing(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--clients", "64", "--minutes", "2",
+    command = [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--clients", "64", "--minutes", "1",
                "--model", str(tiny_model_dir), "--run-dir", str(tmp_path / "run"), "--out", str(out)]  # fmt: skip
-    # two minutes of load, plus the server's start and stop; far more on a slow, shared machine
+    # a minute of load, plus the server's start and stop; far more on a slow, shared machine
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.exists(), result.stdout[-3000:] + result.stderr[-3000:]
     soak = json.loads(out.read_text())
