@@ -107,8 +107,8 @@ def test_serve_with_vllm_chats_trains_and_swaps_lora_versions(tiny_model_dir: Pa
 
 def test_the_openai_judge_runs_against_a_real_vllm_server(vllm_tool_engine: VLLMEngine) -> None:
     """`--judge openai` pointed at vLLM (the test session's shared server): its requests are accepted
-    and its answers parsed. The tiny model writes noise, not a boxed score, so every vote is invalid
-    and the score neutral."""
+    and its answers parsed. Its model (the tiny model fitted to a few weather chats) writes no boxed
+    score, so every vote is invalid and the score neutral."""
     answered = turn("t1", "s1", [user("Write a short note to my team about Friday.")], "**Friday**\n1. Meeting at 10")
     case = TurnContext(answered, NextState("t1", [user("too AI-like, rewrite it without the bold")], "t2"), feedback=[])
     judge = OpenAIJudge(vllm_tool_engine.servers[0].base_url, SERVED_NAME, votes=3, max_tokens=48, call_timeout_s=120, attempts=1)

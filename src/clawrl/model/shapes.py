@@ -59,6 +59,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3-tiny": Architecture(64, 192, 2, 2, 1, 32, 151936, tie_word_embeddings=True),
 }
 
+
 def architecture_of(like: str) -> Architecture:
     if like not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {like!r}: one of {', '.join(ARCHITECTURES)}")
