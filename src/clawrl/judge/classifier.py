@@ -41,8 +41,8 @@ SCORE_LEANINGS = {
     "imperative": -1, "this_not_that": -1, "actually": -1,
     "hesitation": 0, "self_question": 0, "new_request": 0,
 }
-DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually")
-_SHADOWED_BY = (("complaint", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"), ("thanks", "complaint"))
+DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually", "sarcasm")
+_SHADOWED_BY = (("complaint", "negated_complaint"), ("too", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"), ("thanks", "complaint"))
 _CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too")
 _SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
                 "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
@@ -87,7 +87,23 @@ def score_leaning(reply: str) -> np.ndarray:
         leaning = SCORE_LEANINGS.get(name)
         if leaning is not None and count:
             logits[SCORES.index(leaning)] += LEANING_WEIGHT * math.log1p(count)
+    if _approves_after_contrast(reply):
+        logits[SCORES.index(1)] += 2 * LEANING_WEIGHT * math.log1p(1)
     return logits
+
+
+def _approves_after_contrast(reply: str) -> bool:
+    """The reply's last word is approval: "not what I had in mind, but I love it. Thanks!".
+
+    What stands after the "but" is what the user concluded; a reservation before it ("a bit
+    cheesy", "not what I pictured") was given up. Only where nothing after it asks for a change.
+    """
+    _, tail = _split_at_contrast(reply)
+    if not tail:
+        return False
+    counts = _unshadowed_counts(tail)
+    approves = any(counts[name] for name in ("thanks", "praise", "works", "done", "positive_emoji", "negated_complaint"))
+    return approves and not any(counts[name] for name in (*_CHANGE_CUES, "sarcasm", "negative_emoji"))
 
 
 def direction_leaning(reply: str) -> float:
@@ -171,11 +187,22 @@ def _shape_features(reply: str, folded: str, request: str | None) -> dict[str, f
 
 
 def _order_features(reply: str) -> dict[str, float]:
-    """Moving on before a request ("ok, now write the tests") asks for something new, not a change."""
-    move_on = cue_spans(reply, "move_on")
+    """Where a request stands after approval.
+
+    Moving on before a request ("ok, now write the tests") asks for something new, not a change.
+    Thanks or praise and then, with no "but" and no "now", a request ("Thanks! Could you add the
+    costs?") most often asks for more in the same answer: what people label a correction.
+    """
     requests = cue_spans(reply, "imperative") + cue_spans(reply, "request_frame")
-    if move_on and requests and move_on[0][0] <= min(start for start, _ in requests):
+    if not requests:
+        return {}
+    first_request = min(start for start, _ in requests)
+    move_on = cue_spans(reply, "move_on")
+    if move_on and move_on[0][0] <= first_request:
         return {"move_on_then_request": 1.0}
+    approval = [start for name in ("thanks", "praise", "works") for start, _ in cue_spans(reply, name)]
+    if approval and min(approval) < first_request and not cue_spans(reply, "contrast"):
+        return {"approval_then_request": 1.0}
     return {}
 
 

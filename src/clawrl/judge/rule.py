@@ -40,7 +40,11 @@ from clawrl.messages import content_text, is_agent_retry_note, user_typed
 from clawrl.types import Message
 
 RESTATEMENT_JACCARD = 0.6
-DIRECTION_THRESHOLD = 0.4  # the classifier's probability that a reply says how the answer should be
+# The classifier's probability that a reply says how the answer should be, above which the judge
+# offers hints: lower after a -1, where a reply that says what went wrong usually names what to
+# change ("No beans. My partner can't eat them."), than after a 0, most often a question about the
+# answer. Chosen on the three read writers' replies, each left out of training in turn.
+DIRECTION_THRESHOLDS = {-1: 0.2, 0: 0.4}
 
 _TOOL_ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b\w*(?:error|exception):|\bfatal:|command not found"
@@ -53,6 +57,8 @@ _TOOL_ERROR = re.compile(
     r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
     r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:"
     r"|\*\*\* .*\bStop\.|\bWARNING: DATA RACE\b|\bError from server\b|\bnot found\s*$|\bAddressSanitizer\b"
+    # a bracketed error code ("AssertionError [ERR_ASSERTION]:"), jq's "error (at FILE:LINE)", Go's compiler
+    r"|\b\w*(?:Error|Exception) \[\w+\]:|\berror \(at\b|\bundefined: \w|\b(?:imported|declared) and not used\b"
     # a line that opens with the word ("CMake Error at ...", "ERROR 1054 (42S22): ..."), an HTTP
     # client or server error status, a spreadsheet's error value
     r"|^\s*(?:\w+ )?(?:error|fatal)(?= at\b| \d| ?\(| ?\[)|\bHTTP(?:/[\d.]+)? [45]\d\d\b|^\s*#(?:N/?A|NV|VALUE!|REF!|DIV/0!|NAME\?)\s*$",
@@ -131,17 +137,18 @@ def rule_hints(next_state_messages: list[dict[str, Any]]) -> list[str]:
 def judged_hints(user_text: str, score: int, previous_user_text: str | None, model: ReplyModel) -> list[str]:
     """The hints the judge offers for a reply it scored `score`: the reply as one hint, then each directive clause.
 
-    None for praise (a directive inside praise, "thanks! now add tests", is a new request, not a
-    correction) and none for a reply that says nothing of how the answer should be ("this is
-    useless"), as the classifier's direction head reads it; a clause of a -1 reply is offered
-    whatever that head says.
+    None for praise: a reply read as +1 asks for nothing in this answer to change ("thanks! now add
+    tests" moves on; "Thanks! Could you add the costs?", which asks for more in the same answer, the
+    classifier reads as -1, as every writer of the corpus labels it). None for a reply that says
+    nothing of how the answer should be ("this is useless"), as the classifier's direction head
+    reads it (`DIRECTION_THRESHOLDS`); a clause of a -1 reply is offered whatever that head says.
     """
     if score == 1 or not user_text:
         return []
     if previous_user_text and _plain(user_text) == _plain(previous_user_text):
         return []  # the request asked again word for word: nothing in it that a hint could add
     clauses = directive_hints(user_text)
-    directs = model.direction_probability(user_text, previous_user_text) >= DIRECTION_THRESHOLD
+    directs = model.direction_probability(user_text, previous_user_text) >= DIRECTION_THRESHOLDS[score]
     if not directs and not (score == -1 and clauses):
         return []
     whole = reply_hint(user_text)
