@@ -54,8 +54,41 @@ def test_a_negation_of_a_complaint_is_praise(reply: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "reply",
+    ["Not one complaint from my landlord, he fixed it the next day.", "Couldn't have put it better myself.",
+     "Not too long, not too stiff. Just right.", "Je n'aurais pas su le dire mieux.", "Nichts auszusetzen, schicke ich so ab.",
+     "Non avrei saputo scriverla meglio, grazie.", "No lo habría dicho mejor."],
+)
+def test_a_fault_denied_is_praise(reply: str) -> None:
+    """Double negatives of praise (the third writer's "not a single complaint"), in our own words."""
+    assert judged(reply) == (1, [])
+
+
+def test_approval_after_a_reservation_is_praise() -> None:
+    assert judged("Not the tone I pictured, but honestly it's better this way. Sending it, thanks!") == (1, [])
+
+
+@pytest.mark.parametrize(
+    ("reply", "directive"),
+    [("Thanks! Could you add that the radiator in the bedroom leaks too?", "radiator"),
+     ("Lovely, thank you! Can you mention that I work from home?", "work from home")],
+)
+def test_thanks_then_a_request_for_more_in_the_answer_is_a_correction(reply: str, directive: str) -> None:
+    """What every writer of the corpus labels -1: the answer lacked what the request now adds."""
+    verdict, hints = judged(reply)
+    assert verdict == -1 and hints and directive in hints[0].lower(), hints
+
+
+@pytest.mark.parametrize("reply", ["Exclude the part about the rent.", "Leave out the bit about the rent."])
+def test_a_bare_imperative_outside_the_old_verb_list_gives_a_hint(reply: str) -> None:
+    verdict, hints = judged(reply)
+    assert verdict == -1 and hints and "rent" in hints[0].lower(), hints
+
+
+@pytest.mark.parametrize(
     "reply", ["Oh great, now it sounds like a lawyer wrote it.", "Wow, so helpful. Thanks for nothing.",
-              "Lovely, he'll definitely fix it after reading that."],
+              "Lovely, he'll definitely fix it after reading that.",
+              "Wonderful, now it reads like a ransom note. Good to know.", "Toll, jetzt klingt es wie ein Anwaltsbrief. Na klar."],
 )
 def test_sarcastic_praise_is_a_complaint(reply: str) -> None:
     assert judged(reply)[0] == -1

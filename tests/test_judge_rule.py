@@ -93,6 +93,9 @@ def test_nothing_next_scores_zero() -> None:
         "ERROR 1054 (42S22) at line 1: Unknown column 'customer_id' in 'field list'",
         'HTTP 401 Unauthorized\n{"message": "missing api key"}',
         "#N/A",
+        "AssertionError [ERR_ASSERTION]: Expected values to be strictly equal:\n\n1 !== 2\n",
+        "jq: error (at orders.json:12): Cannot index string with \"id\"",
+        './main.go:4:2: "os" imported and not used\n./main.go:9:3: undefined: parseArgs',
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:
