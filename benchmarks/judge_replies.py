@@ -182,12 +182,13 @@ def _commit() -> str | None:
 
 
 def _write(out: Path, figures: dict[str, Any], record_as: str) -> None:
-    """Merge into `out`: `before` keeps what it holds unless this run is recorded as it."""
+    """Merge into `out`: `before` and the earlier editions' figures (`*_edition`) stay unless this run is recorded as `before`."""
     stored = json.loads(out.read_text()) if out.exists() else {}
     if record_as == "before":
         stored["before"] = figures
     else:
-        stored = {**figures, **({"before": stored["before"]} if "before" in stored else {})}
+        kept = {key: value for key, value in stored.items() if key == "before" or key.endswith("_edition")}
+        stored = {**figures, **kept}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(stored, indent=2, ensure_ascii=False) + "\n")
 
