@@ -286,8 +286,8 @@ class ChatService:
         pending: list[TokenStep] = []
         try:
             async for step in stream:
-                if not generation.steps:
-                    self.metrics.time_to_first_token.observe(time.perf_counter() - prepared.started_at)
+                if not generation.steps and stream.first_step_at is not None:
+                    self.metrics.time_to_first_token.observe(stream.first_step_at - prepared.started_at)
                 generation.steps.append(step)
                 pending.append(step)
                 if delta := decoder.add(step.token_id):
@@ -356,6 +356,8 @@ class ChatService:
 
     async def complete(self, generation: Generation) -> schemas.ChatCompletion:
         prepared = generation.prepared
+        if not prepared.stop:  # nothing to stop early for: take the answer whole
+            generation.stream.hold_until_done()
         async for _delta, _steps in self._deltas(generation):
             pass
         result = generation.result
