@@ -184,3 +184,19 @@ def test_stream_with_include_usage_ends_with_a_usage_chunk_then_done(server: Ser
     }
     finish_chunks = [json.loads(e) for e in events[:-2] if json.loads(e)["choices"][0].get("finish_reason")]
     assert len(finish_chunks) == 1
+
+
+def test_time_to_first_token_is_measured_for_an_answer_taken_whole(client: openai.OpenAI, server: ServerThread) -> None:
+    """A non-streamed answer reaches the server only once it is done; its first token's time still
+    comes from when the engine produced it, not from when the server read it."""
+    started = time.perf_counter()
+    client.chat.completions.create(model=model_id(client), messages=[{"role": "user", "content": "hello"}], max_tokens=24,
+                                   temperature=0)
+    elapsed = time.perf_counter() - started
+    metrics = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text.splitlines()
+
+    def value(name: str) -> float:
+        return next(float(line.split()[-1]) for line in metrics if line.startswith(name + " "))
+
+    assert value("clawrl_time_to_first_token_seconds_count") == 1
+    assert 0 < value("clawrl_time_to_first_token_seconds_sum") < elapsed
