@@ -64,6 +64,19 @@ def test_a_fault_denied_is_praise(reply: str) -> None:
     assert judged(reply) == (1, [])
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["Thanks for the update!", "I double-checked and it's right. Thanks!", "Nice, the insert statements ran fine.",
+     "Works great, the scale is right.", "Perfect, the limit is right.", "Gut formuliert, danke!", "Schön sortiert, danke.",
+     "Impressive.", "Good to know, thanks!", "Who knew it was that simple. Thanks!", "Grazie tante!", "Спасибо большое.",
+     "Muy útil.", "Sehr hilfreich.", "Très utile."],
+)
+def test_praise_stays_praise_when_it_names_a_part_of_the_answer_or_sounds_like_a_stock_phrase(reply: str) -> None:
+    """Words that ask for a change elsewhere ("update", "filter", "formuliere") are nouns or
+    participles here; phrases that are sometimes sarcastic ("good to know") are mostly sincere."""
+    assert judged(reply) == (1, [])
+
+
 def test_approval_after_a_reservation_is_praise() -> None:
     assert judged("Not the tone I pictured, but honestly it's better this way. Sending it, thanks!") == (1, [])
 
@@ -88,7 +101,7 @@ def test_a_bare_imperative_outside_the_old_verb_list_gives_a_hint(reply: str) ->
 @pytest.mark.parametrize(
     "reply", ["Oh great, now it sounds like a lawyer wrote it.", "Wow, so helpful. Thanks for nothing.",
               "Lovely, he'll definitely fix it after reading that.",
-              "Wonderful, now it reads like a ransom note. Good to know.", "Toll, jetzt klingt es wie ein Anwaltsbrief. Na klar."],
+              "A threat to withhold rent. Exactly what I didn't want.", "Sure, in some parallel universe he reads past line one."],
 )
 def test_sarcastic_praise_is_a_complaint(reply: str) -> None:
     assert judged(reply)[0] == -1

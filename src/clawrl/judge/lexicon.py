@@ -26,6 +26,21 @@ _MARKLESS_BELOW = 0x0530  # Latin, Greek and Cyrillic letters end here: below it
 # Chinese, Japanese and Korean script: no spaces between words, so cues match inside text.
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
+# A word that opens a clause: at the start, after punctuation, or after a lead-in ("but", "also").
+# Lookbehinds must have a fixed width, hence one per lead-in.
+_LEAD_IN_WORDS = ("but", "and", "also", "just", "then", "pls", "please", "plz", "so", "ok", "okay", "now", "y", "pero",
+                  "et", "mais", "und", "aber", "e", "mas", "ma", "en", "maar")
+_CLAUSE_START = "(?:^|" + "|".join(
+    [r"(?<=[.!?;:,(\n\-] )", r"(?<=[.!?;:,(\n])", *(f"(?<=\\b{word} )" for word in _LEAD_IN_WORDS)]
+) + ")"
+
+
+def _opening(*verbs: str) -> tuple[str, ...]:
+    """Verbs that are also nouns or another person's form ("the update", "it filters", "gut
+    formuliert"): a request only where they open a clause ("Update the dates.", "but filter it")."""
+    return tuple(_CLAUSE_START + verb for verb in verbs)
+
+
 CUES: dict[str, tuple[str, ...]] = {
     "thanks": (
         r"thanks?", r"thank (?:you|u)", r"thx", r"ty", r"tysm", r"ta", r"cheers", r"much appreciated", r"appreciate it",
@@ -64,6 +79,8 @@ CUES: dict[str, tuple[str, ...]] = {
         r"完璧", r"最高", r"いいね", r"素晴らしい", r"ばっちり", r"良い", r"いい感じ", r"さすが", r"美味しかった",
         r"おいしかった", r"バッチリ", r"大丈夫",
         r"obsessed", r"holy (?:crap|cow|moly|smokes)", r"(?:so )?much better", r"better than (?:mine|i (?:expected|thought))",
+        r"util", r"muy util", r"muito util", r"utile", r"tres utile", r"molto utile", r"hilfreich", r"sehr hilfreich",
+        r"nuttig", r"полезно", r"有用", r"役に立",
         r"ideal", r"cute", r"catchy", r"adorable", r"charming", r"elegant", r"flawless", r"stellar", r"handy",
         r"(?:that |it )?(?:finally |totally )?makes (?:total |perfect |so much )?sense", r"ideale", r"ideaal", r"mignon",
         r"fofo", r"fofa", r"schattig", r"suss", r"niedlich", r"милый", r"милая", r"мило", r"助か(?:る|った)",
@@ -104,9 +121,9 @@ CUES: dict[str, tuple[str, ...]] = {
         r"lo hago (?:hoy|esta noche)", r"je le fais", r"mach ich (?:heute|gleich)", r"vou fazer", r"lo faccio",
         # keeping it, or making it tonight: "je garde", "stasera si fa", "беру"
         r"(?:i'?ll )?give it a (?:go|try|shot)", r"keeping (?:it|this)", r"i'?ll take it", r"esta noche (?:cae|lo hago|lo pruebo)",
-        r"me (?:lo|la) quedo", r"me quedo con", r"je (?:le |la )?garde", r"je prends", r"ce soir (?:je|on)",
-        r"nehm(?:e)? ich", r"ich nehm\w*", r"heute abend (?:gibt'?s|mach ich|koch ich)", r"vou usar", r"fico com",
-        r"stasera si fa", r"stasera (?:la|lo) (?:faccio|provo)", r"lo prendo", r"la prendo", r"ik neem",
+        r"me (?:lo|la) quedo", r"je (?:le |la )?garde", r"ce soir (?:je|on)", r"nehm(?:e)? ich",
+        r"heute abend (?:gibt'?s|mach ich|koch ich)", r"vou usar", r"stasera si fa", r"stasera (?:la|lo) (?:faccio|provo)",
+        r"lo prendo", r"la prendo",
         r"vanavond (?:maak|kook|gaat)", r"беру", r"возьму", r"就用这个", r"使わせていただき",
     ),
     "move_on": (
@@ -161,6 +178,8 @@ CUES: dict[str, tuple[str, ...]] = {
         r"waste of time", r"doesn'?t help", r"no good", r"pas terrible", r"no funciono", r"nao funcionou",
         r"n'a pas (?:marche|fonctionne)", r"hat nicht (?:funktioniert|geklappt)", r"non ha funzionato", r"не сработало",
         r"brega", r"cafona", r"kitsch", r"kitschig", r"hortera", r"ringard", r"pacchiano", r"没用啊",
+        r"no (?:es|me es|me resulta) util", r"pas (?:tres )?utile", r"nicht (?:sehr )?hilfreich", r"nao (?:e|foi) util",
+        r"non (?:e|mi e) (?:molto )?utile", r"niet nuttig", r"бесполезно", r"没用",
         r"n(?:ao)? deu certo", r"no salio", r"no ha salido", r"ca n'a pas marche", r"hat nicht geklappt", r"non e venuto",
     ),
     "too": (
@@ -257,33 +276,35 @@ CUES: dict[str, tuple[str, ...]] = {
         r"list", r"label", r"round", r"fix", r"rename", r"move", r"sort", r"translate", r"check", r"skip", r"avoid",
         r"don'?t", r"do not", r"stop", r"no more", r"lose the", r"get rid of", r"tone (?:it )?down", r"trim",
         r"split", r"merge", r"turn (?:it|this) into", r"format", r"show", r"reject", r"ask", r"be (?:more|less)",
-        r"exclude", r"scale", r"convert", r"filter", r"ignore", r"handle", r"center", r"centre", r"align", r"limit",
-        r"insert", r"combine", r"simplify", r"capitali[sz]e", r"highlight", r"reorder", r"expand", r"increase",
-        r"reduce", r"double", r"halve", r"tweak", r"adjust", r"update", r"clarify", r"specify", r"throw in",
-        r"work in", r"fold in", r"leave out", r"take out", r"cut out", r"spell out",
+        r"exclude", r"convert", r"align", r"combine", r"simplify", r"capitali[sz]e", r"reorder", r"halve", r"clarify",
+        r"specify", r"throw in", r"fold in", r"leave out", r"cut out", r"spell out",
+        *_opening(r"scale", r"filter", r"ignore", r"handle", r"center", r"centre", r"limit", r"insert", r"highlight",
+                  r"increase", r"reduce", r"expand", r"double", r"tweak", r"adjust", r"update", r"work in", r"take out",
+                  r"group", r"fill", r"call", r"name", r"order", r"end", r"start", r"set"),
         r"anade", r"agrega", r"pon", r"ponlo", r"ponla", r"quita", r"quitale", r"elimina", r"cambia", r"usa", r"haz",
         r"hazlo", r"hazla", r"escribe", r"reescribe", r"menciona", r"incluye", r"dame", r"dejalo", r"dejala",
         r"pasamelo", r"sustituye", r"traduce", r"explica", r"corrige", r"no pongas", r"sin", r"acorta", r"resume",
-        r"ordena", r"ordenalo", r"excluye", r"convierte", r"filtra", r"ignora", r"incluye", r"agregale", r"anadele",
+        r"ordenalo", r"agregale", r"anadele", *_opening(r"ordena", r"excluye", r"convierte", r"filtra", r"ignora"),
         r"ajoute", r"enleve", r"retire", r"supprime", r"mets", r"change", r"utilise", r"fais", r"ecris",
         r"reecris", r"mentionne", r"inclus", r"donne", r"garde", r"remplace", r"traduis", r"explique", r"corrige",
         r"raccourcis", r"evite", r"ne mets pas", r"sans", r"precise", r"rajoute",
-        r"trie", r"exclus", r"convertis", r"filtre", r"ignore", r"integre", r"simplifie",
+        *_opening(r"trie", r"exclus", r"convertis", r"filtre", r"ignore", r"integre", r"simplifie"),
         r"fug\w*", r"erganze", r"schreib", r"mach", r"nimm", r"entfern\w*", r"losch\w*", r"streich", r"andere",
         r"ersetze", r"benutze", r"verwende", r"erwahne", r"gib", r"kurze", r"ubersetze", r"erklar\w*",
         r"korrigier\w*", r"lass", r"ohne", r"kein", r"keine", r"trag", r"rechne", r"schick",
-        r"sortier\w*", r"filter\w*", r"ignorier\w*", r"wandel\w*", r"rechne \w+ um", r"formulier\w*",
+        r"rechne \w+ um", *_opening(r"sortier", r"sortiere", r"filtere", r"filter", r"ignorier", r"ignoriere", r"wandle",
+                                    r"formulier", r"formuliere"),
         r"adiciona", r"acrescenta", r"coloca", r"poe", r"tira", r"remove", r"troca", r"muda", r"usa", r"faz",
         r"escreve", r"reescreve", r"menciona", r"inclui", r"deixa", r"substitui", r"traduz", r"explica",
         r"corrige", r"sem", r"encurta", r"ordena", r"cita", r"retira",
-        r"filtra", r"ignora", r"converte", r"exclui", r"separa", r"junta",
+        *_opening(r"filtra", r"ignora", r"converte", r"exclui", r"separa", r"junta"),
         r"aggiungi", r"metti", r"togli", r"rimuovi", r"elimina", r"cambia", r"usa", r"fai", r"scrivi", r"riscrivi",
         r"menziona", r"includi", r"dammi", r"lascia", r"sostituisci", r"traduci", r"spiega", r"correggi",
         r"accorcia", r"evita", r"senza", r"ricontrolla", r"indica", r"rendila", r"rendilo",
-        r"ordina", r"filtra", r"ignora", r"converti", r"escludi", r"infila", r"inserisci", r"aggiungici",
+        r"aggiungici", r"inseriscilo", *_opening(r"ordina", r"filtra", r"ignora", r"converti", r"escludi", r"infila", r"inserisci"),
         r"voeg", r"zet", r"haal", r"verwijder", r"verander", r"gebruik", r"maak", r"schrijf", r"noem", r"geef",
         r"vervang", r"vertaal", r"leg uit", r"corrigeer", r"zonder", r"vermeld",
-        r"sorteer", r"filter", r"negeer", r"zet \w+ om", r"laat \w+ weg",
+        r"zet \w+ om", r"laat \w+ weg", *_opening(r"sorteer", r"filter", r"negeer"),
         r"добавь", r"убери", r"удали", r"поменяй", r"замени", r"используй", r"сделай", r"напиши", r"перепиши",
         r"упомяни", r"включи", r"дай", r"оставь", r"переведи", r"объясни", r"исправь", r"сократи", r"без", r"укажи",
         r"отсортируй", r"отфильтруй", r"игнорируй", r"преобразуй", r"исключи", r"пересчитай",
@@ -327,16 +348,9 @@ CUES: dict[str, tuple[str, ...]] = {
         r"さすがです", r"へえ", r"なるほどね", r"すごいですね",
         r"exactly what i (?:was going for|wanted|needed)\.", r"so helpful", r"super helpful\.", r"the famous",
         r"incredible\.", r"brilliant\.", r"what could go wrong", r"good luck with that", r"thanks a lot\.",
-        r"good to know", r"who knew", r"exactly what i (?:didn'?t|did not) (?:want|need|ask for)", r"(?:really|totally) sells it",
-        r"(?:in )?(?:some|a) parallel universe", r"totally my style", r"(?:i'?d|i would) never have thought of that",
-        r"impressive\.", r"thanks,? captain", r"what a surprise", r"color me (?:shocked|surprised)", r"big if true",
-        r"(?:genial|perfecto|estupendo|fantastico),? ahora", r"utilisimo", r"muy util\.", r"justo lo que (?:no )?necesitaba\.",
-        r"(?:super|genial|parfait|bravo),? (?:maintenant|voila)", r"tres utile\.", r"merci du tuyau",
-        r"(?:toll|super|klasse|prima),? jetzt", r"na klar", r"genau was ich (?:nicht )?wollte", r"sehr hilfreich\.",
-        r"(?:otimo|perfeito|maravilha|show),? agora", r"muito util\.", r"que util",
-        r"(?:ottimo|perfetto|fantastico|bravo),? (?:adesso|ora)", r"utilissimo", r"grazie tante",
-        r"(?:geweldig|top|mooi|super),? nu", r"precies wat ik (?:niet )?wilde", r"handig hoor",
-        r"(?:отлично|супер|прекрасно|здорово),? теперь", r"очень полезно\.", r"спасибо большое\.",
+        # only phrases seldom meant: "good to know", "impressive.", "grazie tante" are as often sincere
+        r"exactly what i (?:didn'?t|did not) (?:want|need|ask for)", r"(?:in )?(?:some|a) parallel universe",
+        r"thanks,? captain", r"what a surprise", r"color me (?:shocked|surprised)", r"big if true",
     ),
     "question_word": (
         r"what", r"how", r"why", r"where", r"when", r"which", r"who", r"is (?:it|this|that|there)",
