@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -82,9 +83,45 @@ def test_putting_into_a_stream_whose_loop_is_closed_raises() -> None:
     async def new_stream() -> GenerationStream:
         return GenerationStream(0)
 
+    def in_another_thread(push: Callable[[], None]) -> BaseException | None:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                push()
+            except BaseException as error:  # noqa: BLE001 - handed back to the test
+                errors.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return errors[0] if errors else None
+
     loop = asyncio.new_event_loop()
     stream = loop.run_until_complete(new_stream())
-    stream.push(TokenStep(1, -1.0))  # schedules a wake-up the closed loop will never run
+    assert in_another_thread(lambda: stream.push(TokenStep(1, -1.0))) is None  # a wake-up the loop will never run
     loop.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        stream.push(TokenStep(2, -1.0))
+    error = in_another_thread(lambda: stream.push(TokenStep(2, -1.0)))
+    assert isinstance(error, RuntimeError) and "closed" in str(error)
+
+
+def test_a_producer_on_the_consumers_own_loop_needs_no_wake_up() -> None:
+    """The remote engine reads its server's stream on the serving loop: no self-pipe write per token."""
+
+    async def main() -> tuple[list[int], int]:
+        stream = GenerationStream(0)
+        wake_ups = counting_wake_ups(asyncio.get_running_loop())
+
+        async def produce_here() -> None:
+            for index in range(50):
+                await asyncio.sleep(0)
+                stream.push(TokenStep(index, -1.0))
+            stream.finish()
+
+        producer = asyncio.ensure_future(produce_here())
+        received = [step.token_id async for step in stream]
+        await producer
+        return received, wake_ups[0]
+
+    received, wake_ups = asyncio.run(main())
+    assert received == list(range(50)) and wake_ups == 0

@@ -79,6 +79,7 @@ class GenerationStream:
         self._items: deque[TokenStep | BaseException | None] = deque()
         self._arrived = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._wake_lock = threading.Lock()
         self._wake_pending = False
         self._held = False
@@ -109,10 +110,13 @@ class GenerationStream:
         self._items.append(item)
         if self._held and isinstance(item, TokenStep) and item.finish_reason is None:
             return  # `hold_until_done`: the last step, `finish` or `fail` wakes the consumer
+        if self._loop.is_closed():
+            raise RuntimeError("Event loop is closed")
+        if threading.get_ident() == self._loop_thread:  # a producer on the loop itself (the remote engine)
+            self._arrived.set()
+            return
         with self._wake_lock:
             if self._wake_pending:
-                if self._loop.is_closed():
-                    raise RuntimeError("Event loop is closed")
                 return
             self._wake_pending = True
         try:
