@@ -58,3 +58,23 @@ def test_a_version_4_store_keeps_its_waiting_work_when_the_queues_arrive(tmp_pat
     upgraded = Store.for_run_dir(tmp_path)
     assert upgraded.judging.claim_turns_to_judge("w", limit=10, lease_s=60) == ["t2", "t3"]
     assert [judged.turn.id for judged in upgraded.training.judged_turns_without_sample(10)] == ["t1"]
+
+
+def test_a_version_6_store_gets_the_empty_answers_index_and_the_lookup_uses_it(tmp_path: Path) -> None:
+    """Each request that starts a session looks for a recent empty answer it may retry; the lookup
+    reads the empty answers only, however many turns the last minutes brought."""
+    store = Store.for_run_dir(tmp_path)
+    for index in range(40):
+        record(store, f"t{index}", f"s{index}", [user(f"q{index}")], f"a{index}")
+    record(store, "empty", "s-empty", [user("q")], "  ")
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what issue 32's store looked like
+        db.execute("DROP INDEX ix_turns_empty_answers")
+        db.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
+    upgraded = Store.for_run_dir(tmp_path)
+    assert [turn.id for turn in upgraded.turns.recent_empty_answers(since=0)] == ["empty"]
+    upgraded.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:
+        sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'ix_turns_empty_answers'").fetchone()[0]
+        plan = db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM turns WHERE {sql.split(' WHERE ', 1)[1]} AND created_at >= 0").fetchall()
+    assert "ix_turns_empty_answers" in str(plan)

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from sqlalchemy import Connection, Engine, inspect, select, text
 
 from clawrl.store.queues import backfill
-from clawrl.store.schema import Base, Meta, PolicyPointerRow
+from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
 from clawrl.types import SHARED_LINEAGE
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -51,6 +51,12 @@ def _lineages(connection: Connection) -> None:
             connection.execute(PolicyPointerRow.__table__.insert(), [{**pointer, "lineage": SHARED_LINEAGE} for pointer in pointers])
 
 
+def _empty_answers_index(connection: Connection) -> None:
+    """v7 indexes the recent empty answers (`schema.EMPTY_ANSWER`), which were found by scanning every
+    turn of the last ten minutes on each new session's first request."""
+    connection.execute(text(f"CREATE INDEX IF NOT EXISTS ix_turns_empty_answers ON turns (created_at) WHERE {EMPTY_ANSWER}"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -61,6 +67,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _episode_table,
     5: _work_queues,
     6: _lineages,
+    7: _empty_answers_index,
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from clawrl.types import SHARED_LINEAGE
@@ -40,6 +40,11 @@ class SessionRow(Base):
     done: Mapped[bool] = mapped_column(Boolean, default=False)
     done_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)  # client | idle
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
+
+
+# A main turn whose answer is nothing: no text, no tool call. Written out once, as SQL, because a
+# partial index serves a query only when the query's condition repeats the index's word for word.
+EMPTY_ANSWER = "kind = 'main' AND length(trim(response_text)) = 0 AND finish_reason != 'tool_calls'"
 
 
 class TurnRow(Base):
@@ -71,7 +76,13 @@ class TurnRow(Base):
     # follows this turn's conversation (DESIGN §3, session inference)
     message_hashes: Mapped[list[str]] = mapped_column(JSON)
     latency_s: Mapped[float] = mapped_column(Float)
-    __table_args__ = (UniqueConstraint("session_id", "index"),)
+    __table_args__ = (
+        UniqueConstraint("session_id", "index"),
+        # Recent main turns answered with nothing, which every request that starts a session looks
+        # for (a retry that does not echo the empty answer): a partial index holds only those, so
+        # the lookup costs the same whatever the traffic of the last minutes.
+        Index("ix_turns_empty_answers", "created_at", sqlite_where=text(EMPTY_ANSWER), postgresql_where=text(EMPTY_ANSWER)),
+    )
 
 
 class NextStateRow(Base):

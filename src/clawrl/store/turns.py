@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session as DBSession
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
-from clawrl.store.schema import FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.store.schema import EMPTY_ANSWER, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
 from clawrl.types import Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
 
 RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
@@ -125,8 +125,7 @@ class TurnStore:
             query = (
                 select(TurnRow)
                 .join(SessionRow, SessionRow.id == TurnRow.session_id)
-                .where(TurnRow.kind == "main", ~SessionRow.done, TurnRow.created_at >= since,
-                       func.length(func.trim(TurnRow.response_text)) == 0, TurnRow.finish_reason != "tool_calls")
+                .where(text(EMPTY_ANSWER), ~SessionRow.done, TurnRow.created_at >= since)
                 .order_by(TurnRow.created_at.desc())
                 .limit(limit)
             )  # fmt: skip
