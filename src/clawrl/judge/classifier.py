@@ -35,6 +35,7 @@ STEPS = 1000
 LEARNING_RATE = 2.0
 
 LEANING_WEIGHT = 1.0  # logit per log-count of a cue, before the classifier's own weights
+APPROVAL_AFTER_CONTRAST = 2.0  # in leanings: approval after a "but" outweighs one reservation before it
 SCORE_LEANINGS = {
     "thanks": 1, "praise": 1, "works": 1, "done": 1, "positive_emoji": 1, "negated_complaint": 1, "move_on": 1,
     "complaint": -1, "too": -1, "sarcasm": -1, "negative_emoji": -1, "emphasis": -1, "request_frame": -1,
@@ -42,7 +43,8 @@ SCORE_LEANINGS = {
     "hesitation": 0, "self_question": 0, "new_request": 0,
 }
 DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually", "sarcasm")
-_SHADOWED_BY = (("complaint", "negated_complaint"), ("too", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"), ("thanks", "complaint"))
+_SHADOWED_BY = (("complaint", "negated_complaint"), ("too", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"),
+                ("thanks", "complaint"))
 _CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too")
 _SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
                 "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
@@ -88,7 +90,7 @@ def score_leaning(reply: str) -> np.ndarray:
         if leaning is not None and count:
             logits[SCORES.index(leaning)] += LEANING_WEIGHT * math.log1p(count)
     if _approves_after_contrast(reply):
-        logits[SCORES.index(1)] += 2 * LEANING_WEIGHT * math.log1p(1)
+        logits[SCORES.index(1)] += APPROVAL_AFTER_CONTRAST * LEANING_WEIGHT * math.log1p(1)
     return logits
 
 
