@@ -144,7 +144,8 @@ def hang_up_after_two_chunks(server: ServerThread, store: Store, body: dict) -> 
 
 def test_client_hanging_up_mid_stream_keeps_the_partial_turn_untrainable(tiny_model_dir: Path, tmp_path: Path, serving_engine: Engine | None) -> None:
     if serving_engine is not None:
-        pytest.skip("vLLM's hang-ups: test_engine_contract.py::test_cancel_hangs_up_and_frees_the_engine")
+        pytest.skip("this test drives the hf engine's random-weight model, which the shared vLLM server does not serve; "
+                    "vLLM's hang-ups: test_engine_contract.py::test_cancel_hangs_up_and_frees_the_engine")
     # The random-weight model, not the tool model: the tool model ends every answer within about
     # 40 tokens, which a loaded machine can generate before the server sees the hang-up (CI saw
     # it once). The random one usually runs on to max_tokens, but may still end early by chance:
