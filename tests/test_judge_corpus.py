@@ -2,11 +2,11 @@
 
 The two parts are fixed; their digests are pinned here, so moving an item between them, or editing
 either, fails this test. Each held-out edition, once its judge errors were read, joined the tuning
-part: the first (391 items, split from the same writing as the tuning part), the second (416
-replies by another writer) and the third (420 replies by a third writer) did. The held-out part now
-is the fourth edition: 420 replies by a fourth writer who saw neither the code nor the corpus,
-committed sealed before the judge was improved on the third's errors and measured once, after the
-judge was built from the other 1,612. The held-out part may be read only by the
+part: the first (391 items, split from the same writing as the tuning part), then 416, 420 and 420
+replies by a second, third and fourth writer did. The held-out part now is the fifth edition: 420
+replies by a fifth writer who saw neither the code nor the corpus, committed sealed before the judge
+was improved on the fourth's errors and measured once, after the judge was built from the other
+2,032. The held-out part may be read only by the
 evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
 and the classifier must never see it.
 """
@@ -28,8 +28,8 @@ from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
 DIGESTS = {
-    "tuning.jsonl": "e3dfb713b60d9e1986c56e5fadbe7e899a6e1101b48ae264440251d050a48e44",
-    "held_out.jsonl": "7d7b47007917b52c3594d3fc79bec299253ea34247a55c7e7cbf6b66091a0b97",
+    "tuning.jsonl": "b2827753c877e88915f0d59bf0aeb9056fc8ae7c145147e443bd855d6074ca0c",
+    "held_out.jsonl": "1714ddd699f8b137f8130a757efb6d6584156a5f65e1e747a489c544e0c0f466",
 }
 HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
@@ -42,7 +42,7 @@ def test_each_part_is_the_one_split_once(name: str) -> None:
 
 def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
     tuning, held_out = load_part(TUNING), load_part("held_out")
-    assert (len(tuning), len(held_out)) == (1612, 420)
+    assert (len(tuning), len(held_out)) == (2032, 420)
     assert not {item.id for item in tuning} & {item.id for item in held_out}
     for item in (*tuning, *held_out):
         assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)

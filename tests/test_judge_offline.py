@@ -77,6 +77,34 @@ def test_praise_stays_praise_when_it_names_a_part_of_the_answer_or_sounds_like_a
     assert judged(reply) == (1, [])
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["Where did the Tuesday come from? It broke on Friday.", "Who said anything about a deposit? Leave that out.",
+     "Did you miss the part about the dates?", "D'où sort ce montant ?",
+     "Woher kommt die Zahl 300?", "Откуда взялась эта сумма?"],
+)
+def test_a_correction_asked_as_a_question_is_minus_one(reply: str) -> None:
+    """The fourth writer's "Who said Boots?": a challenge to what the answer put in, in our own words."""
+    assert judged(reply)[0] == -1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["Can't argue with that. Sending it.", "Couldn't be more polite if it tried.", "Not one word I'd change.",
+     "Ni trop sec ni trop long, merci.", "Non potevi dirlo meglio.", "Textbook. Thanks!"],
+)
+def test_more_ways_to_deny_a_fault_or_to_praise_are_praise(reply: str) -> None:
+    assert judged(reply) == (1, [])
+
+
+def test_a_name_set_straight_does_not_reach_across_sentences() -> None:
+    """"X, not Y" is one clause: "... the heater. No more noise." sets nothing straight."""
+    from clawrl.judge.lexicon import cue_counts
+
+    assert cue_counts("He fixed the heater. No more noise at night.")["this_not_that"] == 0
+    assert cue_counts("It's the 4th, not the 5th.")["this_not_that"] == 1
+
+
 def test_approval_after_a_reservation_is_praise() -> None:
     assert judged("Not the tone I pictured, but honestly it's better this way. Sending it, thanks!") == (1, [])
 

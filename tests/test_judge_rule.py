@@ -96,6 +96,7 @@ def test_nothing_next_scores_zero() -> None:
         "AssertionError [ERR_ASSERTION]: Expected values to be strictly equal:\n\n1 !== 2\n",
         "jq: error (at orders.json:12): Cannot index string with \"id\"",
         './main.go:4:2: "os" imported and not used\n./main.go:9:3: undefined: parseArgs',
+        "On branch dev\nUntracked files:\n\tnotes.txt\n\nnothing added to commit but untracked files present",
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:
@@ -121,6 +122,19 @@ def test_successful_tool_results_score_plus_one(result: str) -> None:
 def test_a_run_that_did_nothing_scores_zero() -> None:
     assert rule_score(tool("collected 0 items\n\n===== no tests ran in 0.01s =====")) == 0
     assert rule_score(tool("")) == 0  # printed nothing: no sign either way
+
+
+@pytest.mark.parametrize(
+    ("result", "score"),
+    [
+        ("[scheduler] The job queue pauses at midnight for backups.", 0),
+        ("[session moved to a new host, id 88]", 0),
+        ("[build] done in 2.3s, 4 files written", 1),  # a bracketed tag that reports the call's result
+        ("[12.5, 13.0, 14.25]", 1),  # a list of results, not a tag
+    ],
+)
+def test_a_note_from_the_tools_host_is_no_sign_either_way(result: str, score: int) -> None:
+    assert rule_score(tool(result)) == score
 
 
 def test_a_failed_call_among_several_results_scores_minus_one() -> None:

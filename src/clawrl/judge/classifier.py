@@ -30,7 +30,7 @@ from clawrl.judge.lexicon import cue_counts, cue_spans, fold
 SCORES = (-1, 0, 1)
 CHAR_NGRAMS = (2, 3, 4)
 CUE_WEIGHT = 3.0  # cue counts weigh more than any one n-gram: they carry over to unseen phrasings
-L2 = 0.003  # weight decay (chosen by cross-validation within the tuning part, as are the weights below)
+L2 = 0.005  # weight decay: chosen by leaving each writer of the tuning part out in turn (0.003 before the fourth joined)
 STEPS = 1000
 LEARNING_RATE = 2.0
 
@@ -39,13 +39,14 @@ APPROVAL_AFTER_CONTRAST = 2.0  # in leanings: approval after a "but" outweighs o
 SCORE_LEANINGS = {
     "thanks": 1, "praise": 1, "works": 1, "done": 1, "positive_emoji": 1, "negated_complaint": 1, "move_on": 1,
     "complaint": -1, "too": -1, "sarcasm": -1, "negative_emoji": -1, "emphasis": -1, "request_frame": -1,
-    "imperative": -1, "this_not_that": -1, "actually": -1,
+    "imperative": -1, "this_not_that": -1, "actually": -1, "challenge": -1,
     "hesitation": 0, "self_question": 0, "new_request": 0,
 }
-DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually", "sarcasm")
-_SHADOWED_BY = (("complaint", "negated_complaint"), ("too", "negated_complaint"), ("praise", "sarcasm"), ("thanks", "sarcasm"),
-                ("thanks", "complaint"))
-_CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too")
+DIRECTION_CUES = ("request_frame", "imperative", "too", "emphasis", "this_not_that", "actually", "sarcasm", "challenge")
+_SHADOWED_BY = (("complaint", "negated_complaint"), ("too", "negated_complaint"), ("request_frame", "negated_complaint"),
+                ("imperative", "negated_complaint"), ("praise", "sarcasm"),
+                ("thanks", "sarcasm"), ("thanks", "complaint"))
+_CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too", "challenge")
 _SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
                 "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
 _WORD = re.compile(r"[^\W\d_]+|\d+|[\u3040-\u30ff\u3400-\u9fff]", re.UNICODE)

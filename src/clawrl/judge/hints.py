@@ -39,7 +39,8 @@ _DIRECTIVE = re.compile(
 )
 # Triggers that direct only where they open a clause: "don't use bold" does, "I don't know" does not.
 _CLAUSE_OPENERS_ONLY = frozenset({"don't", "do not", "never", "use", "stop"})
-_DIRECTION_CUES = ("complaint", "too", "comparative", "emphasis", "contrast", "request_frame", "imperative", "sarcasm")
+_DIRECTION_CUES = ("complaint", "too", "comparative", "emphasis", "contrast", "request_frame", "imperative", "sarcasm",
+                   "challenge")
 _APPROVAL_CUES = ("praise", "thanks", "works", "done", "hesitation", "laughter", "positive_emoji")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？])|\n+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")

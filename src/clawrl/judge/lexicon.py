@@ -88,6 +88,9 @@ CUES: dict[str, tuple[str, ...]] = {
         r"show de bola", r"mandou bem", r"arrasou", r"que bueno", r"buenisimo", r"que bien",
         r"ca claque", r"top du top", r"wahnsinn", r"bombe", r"super gemacht", r"fantastisch",
         r"da hora", r"incrivel", r"ben fatto", r"mitico", r"top top", r"prachtig", r"te gek",
+        # slang and verdicts told as an outcome: "textbook.", "eres un crack", "stealing this format"
+        r"textbook", r"(?:eres|sos|e) un crack", r"un crack", r"stealing (?:this|that|it)", r"game[ -]?changer",
+        r"standing ovation", r"(?:a |big |huge |total |such a |what a )win", r"banger", r"next level",
     ),
     "works": (
         r"(?:it|that|this) works", r"works(?: now| great| perfectly| fine)?", r"worked", r"working now",
@@ -241,6 +244,11 @@ CUES: dict[str, tuple[str, ...]] = {
         r"лучше не (?:скажешь|придумаешь|напишешь)", r"ни одной (?:ошибки|претензии)",
         r"挑不出毛病", r"无可挑剔", r"没得挑", r"没有问题", r"一点问题都没有",
         r"文句なし", r"言うことなし", r"申し分(?:ない|なし)", r"文句のつけよう",
+        r"can'?t argue with (?:that|this|it)", r"couldn'?t be (?:any )?more (?:perfect|helpful|clear|polite|diplomatic|professional|spot on|happy|pleased|grateful|"
+        r"thrilled|useful|right|accurate)", r"not (?:one|a single) word i'?d (?:touch|change)",
+        r"(?:i'?m )?not complaining", r"ni trop", r"non (?:potevi|si poteva|potevo) (?:\w+ )?meglio",
+        r"besser (?:hatte|konnte|kann) .{0,40}nicht", r"nao (?:ficou|tenho|restou|sobrou) nenhuma duvida",
+        r"no (?:me )?(?:queda|quedo) (?:ninguna )?duda", r"aucun doute", r"keine fragen? (?:mehr|offen)",
     ),
     "request_frame": (
         r"could (?:you|u|we|it|this)", r"can (?:you|u|we|it|this|ya)", r"cn u", r"would (?:you|u) (?:mind|be able)",
@@ -333,7 +341,7 @@ CUES: dict[str, tuple[str, ...]] = {
     "sarcasm": (
         r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)", r"(?:great|perfect|wonderful),? now",
         r"yeah,? right", r"as if", r"very (?:robust|helpful|original|useful)", r"groundbreaking", r"thanks for nothing",
-        r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", r"sure\.", r"right\.",
+        r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", *_opening(r"sure\.", r"right\."),
         r"totally", r"genius", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
         r"bold move", r"love that for me", r"just what i needed",
         r"gracias por nada", r"que original", r"claro,", r"si, claro", r"como no", r"vaya,", r"menudo",
@@ -382,8 +390,28 @@ CUES: dict[str, tuple[str, ...]] = {
         r"eigenlijk", r"на самом деле", r"вообще-то", r"其实", r"実は", r"ではなく", r"じゃなくて", r"而不是", r"不是",
     ),
     "this_not_that": (  # "SQL Server, not Postgres", "marta no maria", "41 а не 14"
-        r"[\w.#/-]+,? (?:not|nicht|nich|non|niet|nao|pas|а не|no) (?:the |a |an |el |la |le |il |o |der |die |das )?"
+        # the first name may hold dots ("v1.2", ".tsv") but not end on one: "... the cartridge. No more drip" is two sentences
+        r"[\w.#/-]*[\w#/-],? (?:not|nicht|nich|non|niet|nao|pas|а не|no) (?:the |a |an |el |la |le |il |o |der |die |das )?"
         r"[\w.#/-]+",
+    ),
+    "challenge": (  # a correction asked as a question: "where did Mr. Patel come from?", "who said Boots?"
+        r"where did .{1,40}? come from", r"where(?:'?s| is) .{1,30}? coming from", r"who said", r"who asked (?:for|you)",
+        r"did you (?:miss|forget|skip|ignore|even read|not read)", r"why (?:did|would) you (?:add|put|say|write|use|include|change|pick)",
+        r"what happened to", r"since when", r"didn'?t i (?:say|mention|tell you|ask|write)",
+        r"de donde (?:sale|salio|has sacado|sacaste|viene)", r"quien (?:dijo|ha dicho|te dijo|ha pedido)",
+        r"por que (?:pones|pusiste|has puesto|metiste)", r"(?:te )?olvidaste",
+        r"d'ou (?:sort|vient|tu sors|ca sort)", r"qui (?:a dit|t'a dit|a demande)", r"pourquoi (?:tu as mis|as-tu mis|tu mets)",
+        r"(?:tu as|t'as) oublie",
+        r"wo(?:her)? kommt .{1,30}? her", r"woher kommt", r"wer hat (?:gesagt|was von|das gesagt)", r"warum steht (?:da|dort)",
+        r"hast du .{0,25}?(?:vergessen|ubersehen)",
+        r"de onde (?:saiu|veio|voce tirou|tirou)", r"quem (?:disse|falou|pediu)", r"por que (?:voce )?(?:colocou|pos|botou)",
+        r"(?:voce )?esqueceu",
+        r"da dove (?:viene|esce|salta fuori|hai preso)", r"chi (?:ha detto|te l'ha detto|ha chiesto)",
+        r"perche hai (?:messo|scritto|aggiunto)", r"hai dimenticato",
+        r"waar komt .{1,30}? vandaan", r"wie (?:zei|heeft gezegd)", r"waarom staat", r"ben je .{0,25}?vergeten",
+        r"откуда (?:взял\w*|взялся|взялась|взялось|это)", r"кто (?:сказал|говорил|просил)", r"ты забыл\w*",
+        r"почему ты (?:написал|добавил|поставил)",
+        r"哪来的", r"从哪(?:里|儿)来", r"谁说", r"你忘了", r"どこから(?:出て|来)", r"誰が.{0,10}言", r"忘れて(?:ない|ません)",
     ),
     "new_request": (  # a request that leaves the answer behind: a new topic, not a correction
         r"unrelated", r"(?:a )?(?:different|new|another|random|separate|quick) (?:question|q|thing|topic)", r"quick q",

@@ -55,7 +55,7 @@ _TOOL_ERROR = re.compile(
     r"|\bfailed:|\btest failed\b|\bbuild failed\b|\bcould not resolve\b|\bcannot stat\b|\bcannot (?:open|find|access)\b"
     r"|\btoo many requests\b|\brate limit(?:ed)? exceeded\b|\[emerg\]|\binvalid option\b|\bundefined reference\b"
     r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
-    r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:"
+    r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:|\bnothing added to commit\b"
     r"|\*\*\* .*\bStop\.|\bWARNING: DATA RACE\b|\bError from server\b|\bnot found\s*$|\bAddressSanitizer\b"
     # a bracketed error code ("AssertionError [ERR_ASSERTION]:"), jq's "error (at FILE:LINE)", Go's compiler
     r"|\b\w*(?:Error|Exception) \[\w+\]:|\berror \(at\b|\bundefined: \w|\b(?:imported|declared) and not used\b"
@@ -72,6 +72,11 @@ _TOOL_DID_NOTHING = re.compile(
     r"\bno tests ran\b|\bcollected 0 items\b|\[no test files\]|\bRan 0 tests\b|\bno tests to run\b|\b0 passing\b",
     re.IGNORECASE,
 )
+# A line the tool's host wrote about the session, not the call's result: "[kernel] Kernel restarted
+# by the administrator.", "[process moved to background, pid 51734]". Nothing either way.
+_HOST_NOTICE = re.compile(r"^\s*\[[^\W\d_][^\]\n]{1,59}\][^\n]*$")
+_REPORTS_RESULT = re.compile(r"\b(?:ok|success\w*|succeeded|passed|done|complete[d]?|created|saved|written|finished|installed)\b",
+                             re.IGNORECASE)
 _WORD = re.compile(r"[a-z0-9']+")
 
 
@@ -119,8 +124,8 @@ def rule_score(
     user_text = _user_text(next_state_messages)
     if user_text:
         return _user_score(user_text, previous_user_text, model or default_model())
-    if tool_results and all(_TOOL_DID_NOTHING.search(result) or not result.strip() for result in tool_results):
-        return 0  # ran and did nothing, or printed nothing at all: no sign either way
+    if tool_results and all(_did_nothing(result) for result in tool_results):
+        return 0  # ran and did nothing, printed nothing at all, or only a note from its host: no sign either way
     return 1 if tool_results else 0
 
 
@@ -179,6 +184,12 @@ def _is_tool_error(result: str) -> bool:
     if _TOOL_ERROR.search(result) or any(int(code) != 0 for code in _EXIT_CODE.findall(result)):
         return True
     return _is_json_failure(result)
+
+
+def _did_nothing(result: str) -> bool:
+    if _TOOL_DID_NOTHING.search(result) or not result.strip():
+        return True
+    return bool(_HOST_NOTICE.match(result.strip())) and not _REPORTS_RESULT.search(result)
 
 
 def _is_json_failure(result: str) -> bool:
