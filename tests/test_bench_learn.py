@@ -20,6 +20,10 @@ from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
 from clawrl.store import Store
 
 CI_PRETRAIN = PretrainConfig(steps=300)
+# Settings that move the style within 14 sessions, so that a short run can show training at work:
+# the earlier defaults. Over 36 sessions they also lose the question (issue 28); the defaults,
+# which keep it, move the style too little in 14 sessions for a test to tell from noise.
+FAST_TRAIN = {"lr": 5e-4, "reward_baseline_samples": 0}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +34,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bench(out: Path, model_dir: Path, method: str, sessions: int, eval_every: int = 1) -> dict:
     config = BenchConfig(method=method, sessions=sessions, seeds=1, out=out, model=str(model_dir), heldout_prompts=16,
                          eval_every=eval_every)  # fmt: skip
-    return run_bench(config, {}, progress=lambda _: None)
+    return run_bench(config, FAST_TRAIN, progress=lambda _: None)
 
 
 def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -> None:
