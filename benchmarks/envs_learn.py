@@ -74,6 +74,9 @@ async def play(base_url: str, env: EnvConfig, split: str, planned: list[PlannedE
         return await run_rollouts(lambda: make_environment(env), policies, planned, config)
 
 
+SHARED_EVAL_SEED = 777  # what every seed's evaluation played before issue 28 gave each seed its own
+
+
 def eval_seed(seed: int) -> int:
     """The episode seed of a run's evaluations: the same in every round and arm of `seed`, other for each seed."""
     return 777 + seed
@@ -152,6 +155,25 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def resummarize(path: Path) -> dict[str, Any]:
+    """A results.json summarized again with today's intervals (`gain_ci` the wider of the bootstrap and a t-interval).
+
+    The summary it was reported with stays (`summary`: the docs quote it); today's goes beside it
+    (`summary_now`). Runs from before each seed had its own eval episodes lack `eval_seed`: every
+    one of them played SHARED_EVAL_SEED, so the file says so (`eval_seed` on each run,
+    `eval_episodes_shared`); the bootstrap then counts one set of episodes once per seed, and only
+    the t-interval over seeds widens it.
+    """
+    results = json.loads(path.read_text())
+    shared = any("eval_seed" not in run for run in results["runs"])
+    for run in results["runs"]:
+        run.setdefault("eval_seed", SHARED_EVAL_SEED)
+    results["eval_episodes_shared"] = shared or results.get("eval_episodes_shared", False)
+    results["summary_now"] = summarize(results["runs"])
+    path.write_text(json.dumps(results, indent=1))
+    return results["summary_now"]
+
+
 def table(summary: dict[str, Any]) -> str:
     lines = ["arm          round  eval reward  95% interval"]
     for arm, data in summary["arms"].items():
@@ -181,7 +203,12 @@ def main() -> None:
     parser.add_argument("--kl-beta", type=float, default=TRAIN_FLAGS["kl_beta"], help="KL anchor to the starting weights")
     parser.add_argument("--quick", action="store_true", help="one seed, one round, small groups: a smoke run")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    parser.add_argument("--resummarize", type=Path, metavar="RESULTS_JSON",
+                        help="run nothing: add to a results.json its summary with today's intervals (`summary_now`)")
     args = parser.parse_args()
+    if args.resummarize:
+        print(table(resummarize(args.resummarize)))
+        return
     if args.quick:
         args.seeds, args.rounds, args.groups, args.group_size, args.eval_samples = "0", 1, 4, 4, 1
     args.train_flags = TRAIN_FLAGS | {"lr": args.lr, "kl_beta": args.kl_beta}

@@ -63,3 +63,21 @@ def test_the_learning_benchmark_summarises_curves_gains_and_the_paired_arms() ->
     assert len({envs_learn.eval_seed(seed) for seed in (10, 11, 12)}) == 3  # each seed its own eval episodes
     assert summary["paired"]["integrated-outcome"]["mean"] == 0.25
     assert "integrated-outcome: +0.250" in envs_learn.table(summary)
+
+
+def test_an_earlier_results_file_gets_todays_intervals_beside_the_ones_it_was_reported_with(tmp_path: Path) -> None:
+    envs_learn = load_envs_learn()
+    runs = [{"arm": "integrated", "seed": seed, "curve": [{"round": 0, "outcomes": [0, 0, 1, 0]},
+                                                          {"round": 1, "outcomes": [1, 1, 1, seed % 2]}]}
+            for seed in (10, 11, 12)]  # fmt: skip
+    reported = {"arms": {"integrated": {"gain": {"mean": 0.6, "ci": [0.5, 0.7]}}}, "paired": {}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"command": "benchmarks/envs_learn.py ...", "summary": reported, "runs": runs}))
+
+    envs_learn.resummarize(path)
+
+    results = json.loads(path.read_text())
+    assert results["summary"] == reported  # what the docs quoted stays
+    assert results["eval_episodes_shared"] is True and {run["eval_seed"] for run in results["runs"]} == {777}
+    gain = results["summary_now"]["arms"]["integrated"]["gain"]
+    assert results["summary_now"]["arms"]["integrated"]["gain_ci"] == list(wider(tuple(gain["bootstrap_ci"]), tuple(gain["t_ci"])))
