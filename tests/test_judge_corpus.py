@@ -2,11 +2,11 @@
 
 The two parts are fixed; their digests are pinned here, so moving an item between them, or editing
 either, fails this test. Each held-out edition, once its judge errors were read, joined the tuning
-part: the first (391 items, split from the same writing as the tuning part), then 416, 420 and 420
-replies by a second, third and fourth writer did. The held-out part now is the fifth edition: 420
-replies by a fifth writer who saw neither the code nor the corpus, committed sealed before the judge
-was improved on the fourth's errors and measured once, after the judge was built from the other
-2,032. The held-out part may be read only by the
+part: the first (391 items, split from the same writing as the tuning part), then 416, 420, 420
+and 420 replies by a second, third, fourth and fifth writer did. The held-out part now is the sixth
+edition: 420 replies by a sixth writer who saw neither the code nor the corpus, committed sealed
+before the judge was improved on the fifth's errors and measured once, after the judge was built
+from the other 2,452. The held-out part may be read only by the
 evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
 and the classifier must never see it.
 """
@@ -28,8 +28,8 @@ from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
 DIGESTS = {
-    "tuning.jsonl": "b2827753c877e88915f0d59bf0aeb9056fc8ae7c145147e443bd855d6074ca0c",
-    "held_out.jsonl": "1714ddd699f8b137f8130a757efb6d6584156a5f65e1e747a489c544e0c0f466",
+    "tuning.jsonl": "ff779243444e0b69b784ef547b5afd61b8153408b0d08e6af4bc9456f4363c19",
+    "held_out.jsonl": "c44a691e2a3010e4db7772611571e50fef72e458d50802dffcb2c2097cacaab0",
 }
 HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
@@ -42,7 +42,7 @@ def test_each_part_is_the_one_split_once(name: str) -> None:
 
 def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
     tuning, held_out = load_part(TUNING), load_part("held_out")
-    assert (len(tuning), len(held_out)) == (2032, 420)
+    assert (len(tuning), len(held_out)) == (2452, 420)
     assert not {item.id for item in tuning} & {item.id for item in held_out}
     for item in (*tuning, *held_out):
         assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)

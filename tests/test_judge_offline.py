@@ -97,6 +97,24 @@ def test_more_ways_to_deny_a_fault_or_to_praise_are_praise(reply: str) -> None:
     assert judged(reply) == (1, [])
 
 
+@pytest.mark.parametrize("reply", ["Great, 'at your earliest convenience'. He will fix it next spring then.",
+                                   "Super, « dans les meilleurs délais ». Il va adorer.", "Klasse, „zeitnah“. Das wirkt bestimmt."])
+def test_praise_that_quotes_the_answer_back_is_sarcasm(reply: str) -> None:
+    """The fifth writer's "Great, 'kinder to your battery'.", in our own words."""
+    assert judged(reply)[0] == -1
+
+
+@pytest.mark.parametrize("reply", ["Tomorrow?", "Deposit?", "¿Fechas?", "Kaution?"])
+def test_a_bare_word_asked_back_is_what_the_answer_lacked(reply: str) -> None:
+    assert judged(reply)[0] == -1
+
+
+@pytest.mark.parametrize("reply", ["Brilliant.", "Thanks a lot. That helped.", "That'll do, thanks.",
+                                   "Great, 'Dear Mr. Lee' is how he likes it. Sending."])
+def test_sincere_praise_is_not_read_as_sarcasm(reply: str) -> None:
+    assert judged(reply) == (1, [])
+
+
 def test_a_name_set_straight_does_not_reach_across_sentences() -> None:
     """"X, not Y" is one clause: "... the heater. No more noise." sets nothing straight."""
     from clawrl.judge.lexicon import cue_counts

@@ -50,6 +50,7 @@ _CHANGE_CUES = ("request_frame", "imperative", "complaint", "comparative", "too"
 _SIGNAL_CUES = (*_CHANGE_CUES, "thanks", "praise", "works", "done", "emphasis", "sarcasm", "negated_complaint",
                 "positive_emoji", "negative_emoji", "move_on", "this_not_that", "actually")
 _WORD = re.compile(r"[^\W\d_]+|\d+|[\u3040-\u30ff\u3400-\u9fff]", re.UNICODE)
+_CJK_CHAR = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")  # a CJK "word" is one character: no count of words to go by
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,19 @@ def score_leaning(reply: str) -> np.ndarray:
             logits[SCORES.index(leaning)] += LEANING_WEIGHT * math.log1p(count)
     if _approves_after_contrast(reply):
         logits[SCORES.index(1)] += APPROVAL_AFTER_CONTRAST * LEANING_WEIGHT * math.log1p(1)
+    if _is_bare_word_question(reply):
+        logits[SCORES.index(-1)] += LEANING_WEIGHT * math.log1p(1)
     return logits
+
+
+def _is_bare_word_question(reply: str) -> bool:
+    """"Vegan?", "¿Abdominales?", "grams?": one or two words asked back, with no cue, name what the
+    answer lacked (21 of the 23 in the tuning part up to the fifth writer are labelled -1)."""
+    stripped = reply.strip()
+    words = _WORD.findall(fold(stripped))
+    counts = cue_counts(reply)
+    return (stripped.endswith(("?", "？")) and 0 < len(words) <= 2 and not _CJK_CHAR.search(stripped)
+            and not any(counts[name] for name in (*_SIGNAL_CUES, "question_word")))
 
 
 def _approves_after_contrast(reply: str) -> bool:

@@ -53,7 +53,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"спасибо", r"спс", r"благодарю",
         r"谢谢", r"多谢", r"感谢", r"谢啦",
         r"ありがとう", r"ありがと", r"どうも", r"助かりま", r"感謝",
-        r"vlw", r"grz", r"grx", r"grax", r"thnx", r"thanx", r"merci bcp", r"dankjewel", r"spasibo",
+        r"vlw", r"grz", r"grx", r"grax", r"thnx", r"thanx", r"merci bcp", r"dankjewel", r"spasibo", r"arigato\w*",
     ),
     "praise": (
         r"perfect(?:ly)?", r"perfct", r"great", r"awesome", r"excellent", r"nice", r"good", r"lovely", r"amazing",
@@ -125,7 +125,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"(?:i'?ll )?give it a (?:go|try|shot)", r"keeping (?:it|this)", r"i'?ll take it", r"esta noche (?:cae|lo hago|lo pruebo)",
         r"me (?:lo|la) quedo", r"je (?:le |la )?garde", r"ce soir (?:je|on)", r"nehm(?:e)? ich",
         r"heute abend (?:gibt'?s|mach ich|koch ich)", r"vou usar", r"stasera si fa", r"stasera (?:la|lo) (?:faccio|provo)",
-        r"lo prendo", r"la prendo",
+        r"lo prendo", r"la prendo", r"tel quel", r"ca fera l'affaire", r"(?:it|that)'?ll do",
         r"vanavond (?:maak|kook|gaat)", r"беру", r"возьму", r"就用这个", r"使わせていただき",
     ),
     "move_on": (
@@ -342,7 +342,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)", r"(?:great|perfect|wonderful),? now",
         r"yeah,? right", r"as if", r"very (?:robust|helpful|original|useful)", r"groundbreaking", r"thanks for nothing",
         r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", *_opening(r"sure\.", r"right\."),
-        r"totally", r"genius", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
+        r"totally", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
         r"bold move", r"love that for me", r"just what i needed",
         r"gracias por nada", r"que original", r"claro,", r"si, claro", r"como no", r"vaya,", r"menudo",
         r"bravo", r"merci du conseil", r"ah (?:genial|super|parfait)", r"on dirait vraiment", r"evidemment",
@@ -353,11 +353,15 @@ CUES: dict[str, tuple[str, ...]] = {
         r"ну конечно", r"ага,", r"гениально", r"спасибо, кэп", r"ну да", r"ну спасибо",
         r"真是太.{0,10}了呢", r"呵呵", r"厉害了", r"真有创意", r"好厉害哦",
         r"さすがです", r"へえ", r"なるほどね", r"すごいですね",
-        r"exactly what i (?:was going for|wanted|needed)\.", r"so helpful", r"super helpful\.", r"the famous",
-        r"incredible\.", r"brilliant\.", r"what could go wrong", r"good luck with that", r"thanks a lot\.",
+        r"exactly what i (?:was going for|wanted|needed)\.", r"super helpful\.", r"the famous",
+        r"incredible\.", r"what could go wrong", r"good luck with that",
         # only phrases seldom meant: "good to know", "impressive.", "grazie tante" are as often sincere
         r"exactly what i (?:didn'?t|did not) (?:want|need|ask for)", r"(?:in )?(?:some|a) parallel universe",
         r"thanks,? captain", r"what a surprise", r"color me (?:shocked|surprised)", r"big if true",
+        # praise, then the answer's own words in quotes: "Great, 'kinder to your battery'.", "Klasse, „seit meiner Kindheit“"
+        r"^(?:(?:oh|ah|wow|yes|ah yes|oh yes|great|perfect|super|klasse|toll|genial|parfait|perfeito|otimo|perfetto|ottimo|"
+        r"lovely|nice|wonderful|brilliant|fantastic|amazing|excellent|bravo|cool|шикарно|отлично|прекрасно|супер),? ?){1,2}"
+        r"(?<=, )[«„\"“'] ?\w+",  # (entries are folded to lower case, so no \W or \S in them)
     ),
     "question_word": (
         r"what", r"how", r"why", r"where", r"when", r"which", r"who", r"is (?:it|this|that|there)",
@@ -441,7 +445,7 @@ CUES: dict[str, tuple[str, ...]] = {
     ),
     "negative_emoji": (
         r"👎", r"😬", r"🤥", r"😒", r"🙄", r"😞", r"😡", r"😤", r"🤦", r"😕", r"😐", r"🤔", r"😩", r"💀", r"😑",
-        r":\(", r":-\(", r"🤨", r"😖", r"🫠",
+        r":\(", r":-\(", r"🤨", r"😖", r"🫠", r"🥱", r"🤢", r"🤮", r"😴",
     ),
 }
 
