@@ -140,8 +140,13 @@ class Agent:
 
     def __init__(self, base_url: str, model: str, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0) -> None:
         # Idle connections are dropped after a second, well before uvicorn closes them (5 s): reusing
-        # one the server is closing at that moment fails the request ("server disconnected").
-        self.client = httpx.Client(base_url=f"{base_url}/v1", timeout=600, limits=httpx.Limits(keepalive_expiry=1.0))
+        # one the server is closing at that moment fails the request ("server disconnected"). No cap
+        # on pooled connections: an evaluation asks from 48 threads at once, and with httpx's default
+        # of 20 kept alive the pool closed a surplus connection it had just handed to a waiting
+        # thread (httpcore issue 1110); that request hung for a minute and failed with EBADF, which
+        # ended a `make demo` run.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=1.0)
+        self.client = httpx.Client(base_url=f"{base_url}/v1", timeout=600, limits=limits)
         self.health_url = f"{base_url}/healthz"
         self.model, self.max_tokens = model, max_tokens
         self.sampling = {"temperature": temperature, "top_p": top_p}
