@@ -125,3 +125,29 @@ def test_judges_in_several_threads_build_the_classifier_once(monkeypatch: pytest
     finally:
         forget_default_model()
     assert len(builds) == 1 and all(model is models[0] for model in models)
+
+
+def test_the_trained_classifier_is_kept_and_loaded_again_unless_the_corpus_or_code_changed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Training takes seconds of the serving process's GIL; a cache keyed by the corpus's and the code's digests."""
+    forget_default_model()
+    try:
+        trained = classifier.default_model(tmp_path)
+        forget_default_model()
+
+        def refuse(items: list) -> classifier.ReplyModel:
+            raise AssertionError("trained again although this corpus and code were trained before")
+
+        monkeypatch.setattr(classifier, "train_model", refuse)
+        loaded = classifier.default_model(tmp_path)
+    finally:
+        forget_default_model()
+    assert loaded.vocabulary == trained.vocabulary
+    assert (loaded.score_weights == trained.score_weights).all() and (loaded.direction_weights == trained.direction_weights).all()
+    assert [path.name for path in (tmp_path / "judge").iterdir()] == [f"reply-model-{classifier._model_key(load_text())}.npz"]
+    assert classifier._model_key(load_text() + "\n") != classifier._model_key(load_text())
+
+
+def load_text() -> str:
+    return (CORPUS_DIR / f"{TUNING}.jsonl").read_text(encoding="utf-8")

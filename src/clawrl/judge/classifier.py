@@ -6,26 +6,34 @@ those cues stand (first or after a "but"), and how much of the request it repeat
 share the features: the score (-1, 0, +1; softmax) and the direction (does the reply say how the
 answer should have been; sigmoid), which decides whether the judge offers a hint.
 
-It is trained on the tuning part of the labelled corpus and nothing else (`default_model`), at
-first use, by full-batch gradient descent from zeros: deterministic, about a second of one CPU
-core, no weights file to ship or to drift from the corpus. Tool outputs are not its business: the rules
-read those (`rule.py`).
+It is trained on the tuning part of the labelled corpus and nothing else (`default_model`), by
+full-batch gradient descent from zeros: deterministic, no weights file to ship or to drift from the
+corpus. Training takes about ten seconds of one CPU core at 2,452 replies (the replies' gram matrix
+grows with their square), so the weights are kept in a cache directory under a key made of the
+corpus's and this code's digests: any change to either trains anew, and every other process loads
+them in milliseconds. Tool outputs are not its business: the rules read those (`rule.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from clawrl.judge.corpus import TUNING, LabelledReply, load_part
+from clawrl.judge import lexicon
+from clawrl.judge.corpus import TUNING, LabelledReply, corpus_path, parse_part
 from clawrl.judge.lexicon import cue_counts, cue_spans, fold
+
+log = logging.getLogger(__name__)
 
 SCORES = (-1, 0, 1)
 CHAR_NGRAMS = (2, 3, 4)
@@ -271,27 +279,70 @@ def train_model(items: Iterable[LabelledReply]) -> ReplyModel:
 
 
 _DEFAULT_MODEL_LOCK = threading.Lock()
+_default: list[ReplyModel] = []  # the process's classifier, once built or loaded
 
 
-def default_model() -> ReplyModel:
+def default_model(cache_dir: Path | None = None) -> ReplyModel:
     """The classifier trained on the corpus's tuning part: what the offline judge uses.
 
     Built once per process. The judge worker judges several turns at once in threads; without the
     lock each of them would train its own copy at the same time (seconds each, on the one CPU the
-    background loops get), and the first turns would wait for all of them.
+    background loops get), and the first turns would wait for all of them. With `cache_dir` the
+    weights are loaded from there when this corpus and code trained them before, and kept there
+    when they had to be trained.
     """
     with _DEFAULT_MODEL_LOCK:
-        return _trained_default_model()
+        if not _default:
+            _default.append(_cached_or_trained(cache_dir))
+        return _default[0]
 
 
 def forget_default_model() -> None:
-    """Drop the built classifier: the next `default_model()` trains it again."""
-    _trained_default_model.cache_clear()
+    """Drop the process's classifier: the next `default_model()` loads or trains it again."""
+    with _DEFAULT_MODEL_LOCK:
+        _default.clear()
 
 
-@cache
-def _trained_default_model() -> ReplyModel:
-    return train_model(load_part(TUNING))
+def _cached_or_trained(cache_dir: Path | None) -> ReplyModel:
+    corpus = corpus_path(TUNING).read_text(encoding="utf-8")
+    path = cache_dir / "judge" / f"reply-model-{_model_key(corpus)}.npz" if cache_dir is not None else None
+    if path is not None and path.exists():
+        try:
+            return _load(path)
+        except (OSError, ValueError, KeyError) as error:  # a torn or foreign file: train again, overwrite it
+            log.warning("the judge's cached classifier %s is unreadable (%s); training it again", path, error)
+    if path is not None:
+        log.info("training the offline judge's classifier on %s (once for this corpus and code; kept in %s)",
+                 corpus_path(TUNING).name, path.parent)
+    model = train_model(parse_part(corpus))
+    if path is not None:
+        _save(path, model)
+    return model
+
+
+def _model_key(corpus: str) -> str:
+    """What the weights depend on: the tuning part and the code that turns replies into features and fits them."""
+    digest = hashlib.sha256(corpus.encode())
+    for module_file in (__file__, lexicon.__file__):
+        digest.update(Path(module_file).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _save(path: Path, model: ReplyModel) -> None:
+    """Written beside and renamed into place: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    names = np.array(sorted(model.vocabulary, key=model.vocabulary.__getitem__))
+    with open(staging, "wb") as file:
+        np.savez(file, names=names, score_weights=model.score_weights, direction_weights=model.direction_weights)
+    os.replace(staging, path)
+
+
+def _load(path: Path) -> ReplyModel:
+    with np.load(path, allow_pickle=False) as stored:
+        names = stored["names"].tolist()
+        return ReplyModel({name: index for index, name in enumerate(names)}, stored["score_weights"],
+                          stored["direction_weights"])
 
 
 def _gram(rows: list[dict[str, float]], vocabulary: dict[str, int]) -> np.ndarray:

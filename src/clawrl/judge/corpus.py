@@ -52,8 +52,12 @@ def corpus_path(part: str) -> Path:
 
 def load_part(part: str) -> list[LabelledReply]:
     """The items of one part of the corpus, in file order."""
-    lines = corpus_path(part).read_text(encoding="utf-8").splitlines()
-    return [_item(json.loads(line)) for line in lines if line.strip()]
+    return parse_part(corpus_path(part).read_text(encoding="utf-8"))
+
+
+def parse_part(text: str) -> list[LabelledReply]:
+    """The items of a part's JSONL text, in order."""
+    return [_item(json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
 def hint_recalled(hint: str | None, keywords: tuple[tuple[str, ...], ...]) -> bool:

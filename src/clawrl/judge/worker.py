@@ -16,7 +16,7 @@ import uuid
 from clawrl.config import EngineConfig, JudgeConfig
 from clawrl.engines.base import Engine
 from clawrl.judge.choice import choose_judge
-from clawrl.judge.classifier import ReplyModel
+from clawrl.judge.classifier import ReplyModel, default_model
 from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
@@ -40,7 +40,7 @@ class RuleJudge:
         self.model = model
 
     async def judge(self, case: TurnContext) -> BackendVerdict:
-        # on a thread: the first call trains the classifier (about a second) and serving shares this loop
+        # on a thread: serving shares this loop
         score, hints = await asyncio.to_thread(judge_by_rules, case.turn.messages, case.next_messages, self.model)
         return BackendVerdict(score=score, votes=[score], rationale=None, hint_candidates=hints, source="rule")
 
@@ -55,9 +55,12 @@ def build_backend(
     """
     served_model = engine_config.model if serving_engine is not None and engine_config is not None else None
     judge = choose_judge(config, served_model).judge
+    # The offline judge's classifier is loaded (or trained, once per corpus and code) now, before
+    # serving starts: trained at the first judgment it took seconds of the GIL from serving.
+    cache_dir = (engine_config or EngineConfig()).cache_dir
     # the language-model backends are imported here, not at the top: they build on this module's types
     if judge == "rule":
-        return RuleJudge()
+        return RuleJudge(default_model(cache_dir))
     if judge == "openai":
         from clawrl.judge.openai_backend import OpenAIJudge
 
@@ -70,7 +73,7 @@ def build_backend(
             return engine_judge
         from clawrl.judge.combined import EngineAndRuleJudge
 
-        return EngineAndRuleJudge(engine_judge, RuleJudge())
+        return EngineAndRuleJudge(engine_judge, RuleJudge(default_model(cache_dir)))
     raise ValueError(f"judge backend {judge!r} cannot judge")
 
 
