@@ -74,8 +74,13 @@ def test_building_and_running_the_offline_judge_reads_the_tuning_part_only(monke
     assert read == ["tuning.jsonl"]
 
 
+# Training on the whole tuning part takes about ten seconds (quadratic in the replies); the tests of
+# how the classifier is built and kept train on this many of them.
+FEW = 400
+
+
 def test_the_classifier_is_trained_deterministically() -> None:
-    items = load_part(TUNING)
+    items = load_part(TUNING)[:FEW]
     first, second = train_model(items), train_model(items)
     assert first.vocabulary == second.vocabulary
     assert (first.score_weights == second.score_weights).all()
@@ -115,7 +120,7 @@ def test_judges_in_several_threads_build_the_classifier_once(monkeypatch: pytest
 
     def counting(items: list) -> classifier.ReplyModel:
         builds.append(1)
-        return original(items)
+        return original(items[:FEW])
 
     monkeypatch.setattr(classifier, "train_model", counting)
     forget_default_model()
@@ -131,6 +136,8 @@ def test_the_trained_classifier_is_kept_and_loaded_again_unless_the_corpus_or_co
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Training takes seconds of the serving process's GIL; a cache keyed by the corpus's and the code's digests."""
+    original = classifier.train_model
+    monkeypatch.setattr(classifier, "train_model", lambda items: original(items[:FEW]))
     forget_default_model()
     try:
         trained = classifier.default_model(tmp_path)
