@@ -2,11 +2,11 @@
 
 The two parts are fixed; their digests are pinned here, so moving an item between them, or editing
 either, fails this test. Each held-out edition, once its judge errors were read, joined the tuning
-part: the first (391 items, split from the same writing as the tuning part), then 416, 420, 420
-and 420 replies by a second, third, fourth and fifth writer did. The held-out part now is the sixth
-edition: 420 replies by a sixth writer who saw neither the code nor the corpus, committed sealed
-before the judge was improved on the fifth's errors and measured once, after the judge was built
-from the other 2,452. The held-out part may be read only by the
+part: the first (391 items, split from the same writing as the tuning part), then 416, 420, 420,
+420 and 420 replies by a second to a sixth writer did. The held-out part now is the seventh
+edition: 420 replies by a seventh writer who saw neither the code nor the corpus, committed sealed
+before the judge was improved on the sixth's errors and measured once, after the judge was built
+from the other 2,872. The held-out part may be read only by the
 evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
 and the classifier must never see it.
 """
@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import clawrl
@@ -28,8 +29,8 @@ from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
 DIGESTS = {
-    "tuning.jsonl": "ff779243444e0b69b784ef547b5afd61b8153408b0d08e6af4bc9456f4363c19",
-    "held_out.jsonl": "c44a691e2a3010e4db7772611571e50fef72e458d50802dffcb2c2097cacaab0",
+    "tuning.jsonl": "73ded8d77ed42e5f2a417f42b37a933fdddfb567daaf85ef81dc587d76c694ad",
+    "held_out.jsonl": "8f78e2d59f48dbbd87a49cc27e439e282af0213c220f5fd4f4e925538ce932aa",
 }
 HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
@@ -42,7 +43,7 @@ def test_each_part_is_the_one_split_once(name: str) -> None:
 
 def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
     tuning, held_out = load_part(TUNING), load_part("held_out")
-    assert (len(tuning), len(held_out)) == (2452, 420)
+    assert (len(tuning), len(held_out)) == (2872, 420)
     assert not {item.id for item in tuning} & {item.id for item in held_out}
     for item in (*tuning, *held_out):
         assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)
@@ -158,3 +159,17 @@ def test_the_trained_classifier_is_kept_and_loaded_again_unless_the_corpus_or_co
 
 def load_text() -> str:
     return (CORPUS_DIR / f"{TUNING}.jsonl").read_text(encoding="utf-8")
+
+
+def test_the_gram_matrix_equals_the_dense_product_of_the_features() -> None:
+    """`_gram` adds rare features' products where their replies meet and common ones densely; a float64 reference."""
+    items = [item for item in load_part(TUNING) if item.role == "user"][:300]
+    rows = [classifier.reply_features(item.reply, item.request) for item in items]
+    vocabulary = {name: index for index, name in enumerate(sorted({name for row in rows for name in row}))}
+    dense = np.zeros((len(rows), len(vocabulary)))
+    for i, row in enumerate(rows):
+        for name, value in row.items():
+            dense[i, vocabulary[name]] = value
+    gram = classifier._gram(rows, vocabulary)
+    assert np.allclose(gram, dense @ dense.T, rtol=1e-12, atol=1e-12)
+    assert sum(count > classifier.COMMON_FEATURE_REPLIES for count in (dense != 0).sum(axis=0)) > 0  # both paths ran

@@ -115,6 +115,17 @@ def test_sincere_praise_is_not_read_as_sarcasm(reply: str) -> None:
     assert judged(reply) == (1, [])
 
 
+@pytest.mark.parametrize(
+    ("reply", "directive"),
+    [("Merci, c'est parfait ! Tu peux ajouter mon numéro de dossier ?", "numéro"),
+     ("Danke, sehr gut! Bitte noch die Adresse ergänzen.", "adresse")],
+)
+def test_thanks_and_then_a_request_for_more_is_a_correction_in_other_languages_too(reply: str, directive: str) -> None:
+    """The sixth writer's "Super, merci ! Tu peux ajouter ...", in our own words."""
+    verdict, hints = judged(reply)
+    assert verdict == -1 and any(directive in hint.lower() for hint in hints), hints
+
+
 def test_a_name_set_straight_does_not_reach_across_sentences() -> None:
     """"X, not Y" is one clause: "... the heater. No more noise." sets nothing straight."""
     from clawrl.judge.lexicon import cue_counts

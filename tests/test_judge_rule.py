@@ -97,6 +97,8 @@ def test_nothing_next_scores_zero() -> None:
         "jq: error (at orders.json:12): Cannot index string with \"id\"",
         './main.go:4:2: "os" imported and not used\n./main.go:9:3: undefined: parseArgs',
         "On branch dev\nUntracked files:\n\tnotes.txt\n\nnothing added to commit but untracked files present",
+        "An error occurred (AccessDenied) when calling the PutObject operation: Access Denied",
+        "Msg 208, Level 16, State 1, Line 1\nInvalid object name 'dbo.Invoice'.",
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:

@@ -56,6 +56,8 @@ _TOOL_ERROR = re.compile(
     r"|\btoo many requests\b|\brate limit(?:ed)? exceeded\b|\[emerg\]|\binvalid option\b|\bundefined reference\b"
     r"|\balready (?:exists|allocated|in use)\b|\bblocked by CORS\b|\bbad interpreter\b|\bnot fully merged\b"
     r"|\[rejected\]|\bconnection refused\b|\btimed out\b|\bunable to\b|\bsyntax error\b|\bpanic:|\bnothing added to commit\b"
+    # the AWS CLI ("An error occurred (ExpiredToken) when calling ..."), SQL Server ("Msg 102, Level 15, State 1")
+    r"|\ban error occurred \(\w+\)|\bMsg \d+, Level \d+, State \d+"
     r"|\*\*\* .*\bStop\.|\bWARNING: DATA RACE\b|\bError from server\b|\bnot found\s*$|\bAddressSanitizer\b"
     # a bracketed error code ("AssertionError [ERR_ASSERTION]:"), jq's "error (at FILE:LINE)", Go's compiler
     r"|\b\w*(?:Error|Exception) \[\w+\]:|\berror \(at\b|\bundefined: \w|\b(?:imported|declared) and not used\b"
