@@ -358,6 +358,11 @@ def test_vllm_lora_slots_never_lend_weights_to_other_requests(
             await vllm_engine.load_version(version, adapters[loaded[version]])  # type: ignore[index]
             version_tasks[version] = [start(prompts[index], 1500, 100 * version + index, stop)[1] for index in range(2)]
             tasks += version_tasks[version]
+        # and two more base-model requests now, beside every slot in use: on a slow machine the first
+        # four can all reach max_tokens while the versions load (CI once saw none left decoding)
+        late = [start(prompts[index], 1500, 50 + index, stop) for index in range(2)]
+        base += late
+        tasks += [task for _, task in late]
         seen["full"] = await unpinned()
         base_running = [(steps, len(steps), task) for steps, task in base if not task.done()]
         seen["scored"] = await vllm_engine.score(prompts[0], response, version=0)
