@@ -79,7 +79,7 @@ SHARED_EVAL_SEED = 777  # what every seed's evaluation played before issue 28 ga
 
 def eval_seed(seed: int) -> int:
     """The episode seed of a run's evaluations: the same in every round and arm of `seed`, other for each seed."""
-    return 777 + seed
+    return SHARED_EVAL_SEED + seed
 
 
 def eval_plan(env: EnvConfig, samples: int, seed: int) -> list[PlannedEpisode]:

@@ -115,17 +115,6 @@ def test_sincere_praise_is_not_read_as_sarcasm(reply: str) -> None:
     assert judged(reply) == (1, [])
 
 
-@pytest.mark.parametrize(
-    ("reply", "directive"),
-    [("Merci, c'est parfait ! Tu peux ajouter mon numéro de dossier ?", "numéro"),
-     ("Danke, sehr gut! Bitte noch die Adresse ergänzen.", "adresse")],
-)
-def test_thanks_and_then_a_request_for_more_is_a_correction_in_other_languages_too(reply: str, directive: str) -> None:
-    """The sixth writer's "Super, merci ! Tu peux ajouter ...", in our own words."""
-    verdict, hints = judged(reply)
-    assert verdict == -1 and any(directive in hint.lower() for hint in hints), hints
-
-
 def test_a_name_set_straight_does_not_reach_across_sentences() -> None:
     """"X, not Y" is one clause: "... the heater. No more noise." sets nothing straight."""
     from clawrl.judge.lexicon import cue_counts
@@ -141,10 +130,13 @@ def test_approval_after_a_reservation_is_praise() -> None:
 @pytest.mark.parametrize(
     ("reply", "directive"),
     [("Thanks! Could you add that the radiator in the bedroom leaks too?", "radiator"),
-     ("Lovely, thank you! Can you mention that I work from home?", "work from home")],
+     ("Lovely, thank you! Can you mention that I work from home?", "work from home"),
+     ("Merci, c'est parfait ! Tu peux ajouter mon numéro de dossier ?", "numéro"),
+     ("Danke, sehr gut! Bitte noch die Adresse ergänzen.", "adresse")],
 )
 def test_thanks_then_a_request_for_more_in_the_answer_is_a_correction(reply: str, directive: str) -> None:
-    """What every writer of the corpus labels -1: the answer lacked what the request now adds."""
+    """What every writer of the corpus labels -1: the answer lacked what the request now adds (the
+    sixth writer's "Super, merci ! Tu peux ajouter ..." in French and German, in our own words)."""
     verdict, hints = judged(reply)
     assert verdict == -1 and hints and directive in hints[0].lower(), hints
 

@@ -311,18 +311,18 @@ def forget_default_model() -> None:
 
 def _cached_or_trained(cache_dir: Path | None) -> ReplyModel:
     corpus = corpus_path(TUNING).read_text(encoding="utf-8")
-    path = cache_dir / "judge" / f"reply-model-{_model_key(corpus)}.npz" if cache_dir is not None else None
-    if path is not None and path.exists():
+    if cache_dir is None:
+        return train_model(parse_part(corpus))
+    path = cache_dir / "judge" / f"reply-model-{_model_key(corpus)}.npz"
+    if path.exists():
         try:
             return _load(path)
         except (OSError, ValueError, KeyError) as error:  # a torn or foreign file: train again, overwrite it
             log.warning("the judge's cached classifier %s is unreadable (%s); training it again", path, error)
-    if path is not None:
-        log.info("training the offline judge's classifier on %s (once for this corpus and code; kept in %s)",
-                 corpus_path(TUNING).name, path.parent)
+    log.info("training the offline judge's classifier on %s (once for this corpus and code; kept in %s)",
+             corpus_path(TUNING).name, path.parent)
     model = train_model(parse_part(corpus))
-    if path is not None:
-        _save(path, model)
+    _save(path, model)
     return model
 
 
