@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,11 +29,12 @@ def clawrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def qwen3_06b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def qwen3_06b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("qwen3-0.6b")
     built = clawrl("model", "build-random", "--like", "qwen3-0.6b", "--out", str(out))
     assert built.returncode == 0, built.stderr
-    return out
+    yield out
+    shutil.rmtree(out)  # 1.2 GB that pytest would keep for three runs
 
 
 def test_build_random_writes_the_published_shape(qwen3_06b: Path) -> None:
@@ -50,9 +53,11 @@ def test_build_random_writes_the_published_shape(qwen3_06b: Path) -> None:
 
 def test_serve_answers_with_the_random_model(qwen3_06b: Path, tmp_path: Path) -> None:
     port = free_port()
+    # the bf16 weights are served in fp32 on a CPU: a 2.4 GB converted copy, kept in this test's folder
+    cache = tmp_path / "cache"
     server = subprocess.Popen(
         [sys.executable, "-m", "clawrl", "serve", "--model", str(qwen3_06b), "--port", str(port), "--run-dir", str(tmp_path / "run"),
-         "--cpu-threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         "--cache-dir", str(cache), "--cpu-threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
@@ -66,6 +71,7 @@ def test_serve_answers_with_the_random_model(qwen3_06b: Path, tmp_path: Path) ->
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _healthy(base: str) -> bool:

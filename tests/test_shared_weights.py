@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import torch
@@ -53,3 +54,26 @@ def test_the_engine_serves_from_pages_of_the_shared_file(tiny_model_dir: Path, t
         assert str(shared) in mapped
     finally:
         asyncio.run(engine.close())
+
+
+def test_a_copy_is_deleted_once_its_source_is_gone_or_changed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A model built in a temporary folder leaves no converted copy behind after the folder goes."""
+    cache = tmp_path / "cache"
+    source = tmp_path / "built-in-tmp"
+    shutil.copytree(tiny_model_dir, source)
+    gone_later = Path(shared_weights(source, torch.bfloat16, CPU, cache))
+    kept = Path(shared_weights(tiny_model_dir, torch.bfloat16, CPU, cache))
+    retired = cache / "weights-v1" / "model-0123456789abcdef"  # a copy from a layout without a source record
+    retired.mkdir(parents=True)
+    # the same source in float16 is a second copy; both are kept while the source stands
+    half = Path(shared_weights(source, torch.float16, CPU, cache))
+    assert {gone_later, half, kept} <= set((cache / "weights-v2").iterdir()) and not retired.exists()
+
+    (source / "tokenizer_config.json").write_text((source / "tokenizer_config.json").read_text() + "\n")  # the source changes
+    rebuilt = Path(shared_weights(source, torch.bfloat16, CPU, cache))
+    assert rebuilt != gone_later and not gone_later.exists() and not half.exists() and kept.is_dir()
+
+    shutil.rmtree(source)
+    # any process asking, even for weights it maps as they are, clears copies of vanished sources
+    assert shared_weights(tiny_model_dir, torch.float32, CPU, cache) == str(tiny_model_dir)
+    assert list((cache / "weights-v2").iterdir()) == [kept]

@@ -6,7 +6,9 @@ however many processes map them, so the server and the trainer (its own process,
 one copy between them, each counted half in its proportional set size (PSS). Weights stored in
 another dtype (a bf16 checkpoint served in fp32, the CPU default) are converted by every process
 into private memory instead: two full copies. `shared_weights` converts them once, into a cache
-folder, and returns that folder for every process to map.
+folder, and returns that folder for every process to map. A copy whose source folder is gone, or
+whose source has changed since, is deleted the next time any process asks (a model built in a
+temporary folder would otherwise leave gigabytes behind at every run).
 
 A LoRA trainer never writes the base weights (only the adapter trains), so the mapped pages stay
 shared; full fine-tuning writes every weight and gets private copies, as it must. On a GPU each
@@ -29,7 +31,10 @@ from clawrl.model.folders import build_once
 
 # safetensors' names for the dtypes a checkpoint holds
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-CONVERTED_VERSION = "weights-v1"
+CONVERTED_VERSION = "weights-v2"
+# copies in a layout that no version reads any more; they are deleted (v1 had no record of its source)
+RETIRED_VERSIONS = ("weights-v1",)
+SOURCE_RECORD = "clawrl-source.json"
 
 
 def stored_dtypes(model_dir: Path) -> set[torch.dtype]:
@@ -53,21 +58,52 @@ def shared_weights(source: str | Path, dtype: torch.dtype, device: torch.device,
     the folder, its files' sizes and times, and the dtype) and reused by every process after.
     """
     model_dir = Path(source)
-    if not enabled or device.type != "cpu" or not model_dir.is_dir() or not any(model_dir.glob("*.safetensors")):
+    if not enabled or device.type != "cpu":
         return str(source)
-    if stored_dtypes(model_dir) <= {dtype}:
+    delete_stale_copies(Path(cache_dir))
+    if not model_dir.is_dir() or not any(model_dir.glob("*.safetensors")) or stored_dtypes(model_dir) <= {dtype}:
         return str(source)
-    target = Path(cache_dir) / CONVERTED_VERSION / f"{model_dir.name}-{_key(model_dir, dtype)}"
+    target = Path(cache_dir) / CONVERTED_VERSION / _copy_name(model_dir, dtype)
     return str(build_once(target, lambda staging: _convert(model_dir, dtype, staging)))
 
 
-def _key(model_dir: Path, dtype: torch.dtype) -> str:
-    digest = hashlib.sha256(str(model_dir.resolve()).encode() + str(dtype).encode())
+def delete_stale_copies(cache_dir: Path) -> list[Path]:
+    """Delete the converted copies under `cache_dir` that no process can ask for again; return them.
+
+    A copy is stale when its source folder is gone, or when the source's files changed (its key no
+    longer matches), or when it is in a retired layout. A process still serving from a deleted copy
+    keeps working: its mapped pages live until it unmaps them.
+    """
+    stale = [cache_dir / version for version in RETIRED_VERSIONS if (cache_dir / version).is_dir()]
+    root = cache_dir / CONVERTED_VERSION
+    for copy in sorted(root.iterdir()) if root.is_dir() else []:
+        if copy.name.startswith(".") or not copy.is_dir():
+            continue  # another process's half-written staging folder
+        if _is_stale(copy):
+            stale.append(copy)
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
+
+
+def _is_stale(copy: Path) -> bool:
+    try:
+        record = json.loads((copy / SOURCE_RECORD).read_text())
+        source, dtype = Path(record["source"]), getattr(torch, record["dtype"])
+    except (OSError, ValueError, KeyError, AttributeError):
+        return True  # no readable record: nothing could find this copy to reuse it
+    return not source.is_dir() or copy.name != _copy_name(source, dtype)
+
+
+def _copy_name(model_dir: Path, dtype: torch.dtype) -> str:
+    """The copy's folder name: the source's name and a key of its path, files' sizes and times, and the dtype."""
+    model_dir = model_dir.resolve()
+    digest = hashlib.sha256(str(model_dir).encode() + str(dtype).encode())
     for path in sorted(model_dir.iterdir()):
         if path.is_file():
             stat = path.stat()
             digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
+    return f"{model_dir.name}-{digest.hexdigest()[:16]}"
 
 
 def _convert(model_dir: Path, dtype: torch.dtype, staging: Path) -> None:
@@ -80,6 +116,8 @@ def _convert(model_dir: Path, dtype: torch.dtype, staging: Path) -> None:
         elif path.is_file():
             shutil.copy2(path, staging / path.name)
     _set_config_dtype(staging / "config.json", dtype)
+    record = {"source": str(model_dir.resolve()), "dtype": str(dtype).removeprefix("torch.")}
+    (staging / SOURCE_RECORD).write_text(json.dumps(record))
 
 
 def _set_config_dtype(config_file: Path, dtype: torch.dtype) -> None:
