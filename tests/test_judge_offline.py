@@ -110,9 +110,22 @@ def test_a_bare_word_asked_back_is_what_the_answer_lacked(reply: str) -> None:
 
 
 @pytest.mark.parametrize("reply", ["Brilliant.", "Thanks a lot. That helped.", "That'll do, thanks.",
-                                   "Great, 'Dear Mr. Lee' is how he likes it. Sending."])
+                                   "Great, 'Dear Mr. Lee' is how he likes it. Sending.", "Exactly what I needed.",
+                                   "cool cool, thank you", "Alles klar, danke!", "Just right."])
 def test_sincere_praise_is_not_read_as_sarcasm(reply: str) -> None:
     assert judged(reply) == (1, [])
+
+
+@pytest.mark.parametrize("reply", ["Shouldn't the deposit be returned within 14 days?", "Hold on, isn't the heater the landlord's job?",
+                                   "Non era il 12 marzo?", "¿No sería mejor mandarlo por carta?", "Разве он не обязан это чинить?"])
+def test_a_question_that_expects_yes_youre_right_is_a_correction(reply: str) -> None:
+    assert judged(reply)[0] == -1
+
+
+@pytest.mark.parametrize("reply", ["Wasn't expecting it to be this easy, is it always like that?", "Isn't it great? Thanks!",
+                                   "won't it be cold in the flat until then?", "¿no es necesario avisar antes?"])
+def test_a_negative_question_about_the_world_or_the_user_is_no_correction(reply: str) -> None:
+    assert judged(reply)[0] != -1
 
 
 def test_a_name_set_straight_does_not_reach_across_sentences() -> None:

@@ -99,6 +99,9 @@ def test_nothing_next_scores_zero() -> None:
         "On branch dev\nUntracked files:\n\tnotes.txt\n\nnothing added to commit but untracked files present",
         "An error occurred (AccessDenied) when calling the PutObject operation: Access Denied",
         "Msg 208, Level 16, State 1, Line 1\nInvalid object name 'dbo.Invoice'.",
+        "git: 'stauts' is not a git command. See 'git --help'.",
+        "'make' is not recognized as an internal or external command,\noperable program or batch file.",
+        "#ERROR!",
     ],
 )
 def test_errors_in_tool_results_score_minus_one(result: str) -> None:
@@ -115,6 +118,8 @@ def test_errors_in_tool_results_score_minus_one(result: str) -> None:
         "Found 0 errors.",
         "Error handling docs generated in site/errors.html",
         "HTTP/1.1 200 OK\ncontent-type: application/json",
+        "Build succeeded.\n    0 Warning(s)\n    0 Error(s)\n\nTime Elapsed 00:00:04.12",  # a count of none is no error
+        "Started background job 4 (pid 9120). Finished: 3 reports written.",  # it reports its result
     ],
 )
 def test_successful_tool_results_score_plus_one(result: str) -> None:
@@ -124,6 +129,16 @@ def test_successful_tool_results_score_plus_one(result: str) -> None:
 def test_a_run_that_did_nothing_scores_zero() -> None:
     assert rule_score(tool("collected 0 items\n\n===== no tests ran in 0.01s =====")) == 0
     assert rule_score(tool("")) == 0  # printed nothing: no sign either way
+
+
+@pytest.mark.parametrize(
+    "result",
+    ["Submitted batch job 98112", "[2] 77341", "nohup: ignoring input and appending output to 'train.log'",
+     "Waiting for cache lock: Could not get lock /var/lib/apt/lists/lock. It is held by process 811 (apt-get)... 9s"],
+)
+def test_a_run_whose_result_is_not_known_yet_scores_zero(result: str) -> None:
+    """Queued, sent to the background or waiting for a lock: whether the call worked is still to come."""
+    assert rule_score(tool(result)) == 0
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ answer should have been; sigmoid), which decides whether the judge offers a hint
 
 It is trained on the tuning part of the labelled corpus and nothing else (`default_model`), by
 full-batch gradient descent from zeros: deterministic, no weights file to ship or to drift from the
-corpus. Training takes about seven seconds of one CPU core at 2,872 replies (the replies' gram
+corpus. Training takes about ten seconds of one CPU core at 3,292 replies (the replies' gram
 matrix grows with their square), so the weights are kept in a cache directory under a key made of the
 corpus's and this code's digests: any change to either trains anew, and every other process loads
 them in milliseconds. Tool outputs are not its business: the rules read those (`rule.py`).

@@ -339,21 +339,23 @@ CUES: dict[str, tuple[str, ...]] = {
         r"但", r"不过", r"可是", r"けど", r"でも", r"ただ",
     ),
     "sarcasm": (
-        r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)", r"(?:great|perfect|wonderful),? now",
+        # "great, now write the tests" moves on; "totally different question", "cool cool", "just right." and "alles
+        # klar," are meant as they read as often as not, so they are no entries here
+        r"oh (?:great|wonderful|lovely|perfect|nice|brilliant|good|sure|yes|joy)",
         r"yeah,? right", r"as if", r"very (?:robust|helpful|original|useful)", r"groundbreaking", r"thanks for nothing",
-        r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", *_opening(r"sure\.", r"right\."),
-        r"totally", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)", r"cool cool",
+        r"how original", r"definitely", r"i'?m sure", r"in this economy", r"classic", r"(?:^|(?<=[.!?] ))sure\.",
+        r"totally my \w+", r"real(?:ly)? helpful", r"ah yes", r"because (?:that|nothing)",
         r"bold move", r"love that for me", r"just what i needed",
         r"gracias por nada", r"que original", r"claro,", r"si, claro", r"como no", r"vaya,", r"menudo",
         r"bravo", r"merci du conseil", r"ah (?:genial|super|parfait)", r"on dirait vraiment", r"evidemment",
-        r"na toll", r"klar,", r"lauft bei dir", r"wir sind ja", r"super gemacht", r"na super", r"ganz toll",
+        r"na toll", r"ja klar,", r"^klar,", r"lauft bei dir", r"wir sind ja", r"super gemacht", r"na super", r"ganz toll",
         r"e, porque", r"parabens", r"nossa,", r"ah sim",
         r"eh certo", r"come no", r"ottima idea davvero", r"complimenti", r"certo,", r"geniale", r"ma certo",
         r"ja hoor", r"lekker dan", r"geweldig hoor", r"tuurlijk",
         r"ну конечно", r"ага,", r"гениально", r"спасибо, кэп", r"ну да", r"ну спасибо",
         r"真是太.{0,10}了呢", r"呵呵", r"厉害了", r"真有创意", r"好厉害哦",
         r"さすがです", r"へえ", r"なるほどね", r"すごいですね",
-        r"exactly what i (?:was going for|wanted|needed)\.", r"super helpful\.", r"the famous",
+        r"exactly what i was going for", r"super helpful\.", r"the famous",
         r"incredible\.", r"what could go wrong", r"good luck with that",
         # only phrases seldom meant: "good to know", "impressive.", "grazie tante" are as often sincere
         r"exactly what i (?:didn'?t|did not) (?:want|need|ask for)", r"(?:in )?(?:some|a) parallel universe",
@@ -361,7 +363,10 @@ CUES: dict[str, tuple[str, ...]] = {
         # praise, then the answer's own words in quotes: "Great, 'kinder to your battery'.", "Klasse, „seit meiner Kindheit“"
         r"^(?:(?:oh|ah|wow|yes|ah yes|oh yes|great|perfect|super|klasse|toll|genial|parfait|perfeito|otimo|perfetto|ottimo|"
         r"lovely|nice|wonderful|brilliant|fantastic|amazing|excellent|bravo|cool|шикарно|отлично|прекрасно|супер),? ?){1,2}"
-        r"(?<=, )[«„\"“'] ?\w+",  # (entries are folded to lower case, so no \W or \S in them)
+        r"(?<=, )[«„\"“'] ?\w+"
+        # unless the quote is what makes it right: "Great, 'Dear Mr. Lee' is how he likes it."
+        r"(?![^«»„\"“”\n]{0,80}?[»\"“”'] (?:is|was|are) (?:how|what|exactly|just|right)\b)",
+        # (entries are folded to lower case, so no \W or \S in them)
     ),
     "question_word": (
         r"what", r"how", r"why", r"where", r"when", r"which", r"who", r"is (?:it|this|that|there)",
@@ -416,6 +421,19 @@ CUES: dict[str, tuple[str, ...]] = {
         r"откуда (?:взял\w*|взялся|взялась|взялось|это)", r"кто (?:сказал|говорил|просил)", r"ты забыл\w*",
         r"почему ты (?:написал|добавил|поставил)",
         r"哪来的", r"从哪(?:里|儿)来", r"谁说", r"你忘了", r"どこから(?:出て|来)", r"誰が.{0,10}言", r"忘れて(?:ない|ません)",
+        # a question that expects "yes, you're right": "shouldn't year 2 be $1,102.50?", "разве не 15 минут?"
+        # (the question may hold a "." of a number: "shouldn't it be $1,102.50?"; "isn't it great?" is praise, "wasn't
+        # expecting it to be this easy, is it always like that?" is about the user; "won't it rain?" and "no es necesario
+        # reservar?" ask about the world as often as they correct, so "won't" and the present tenses are no entries)
+        *_opening(*(rf"{verb}(?= (?!i\b|it (?:great|nice|cool|amazing|lovely|wonderful|beautiful)\b|(?:sure|expecting|aware|know|expect|think|realize)\b)(?:[^.!?\n]|\.(?=\d)){{0,120}}\?)" for verb in (
+            r"isn'?t", r"aren'?t", r"wasn'?t", r"weren'?t", r"shouldn'?t", r"doesn'?t", r"didn'?t", r"wouldn'?t",
+            r"hasn'?t", r"haven'?t"))),
+        r"разве", r"неужели", r"n'est-ce pas", r"non \?", r"nicht eher", r"oder nicht\?", r"sul serio\?", r"en serio\?",
+        *(rf"{negated}(?= (?:[^.!?\n]|\.(?=\d)){{0,120}}\?)" for negated in (
+            r"no (?:era|seria|deberia)", r"non (?:era|sarebbe|dovrebbe|conviene)", r"nao (?:era|seria|deveria)",
+            r"(?:ist|war|sollte|ware|muss|musste) (?:das|es|man|der|die) nicht", r"(?:is|was|moet|zou) (?:het|dat|dit|je) niet",
+            r"(?:ce n'est|c'est) pas plutot", r"(?:ne faudrait|faudrait)-il pas")),
+        r"不是.{0,20}吗", r"难道", r"(?:じゃ|では)な(?:い|かった)(?:の|ん)?(?:です)?か",
     ),
     "new_request": (  # a request that leaves the answer behind: a new topic, not a correction
         r"unrelated", r"(?:a )?(?:different|new|another|random|separate|quick) (?:question|q|thing|topic)", r"quick q",
@@ -444,7 +462,7 @@ CUES: dict[str, tuple[str, ...]] = {
         r"🤤", r"😎", r"🫶", r"🥳",
     ),
     "negative_emoji": (
-        r"👎", r"😬", r"🤥", r"😒", r"🙄", r"😞", r"😡", r"😤", r"🤦", r"😕", r"😐", r"🤔", r"😩", r"💀", r"😑",
+        r"👎", r"😬", r"🤥", r"😒", r"🙄", r"😞", r"😡", r"😤", r"🤦", r"😕", r"😐", r"😩", r"💀", r"😑",
         r":\(", r":-\(", r"🤨", r"😖", r"🫠", r"🥱", r"🤢", r"🤮", r"😴",
     ),
 }

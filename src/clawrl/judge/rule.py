@@ -6,7 +6,8 @@ follows the PRM rubric: an error in a tool result, or a user who corrects, rejec
 (a question about the answer, a "hmm") is 0.
 
 * **Tool results** are read by rules: an error, a failed test or build, a non-zero exit code or a
-  structured failure (`{"error": ...}`) is -1; a run that did nothing ("no tests ran") is 0; any
+  structured failure (`{"error": ...}`) is -1; a run that did nothing ("no tests ran") or whose
+  result is not known yet (a batch job queued, a process sent to the background) is 0; any
   other output is +1.
 * **What the user wrote** is read by a classifier (`classifier.py`) over the reply's character
   n-grams and the counts of a multilingual lexicon of cues (`lexicon.py`), trained on the tuning
@@ -63,7 +64,11 @@ _TOOL_ERROR = re.compile(
     r"|\b\w*(?:Error|Exception) \[\w+\]:|\berror \(at\b|\bundefined: \w|\b(?:imported|declared) and not used\b"
     # a line that opens with the word ("CMake Error at ...", "ERROR 1054 (42S22): ..."), an HTTP
     # client or server error status, a spreadsheet's error value
-    r"|^\s*(?:\w+ )?(?:error|fatal)(?= at\b| \d| ?\(| ?\[)|\bHTTP(?:/[\d.]+)? [45]\d\d\b|^\s*#(?:N/?A|NV|VALUE!|REF!|DIV/0!|NAME\?)\s*$",
+    # (but not a count of none: dotnet's "0 Error(s)" after "Build succeeded.")
+    r"|^\s*(?:[^\W\d]\w* )?(?:error|fatal)(?= at\b| \d| ?\(| ?\[)|\bHTTP(?:/[\d.]+)? [45]\d\d\b"
+    r"|^\s*#(?:N/?[AD]|NV|VALUE!|REF!|DIV/0!|NAME\?|ERROR!)\s*$"
+    # a shell or git that did not know the command
+    r"|\bis not a git command\b|\bis not recognized as an internal or external command\b",
     re.IGNORECASE | re.MULTILINE,
 )
 _EXIT_CODE = re.compile(
@@ -73,6 +78,12 @@ _EXIT_CODE = re.compile(
 _TOOL_DID_NOTHING = re.compile(
     r"\bno tests ran\b|\bcollected 0 items\b|\[no test files\]|\bRan 0 tests\b|\bno tests to run\b|\b0 passing\b",
     re.IGNORECASE,
+)
+# A run whose result is not known yet: queued, sent to the background, waiting for a lock.
+_TOOL_PENDING = re.compile(
+    r"^Submitted batch job \d+|\b(?:started|running|moved to) (?:in )?(?:the )?background\b|^nohup: ignoring input"
+    r"|^Waiting for (?:cache )?lock\b|^\[\d+\] \d+\s*$",
+    re.IGNORECASE | re.MULTILINE,
 )
 # A line the tool's host wrote about the session, not the call's result: "[kernel] Kernel restarted
 # by the administrator.", "[process moved to background, pid 51734]". Nothing either way.
@@ -127,7 +138,7 @@ def rule_score(
     if user_text:
         return _user_score(user_text, previous_user_text, model or default_model())
     if tool_results and all(_did_nothing(result) for result in tool_results):
-        return 0  # ran and did nothing, printed nothing at all, or only a note from its host: no sign either way
+        return 0  # did nothing, printed nothing, is still running or waiting, or only its host spoke: no sign either way
     return 1 if tool_results else 0
 
 
@@ -191,7 +202,8 @@ def _is_tool_error(result: str) -> bool:
 def _did_nothing(result: str) -> bool:
     if _TOOL_DID_NOTHING.search(result) or not result.strip():
         return True
-    return bool(_HOST_NOTICE.match(result.strip())) and not _REPORTS_RESULT.search(result)
+    waits = _TOOL_PENDING.search(result) or _HOST_NOTICE.match(result.strip())
+    return bool(waits) and not _REPORTS_RESULT.search(result)
 
 
 def _is_json_failure(result: str) -> bool:
