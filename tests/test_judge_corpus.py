@@ -3,10 +3,10 @@
 The two parts are fixed; their digests are pinned here, so moving an item between them, or editing
 either, fails this test. Each held-out edition, once its judge errors were read, joined the tuning
 part: the first (391 items, split from the same writing as the tuning part), then 416, 420, 420,
-420 and 420 replies by a second to a sixth writer did. The held-out part now is the seventh
-edition: 420 replies by a seventh writer who saw neither the code nor the corpus, committed sealed
-before the judge was improved on the sixth's errors and measured once, after the judge was built
-from the other 2,872. The held-out part may be read only by the
+420, 420 and 420 replies by a second to a seventh writer did. The held-out part now is the eighth
+edition: 420 replies by an eighth writer who saw neither the code nor the corpus, committed sealed
+before the judge was improved on the seventh's errors and measured once, after the judge was built
+from the other 3,292. The held-out part may be read only by the
 evaluation (`benchmarks/judge_replies.py`) and the simulated users (`clawrl.sim.users`): the lexicon
 and the classifier must never see it.
 """
@@ -29,8 +29,8 @@ from clawrl.judge.corpus import CORPUS_DIR, TUNING, hint_recalled, load_part
 from clawrl.judge.rule import judge_by_rules
 
 DIGESTS = {
-    "tuning.jsonl": "73ded8d77ed42e5f2a417f42b37a933fdddfb567daaf85ef81dc587d76c694ad",
-    "held_out.jsonl": "8f78e2d59f48dbbd87a49cc27e439e282af0213c220f5fd4f4e925538ce932aa",
+    "tuning.jsonl": "dd2a2b94385b099696adac06fb650d9ee8b5fbcc3d084052c9ac7a71d82f2f36",
+    "held_out.jsonl": "c8b1e57617a3b958b8b8adfb47e7b784263976e1817e2cd622dffe031c22072c",
 }
 HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
@@ -43,7 +43,7 @@ def test_each_part_is_the_one_split_once(name: str) -> None:
 
 def test_the_parts_share_no_item_and_hold_what_was_asked_for() -> None:
     tuning, held_out = load_part(TUNING), load_part("held_out")
-    assert (len(tuning), len(held_out)) == (2872, 420)
+    assert (len(tuning), len(held_out)) == (3292, 420)
     assert not {item.id for item in tuning} & {item.id for item in held_out}
     for item in (*tuning, *held_out):
         assert item.language in LANGUAGES and item.role in ("user", "tool") and item.score in (-1, 0, 1)
