@@ -24,11 +24,11 @@ from clawrl.config import ServeConfig
 from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
-from clawrl.serve import openapi, schemas
+from clawrl.serve import messages_api, openapi, responses_api, schemas
+from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
-from clawrl.jsonbody import parse_json_body
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
@@ -37,27 +37,7 @@ from clawrl.trainer_process import TrainerProcess
 log = logging.getLogger(__name__)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing bodies over `limit` bytes before reading them whole
-    (and, like every JSON body, what the parser refuses or nothing downstream could use: jsonbody.py)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"Request body is {declared} bytes; the limit is {limit}.", "request_too_large")
-    body = bytearray()
-    async for piece in request.stream():
-        body.extend(piece)
-        if len(body) > limit:
-            raise APIError(413, f"Request body exceeds the limit of {limit} bytes.", "request_too_large")
-    if not body:
-        raise APIError(400, "The request body is empty; send a JSON object.", "invalid_json")
-    value = parse_json_body(body)
-    if not isinstance(value, dict):
-        raise APIError(400, f"The request body must be a JSON object, not {_JSON_KINDS[type(value)]}.", "invalid_value")
-    return value
-
-
 READY_STORE_TIMEOUT_S = 5.0  # /readyz waits this long for the store
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
 
 
 def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None,
@@ -154,6 +134,10 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
             metrics.active.dec()
             metrics.latency.labels("false").observe(time.perf_counter() - started)
         return JSONResponse(completion.model_dump(exclude_none=True), headers=service.headers(generation))
+
+    # the other wire APIs agents speak, translated to the chat path above (same recording and sessions)
+    responses_api.add_routes(app, service, config, metrics)
+    messages_api.add_routes(app, service, config, metrics)
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:

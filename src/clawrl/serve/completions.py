@@ -79,6 +79,7 @@ class PreparedRequest:
     stop: list[str]
     started_at: float = field(default_factory=time.perf_counter)
     identity: SessionIdentity | None = None
+    recorded: bool = True  # False for a request that asked not to be stored (the Responses API's `store: false`)
 
 
 @dataclass
@@ -187,7 +188,12 @@ class ChatService:
         self.commits = TurnCommits(store)
 
     # --- preparing ----------------------------------------------------------------------------
-    async def prepare(self, body: Any, headers: dict[str, str]) -> PreparedRequest:
+    async def prepare(self, body: Any, headers: dict[str, str], id_prefix: str = "chatcmpl-", recorded: bool = True) -> PreparedRequest:
+        """Validate a Chat Completions body, render it and start its session lookup.
+
+        The other wire APIs (Responses, Messages) translate their bodies into this one; `id_prefix`
+        names the turn as their ids do, and `recorded=False` answers without storing anything.
+        """
         try:
             request = schemas.ChatCompletionRequest.model_validate(body)
         except ValidationError as error:
@@ -216,7 +222,7 @@ class ChatService:
         )
         stop = request.stop or []
         turn = Turn(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
+            id=f"{id_prefix}{uuid.uuid4().hex}",
             session_id="",  # known once `identify` has the lookup's answer
             kind=kind,
             model=self.engine.model_name,
@@ -232,7 +238,8 @@ class ChatService:
             finish_reason="stop",
             message_hashes=conversation_hashes(messages),
         )
-        return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop)
+        return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop,
+                               recorded=recorded)
 
     async def identify(self, generation: Generation) -> SessionIdentity:
         """The request's session, once its lookup (started by `prepare`) has answered; the turn
@@ -280,7 +287,7 @@ class ChatService:
         decoder = ResponseDecoder(self.engine.tokenizer, prepared.stop, parse_tools)
         return Generation(prepared, self.engine.generate(turn.prompt_token_ids, prepared.sampling), decoder)
 
-    async def _deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
+    async def deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
         """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
         prepared, stream, decoder = generation.prepared, generation.stream, generation.decoder
         pending: list[TokenStep] = []
@@ -311,8 +318,10 @@ class ChatService:
 
         The write goes on even if the caller is cancelled while it waits (a client hanging up just
         as its stream ends): cancelling a thread-pool call that has not started yet would drop it.
+        A request that asked not to be stored is not.
         """
-        await asyncio.shield(self._in_background(self._write(generation, turn)))
+        if generation.prepared.recorded:
+            await asyncio.shield(self._in_background(self._write(generation, turn)))
 
     async def _write(self, generation: Generation, turn: Turn) -> None:
         identity = await self.identify(generation)
@@ -327,6 +336,8 @@ class ChatService:
 
     def _record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
+        if not generation.prepared.recorded:
+            return
         result = finish(generation, generation.decoder.text, [], "cancelled")
         self._in_background(self._write(generation, result))
 
@@ -354,15 +365,20 @@ class ChatService:
             "X-Clawrl-Turn-Kind": turn.kind,
         }
 
-    async def complete(self, generation: Generation) -> schemas.ChatCompletion:
-        prepared = generation.prepared
-        if not prepared.stop:  # nothing to stop early for: take the answer whole
+    async def finished(self, generation: Generation) -> Turn:
+        """The whole answer, recorded (a non-streamed request of any wire API)."""
+        if not generation.prepared.stop:  # nothing to stop early for: take the answer whole
             generation.stream.hold_until_done()
-        async for _delta, _steps in self._deltas(generation):
+        async for _delta, _steps in self.deltas(generation):
             pass
         result = generation.result
         assert result is not None
         await self.record(generation, result)
+        return result
+
+    async def complete(self, generation: Generation) -> schemas.ChatCompletion:
+        prepared = generation.prepared
+        result = await self.finished(generation)
         logprobs = schemas.Logprobs(content=self._logprob_entries(generation.steps, prepared)) if prepared.request.logprobs else None
         return schemas.ChatCompletion(
             id=result.id,
@@ -402,7 +418,7 @@ class ChatService:
         try:
             yield chunk(schemas.Delta(role="assistant", content=""))
             tail, tail_steps = "", []
-            async for delta, steps in self._deltas(generation):
+            async for delta, steps in self.deltas(generation):
                 if generation.result is not None:  # the tail: sent after the turn is recorded
                     tail, tail_steps = delta, steps
                     continue

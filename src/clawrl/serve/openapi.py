@@ -1,6 +1,6 @@
 """The typed OpenAPI document (`GET /openapi.json`): request bodies, answers and error objects.
 
-The server reads request bodies itself (app.py's `read_json`: size limits first, then malformed
+The server reads request bodies itself (bodies.py's `read_json`: size limits first, then malformed
 JSON and schema errors as OpenAI-style error objects), so FastAPI cannot infer the bodies from the
 routes. Each route gets its documentation from here instead: `openapi_extra` names the request
 model of schemas.py (and the chat route's header parameters), `responses` the answer and the
