@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from clawrl.serve import schemas
+from clawrl.serve.responses_schemas import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 
@@ -27,6 +28,7 @@ REF = "#/components/schemas/{model}"
 # carry (no route returns them as a model, so FastAPI would not document them)
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     schemas.ChatCompletionRequest,
+    ResponsesRequest,
     schemas.FeedbackRequest,
     schemas.EpisodeStartRequest,
     schemas.EpisodeResultRequest,

@@ -1,0 +1,122 @@
+"""Wire schemas of OpenAI's Responses API (`POST /v1/responses`): the request as agents send it.
+
+Only the request is validated here; `responses_api.py` translates it onto the chat path and builds
+the answer. What this server cannot honour is not dropped quietly: the schema leaves it out, so it
+is refused with a 400 and the OpenAPI document says so (an image, file or audio input, a forced tool
+call, a JSON output format, tools OpenAI's service runs, `background`, `truncation: "auto"`); a field
+that changes nothing a client can observe is accepted and documented (`reasoning`, `include`,
+`parallel_tool_calls`, `metadata`, a function tool's `strict`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+
+class _Loose(BaseModel):
+    # agents send fields this server has no use for (an item's `id` and `status` from an earlier
+    # response, a part's `annotations`): ignored, as OpenAI's own validation ignores unknown ones
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Loose):
+    """Text in a message: `input_text` from the user, `output_text` echoed from an earlier answer."""
+
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None  # a `refusal` part's text
+
+    @property
+    def words(self) -> str:
+        return self.text if self.text is not None else (self.refusal or "")
+
+
+class MessageItem(_Loose):
+    """A message of the conversation; `system` and `developer` are instructions to the model."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    # text only: the served model reads no image, file or audio part
+    content: str | list[TextPart]
+
+
+class FunctionCallItem(_Loose):
+    """A call the model made in an earlier answer, echoed back by a client that keeps its own history."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str
+
+
+class FunctionCallOutputItem(_Loose):
+    """What the client's tool returned for `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1)]
+    output: str | list[TextPart]
+
+
+def _item_type(value: Any) -> str:
+    """An item's `type`; a message may leave it out (`{"role": "user", "content": "hi"}`)."""
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    # an unknown type is refused by the message model; tags are bracketed so that error paths leave
+    # them out, as they leave out pydantic's own union-branch names (`errors.describe_validation_error`)
+    return f"[{kind if kind in _ITEM_TYPES else 'message'}]"
+
+
+# No `reasoning` items: these models write none, so no answer of this server gives a client one to echo
+_ITEM_TYPES = ("message", "function_call", "function_call_output")
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("[message]")] | Annotated[FunctionCallItem, Tag("[function_call]")]
+    | Annotated[FunctionCallOutputItem, Tag("[function_call_output]")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(_Loose):
+    type: Literal["function"]
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    # accepted, but the arguments are not constrained to `parameters` (no constrained decoding yet)
+    strict: bool | None = None
+
+
+class TextFormat(_Loose):
+    type: Literal["text"] = Field(description="Plain text only: JSON formats need constrained decoding, not done yet.")
+
+
+class TextOptions(_Loose):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """`POST /v1/responses`, as the openai SDK, Codex CLI and the Agents SDK send it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[str, Field(min_length=1)]
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    # function tools only: web and file search, a computer and the like run on OpenAI's service
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto"] | None = Field(
+        None, description="Forcing a call (`required`, a named function) needs constrained decoding, not done yet."
+    )
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    store: bool = True
+    background: Literal[False] | None = Field(None, description="Background responses are not offered.")
+    text: TextOptions | None = None
+    truncation: Literal["disabled"] | None = Field(None, description="An over-long conversation is refused, never cut.")
+    user: Annotated[str, Field(max_length=256)] | None = None
+    metadata: dict[str, str] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
