@@ -69,6 +69,8 @@ def other_value(config: type[BaseSettings], field: str) -> str:
     if typing.get_origin(annotation) is list:  # a list: as its flag takes it
         item = typing.get_args(annotation)[0]
         item = typing.get_args(item)[0] if typing.get_origin(item) is typing.Annotated else item
+        if typing.get_origin(item) is typing.Literal:  # a list of choices: the last two
+            return ",".join(typing.get_args(item)[-2:])
         return {str: "from-env,and-more", int: "2,3"}[item]
     if annotation is bool:
         return "false" if info.default else "true"
@@ -151,7 +153,7 @@ def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: py
     cpus = sorted(os.sched_getaffinity(0))[:2]
     args = build_parser().parse_args(
         ["serve", "--model", "some/model", "--run-dir", str(tmp_path), "--method", "rl", "--full", "--lr", "0.001",
-         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--no-tensorboard", "--loss-agg", "seq-mean",
+         "--lora-target-modules", "q_proj,v_proj", "--eps-high", "0.3", "--report-to", "tensorboard,mlflow", "--loss-agg", "seq-mean",
          "--background-cpus", ",".join(map(str, cpus))]
     )
     serve = config_from_args(ServeSettings, args)
@@ -163,6 +165,13 @@ def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: py
     assert [trainer.engine, trainer.store, trainer.train, trainer.background] == configs
     assert [EngineConfig(), StoreConfig(), TrainConfig(), BackgroundConfig()] == configs
     assert LossConfig().method == "rl" and LossConfig().eps_high == 0.3 and LossConfig().loss_agg == "seq-mean"
+    assert trainer.train.report_to == ["tensorboard", "mlflow"]
+
+
+def test_an_unknown_tracker_is_refused_by_name() -> None:
+    assert TrainConfig(report_to="").report_to == [] and TrainConfig().report_to == []
+    with pytest.raises(ValidationError, match="tensorboard"):
+        TrainConfig(report_to="tensorboard,comet")
 
 
 def test_list_settings_are_lists_given_and_written_as_their_flags_take_them(monkeypatch: pytest.MonkeyPatch) -> None:

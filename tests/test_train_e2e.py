@@ -170,9 +170,11 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
     command = [
         sys.executable, "-m", "clawrl.cli", "serve", "--model", str(tiny_model_dir), "--device", "cpu", "--cpu-threads", "1",
         "--run-dir", str(run_dir), "--port", str(port), "--served-model-name", "m", "--judge-poll-s", "0.05", "--policy-poll-s", "0.1",
-        "--method", "combine", "--batch-size", "3", "--lr", "0.01", "--train-poll-s", "0.1", "--tensorboard",
+        "--method", "combine", "--batch-size", "3", "--lr", "0.01", "--train-poll-s", "0.1", "--report-to", "tensorboard,trackio,wandb,mlflow",
     ]  # fmt: skip
-    serve = subprocess.Popen(command)
+    # every tracker writes into this test's folders: trackio's store, W&B offline (no key here)
+    trackers_env = {**os.environ, "TRACKIO_DIR": str(run_dir / "trackio"), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    serve = subprocess.Popen(command, env=trackers_env)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: healthz(base), 120, "clawrl serve")
@@ -206,11 +208,70 @@ def test_clawrl_serve_with_a_method_trains_in_a_child_process_and_rolls_back(tin
         teach(base + "/v1", sessions=1)
         wait_until(lambda: healthz(base)["policy_version"] == 3, 120, "v3 served")
         assert store.training.version(3).parent == 1
-        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)
     assert all(not Path(f"/proc/{pid}").exists() or _zombie(pid) for pid in trainer_pids)  # stopped with the server
+    # the trainer closed its trackers when it stopped: each library reads back every published version
+    for tracker, logged in logged_versions(run_dir).items():
+        assert logged == {1: 1, 2: 2, 3: 3}, tracker  # the version at its own number (v3's parent is v1: rollback)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    live = [metric for run in client.search_runs([client.get_experiment_by_name("clawrl").experiment_id])
+            for metric in client.get_metric_history(run.info.run_id, "judge/live_score")]  # fmt: skip
+    # the judge's live score of each step's starting version: v0's turns were all judged (taught sessions)
+    assert live and all(-1 <= metric.value <= 1 for metric in live)
+
+
+def logged_versions(run_dir: Path) -> dict[str, dict[int, float]]:
+    """`train/version` as each tracker's own reader finds it: {step: value}."""
+    os.environ["TRACKIO_DIR"] = str(run_dir / "trackio")  # read when trackio is imported: the trainer's store
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trackio import SQLiteStorage
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    found: dict[str, dict[int, float]] = {}
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    found["tensorboard"] = {event.step: event.value for event in events.Scalars("train/version")}
+    found["trackio"] = {row["step"]: row["train/version"] for row in SQLiteStorage.get_logs("clawrl", run_dir.name)
+                        if "train/version" in row}  # fmt: skip
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("clawrl").experiment_id])
+    found["mlflow"] = {metric.step: metric.value for run in runs for metric in client.get_metric_history(run.info.run_id, "train/version")}
+    found["wandb"] = {}
+    for path in run_dir.glob("wandb/offline-run-*/run-*.wandb"):
+        for data in wandb_records(path.read_bytes()):
+            record = Record()
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") == "history":
+                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                if "train/version" in row:
+                    found["wandb"][row["_step"]] = row["train/version"]
+    return found
+
+
+def wandb_records(data: bytes) -> list[bytes]:
+    """The records of a W&B offline run file: a 7-byte header (":W&B", magic, version), then LevelDB's
+    log format (32 KiB blocks of records, each a 7-byte header: CRC, length, type; a record may be
+    split across blocks as FIRST, MIDDLE..., LAST)."""
+    records, pending, position, block = [], b"", 7, 32768
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        length, kind = int.from_bytes(data[position + 4 : position + 6], "little"), data[position + 6]
+        piece = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind == 0 and length == 0:
+            continue  # zero padding
+        pending += piece
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            records.append(pending)
+            pending = b""
+    return records
 
 
 def _children(pid: int) -> list[int]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, PlainSerializer
+from pydantic_settings import NoDecode
 
-from clawrl.config.base import ComponentSettings, Names
+from clawrl.config.base import ComponentSettings, FlagList, Names, as_flag_list, flag_spelling, split_commas
+
+# Where the trainer reports its metrics (`clawrl.train.trackers`): `--report-to tensorboard,mlflow`.
+Trackers = Annotated[list[Literal["tensorboard", "trackio", "wandb", "mlflow"]], NoDecode, BeforeValidator(split_commas),
+                     as_flag_list(FlagList), PlainSerializer(flag_spelling)]  # fmt: skip
 
 # How a batch's per-token losses are summed into one (`clawrl.train.losses.sequence_weights`).
 LossAggregation = Literal["token-mean", "seq-mean", "constant"]
@@ -159,7 +164,14 @@ class TrainConfig(LossConfig):
         "(the raw score, as upstream). Episode samples are group-normalised already and never centred.",
     )
     train_seed: int = Field(0, description="Seed of the trainer (LoRA initialisation, any sampling).")
-    tensorboard: bool = Field(False, description="Write TensorBoard event files to RUN_DIR/tensorboard/.")
+    report_to: Trackers = Field(
+        default_factory=list,
+        description="Experiment trackers for the step metrics and the judge's live score per version, any of "
+        "tensorboard (RUN_DIR/tensorboard/), trackio, wandb (online with a W&B key, else offline in RUN_DIR/wandb/) "
+        "and mlflow (MLFLOW_TRACKING_URI, else RUN_DIR/mlflow.db); each but tensorboard is an optional extra "
+        "(pip install 'clawrl[trackio]'). None by default.",
+    )
+    report_project: str = Field("clawrl", min_length=1, description="The trackers' project (MLflow: experiment) name.")
     train_poll_s: float = Field(1.0, gt=0, description="Pause between looks for new judged turns when idle.")
     episode_gamma: float = Field(
         0.9,

@@ -47,6 +47,7 @@ from clawrl.store import Store
 from clawrl.store.training import PointerMovedError, SamplesTakenError
 from clawrl.train.episodes import EpisodeSampleBuilder
 from clawrl.train.samples import SampleBuilder
+from clawrl.train.trackers import open_trackers
 from clawrl.train.update import update_step
 from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, StepMetrics, TrainingExample, WeightsKind
 from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
@@ -134,11 +135,9 @@ class Trainer:
         )
         self.head = 0  # the version the weights in memory are: the starting weights so far
         self.step = 0  # optimizer steps behind the weights in memory
-        self._writer: Any = None
-        if config.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self.judging = store.judging
+        self.trackers = open_trackers(list(config.report_to), self.run_dir, config.report_project,
+                                      {**config.model_dump(mode="json"), "model": str(source), "method": self.method})  # fmt: skip
 
     # --- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,8 +173,8 @@ class Trainer:
         return True
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for tracker in self.trackers:
+            tracker.close()
 
     # --- one step ---------------------------------------------------------------------------------
     def _take_batch(self) -> list[TrainingExample] | None:
@@ -239,11 +238,17 @@ class Trainer:
             metrics.clip_fraction, metrics.approx_kl, metrics.mean_reward, metrics.opd_fraction, metrics.mean_staleness,
             metrics.step_seconds,
         )  # fmt: skip
-        if self._writer is not None:
-            for name, value in asdict(metrics).items():
-                self._writer.add_scalar(f"train/{name}", value, self.step)
-            self._writer.add_scalar("train/version", version, self.step)
-            self._writer.flush()
+        if self.trackers:
+            reported = {f"train/{name}": float(value) for name, value in asdict(metrics).items()} | {"train/version": version}
+            reported |= self._live_score(parent)
+            for tracker in self.trackers:
+                # at the version's number: it only grows, where the step count goes back after a rollback
+                tracker.log(reported | {"train/step": self.step}, version)
+
+    def _live_score(self, version: int) -> dict[str, float]:
+        """The judge's mean verdict on the turns `version` served (the version this step started from), so far."""
+        stats = next((row for row in self.judging.judgment_stats() if row.policy_version == version), None)
+        return {"judge/live_score": stats.mean_score, "judge/judged": stats.judged} if stats else {}
 
     # --- versions in and out ----------------------------------------------------------------------
     def _follow_pointer(self) -> None:
