@@ -7,7 +7,8 @@ a real port and sends it requests generated from it, valid ones (positive) and i
 (negative), for every POST endpoint (the GET endpoints take no input: a few calls each). It holds:
 
 * no 5xx, ever;
-* every 4xx is an OpenAI-style error object `{"error": {"message", "type", "param", "code"}}`;
+* every 4xx is an OpenAI-style error object `{"error": {"message", "type", "param", "code"}}` (on the
+  Messages routes, Anthropic's: `{"type": "error", "error": {"type", "message"}}`);
 * every answer is what the document says (its status is documented, its content type, body and
   headers match: schemathesis' conformance checks, server-sent events included);
 * a request valid by the document is never refused as malformed (400): the document states every
@@ -60,6 +61,10 @@ CHAT = "/v1/chat/completions"
 FEEDBACK = "/v1/feedback"
 EPISODES = "/v1/episodes"
 EPISODE_RESULT = "/v1/episodes/{session_id}/result"
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
+# Anthropic's Messages API (serve/messages_api.py) refuses with Anthropic's error object, not OpenAI's
+ANTHROPIC_PATHS = {MESSAGES, COUNT_TOKENS}
 MAX_TOKENS = 8
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
 # CLAWRL_FUZZ_SCALE=10: ten times as many requests (about 4,000, a few minutes)
@@ -67,6 +72,9 @@ SCALE = float(os.environ.get("CLAWRL_FUZZ_SCALE", "1"))
 # (method, path, how many generated requests: valid, invalid), times SCALE
 OPERATIONS = [
     ("POST", CHAT, 100, 60),
+    ("POST", "/v1/responses", 60, 40),
+    ("POST", MESSAGES, 60, 40),
+    ("POST", COUNT_TOKENS, 30, 30),
     ("POST", FEEDBACK, 40, 40),
     ("POST", EPISODES, 40, 40),
     ("POST", EPISODE_RESULT, 40, 40),
@@ -182,9 +190,10 @@ def test_the_document_describes_feedback_episodes_answers_and_errors(fuzz_server
             assert "422" not in responses, f"{method} {path}: this server answers 400, never 422"
             if path.startswith("/v1/"):
                 assert "400" in responses or method == "get", f"{method} {path}"
+                error_model = "AnthropicErrorResponse" if path in ANTHROPIC_PATHS else "ErrorResponse"
                 for status, response in responses.items():
                     if status.startswith("4"):
-                        assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+                        assert response["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{error_model}"}
     for path, model in answers.items():
         operation = next(iter(doc["paths"][path].values()))
         assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}
@@ -204,7 +213,10 @@ def test_the_document_describes_feedback_episodes_answers_and_errors(fuzz_server
 def test_with_an_api_key_the_document_says_how_to_send_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     with start_server(tiny_model_dir, tmp_path / "run", api_key="k") as server:
         doc = document(server)  # the document itself needs no key
-    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    # Anthropic's SDKs send the key as `x-api-key` (serve/messages_api.py)
+    assert doc["components"]["securitySchemes"]["apiKey"] == {"type": "apiKey", "in": "header", "name": "x-api-key"}
+    assert doc["paths"][MESSAGES]["post"]["security"] == [{"apiKey": []}, {"bearer": []}]
     assert doc["paths"][CHAT]["post"]["security"] == [{"bearer": []}]
     assert "security" not in doc["paths"]["/healthz"]["get"]
 
@@ -288,11 +300,19 @@ class Call:
 
 
 def fuzz_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document as the fuzz reads it: a few tokens per answer."""
+    """The document as the fuzz reads it: a few tokens per answer; and a Messages request ends with a
+    user message (the one rule JSON Schema cannot state, said in the document's description), here
+    up to three messages long."""
     doc = json.loads(json.dumps(doc))
     request = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     for field in ("max_tokens", "max_completion_tokens"):
         request[field]["anyOf"][0]["maximum"] = MAX_TOKENS
+    messages_request = doc["components"]["schemas"]["AnthropicMessagesRequest"]["properties"]
+    messages_request["max_tokens"]["maximum"] = MAX_TOKENS
+    any_message, user = messages_request["messages"]["items"], {"$ref": "#/components/schemas/AnthropicUserMessageParam"}
+    messages_request["messages"] = {"type": "array", "anyOf": [
+        {"prefixItems": [any_message] * before + [user], "minItems": before + 1, "maxItems": before + 1} for before in range(3)
+    ]}  # fmt: skip
     return doc
 
 
@@ -346,6 +366,12 @@ def fuzz(server: ServerThread) -> list[Call]:
     explicit("POST", FEEDBACK, {"session_id": "fuzz-session", "score": -1})
     explicit("POST", EPISODES, {"session_id": "fuzz-episode", "env": "e", "task": "t", "group_id": "g", "group_size": 1, "seed": 0})
     explicit("POST", EPISODE_RESULT, {"failed": True, "error": "gave up"}, session_id="fuzz-episode")
+    call = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"x": 1}}
+    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": [{"type": "text", "text": "hi"}, call]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]}]  # fmt: skip
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    explicit("POST", MESSAGES, {"model": served, "max_tokens": 4, "messages": history, "tools": tools, "stream": True})
+    explicit("POST", COUNT_TOKENS, {"model": served, "messages": history, "tools": tools, "system": "be brief"})
     return calls
 
 
@@ -360,6 +386,30 @@ def is_openai_error(body: Any) -> bool:
         and isinstance(error["type"], str)
         and all(error[key] is None or isinstance(error[key], str) for key in ("param", "code"))
     )
+
+
+def is_anthropic_error(body: Any) -> bool:
+    """Anthropic's error object: `{"type": "error", "error": {"type", "message"}}`."""
+    if not isinstance(body, dict) or set(body) != {"type", "error"} or body["type"] != "error":
+        return False
+    error = body["error"]
+    return isinstance(error, dict) and set(error) == {"type", "message"} and all(isinstance(error[key], str) and error[key] for key in error)
+
+
+def is_anthropic_route(call: Call) -> bool:
+    return call.operation.split(" ", 1)[1] in ANTHROPIC_PATHS
+
+
+def is_error_object(call: Call) -> bool:
+    """The error object of the route's API: Anthropic's on the Messages routes, OpenAI's elsewhere."""
+    return is_anthropic_error(call.error) if is_anthropic_route(call) else is_openai_error(call.error)
+
+
+def refusal(call: Call) -> str:
+    """What refused a 400: the OpenAI error's code, or the field an Anthropic error's message names first."""
+    if is_anthropic_route(call):
+        return call.error["error"]["message"].split(":", 1)[0]
+    return call.error["error"]["code"]
 
 
 def test_schema_generated_requests_get_no_server_error_and_openai_errors(fuzz_server: ServerThread) -> None:
@@ -377,7 +427,7 @@ def test_schema_generated_requests_get_no_server_error_and_openai_errors(fuzz_se
     assert {call.operation for call in calls} == {f"{method} {path}" for method, path, _, _ in OPERATIONS}
     server_errors = [call for call in calls if call.status >= 500]
     assert not server_errors, show(server_errors)
-    not_openai = [call for call in calls if 400 <= call.status < 500 and not is_openai_error(call.error)]
+    not_openai = [call for call in calls if 400 <= call.status < 500 and not is_error_object(call)]
     assert not not_openai, show(not_openai)
     nonconforming = [call for call in calls if call.failures]
     assert not nonconforming, show(nonconforming)
@@ -388,11 +438,13 @@ def test_schema_generated_requests_get_no_server_error_and_openai_errors(fuzz_se
     answered = sum(call.status == 200 for call in chat)
     assert answered >= 0.2 * len(chat), statuses
     assert all(call.status == 200 for call in chat if call.mode != "negative"), statuses
+    messages = [call for call in calls if call.operation in (f"POST {MESSAGES}", f"POST {COUNT_TOKENS}")]
+    assert all(call.status == 200 for call in messages if call.mode != "negative"), statuses
     assert all(call.status == 200 for call in calls if call.mode == "explicit"), statuses
     # the invalid requests were refused as such, with the error object (and not all of them by one rule)
     for method, path, _, invalid in OPERATIONS:
         if invalid:
-            codes = {call.error["error"]["code"] for call in calls if call.operation == f"{method} {path}" and call.status == 400}
+            codes = {refusal(call) for call in calls if call.operation == f"{method} {path}" and call.status == 400}
             assert len(codes) >= 2, (path, codes)
 
 

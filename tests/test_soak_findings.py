@@ -54,7 +54,7 @@ def test_a_stream_hung_up_while_its_turn_waits_to_be_written_is_still_recorded(t
     prompt rendering and session lookup). If the client hangs up then, Starlette cancels the
     response task; cancelling the awaited future also cancels the executor's work item when no
     thread has picked it up yet, so `record_turn` never runs, and since `generation.result` is
-    already set, `_record_cancelled` is not called either. Here the executor has one thread, held
+    already set, `record_cancelled` is not called either. Here the executor has one thread, held
     busy, so the write is still queued when the client goes."""
 
     async def scenario() -> tuple[str, Any]:

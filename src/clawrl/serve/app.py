@@ -172,7 +172,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     return app
 
 
-_KNOWN_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/feedback", "/v1/episodes"}
+_KNOWN_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                "/v1/messages/count_tokens", "/v1/feedback", "/v1/episodes"}
 
 
 class _CountRequests:

@@ -334,7 +334,7 @@ class ChatService:
         if continues is not None:
             self.metrics.next_states.inc()
 
-    def _record_cancelled(self, generation: Generation) -> None:
+    def record_cancelled(self, generation: Generation) -> None:
         """A client hung up mid-stream: keep what was generated, marked so it is never trained on."""
         if not generation.prepared.recorded:
             return
@@ -440,7 +440,7 @@ class ChatService:
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             if generation.result is None:
-                self._record_cancelled(generation)
+                self.record_cancelled(generation)
             raise
         except Exception as error:  # the engine failed mid-stream: say so in-band, then end the stream
             log.exception("generation failed mid-stream")

@@ -299,7 +299,7 @@ async def response_events(service: ChatService, generation: Generation, request:
         yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
     except (asyncio.CancelledError, GeneratorExit):
         if generation.result is None:
-            service._record_cancelled(generation)  # noqa: SLF001 - the chat stream's own hang-up record
+            service.record_cancelled(generation)
         raise
     except Exception as error:  # the engine failed mid-stream: said in-band, as OpenAI's service does
         log.exception("generation failed mid-stream")

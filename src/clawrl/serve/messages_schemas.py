@@ -1,0 +1,378 @@
+"""Wire schemas of Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`),
+kept apart from the serving logic (serve/messages_api.py), as serve/schemas.py is for chat.
+
+A request is read as Anthropic documents it and then translated onto the chat path, so these
+models accept only what that translation can honour. What it cannot (image and document blocks,
+server tools, extended thinking, `top_k`, a forced tool call, strict tools, structured outputs, an
+assistant prefill) is refused with a sentence that says so, never silently dropped. Fields this
+version does not know (`cache_control`, `service_tier`, ...) are ignored, as the chat schema
+ignores OpenAI's.
+
+Every class is named `Anthropic...`: the OpenAPI document names its component schemas by class
+name, in one namespace with the chat API's (`Tool`, `Usage`, `ErrorResponse`, ...).
+
+The models document the API too (`GET /openapi.json`), so the JSON schema of each states the
+rules its validators check, except for the one JSON Schema cannot express: a `/v1/messages`
+request must end with a user message (said in its description).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+
+from clawrl.wire import WireModel
+
+# --- request: content blocks -----------------------------------------------------------------------
+
+# What no text-only chat path can take: named in the refusal, so the client knows it is not a typo
+_UNSUPPORTED_BLOCK_REASONS = {
+    "image": "this server serves a text-only model",
+    "document": "this server serves a text-only model",
+    "thinking": "extended thinking is not supported",
+    "redacted_thinking": "extended thinking is not supported",
+}
+
+
+def _block_types(*accepted: str) -> BeforeValidator:
+    """A content block of a type not in `accepted` is refused with a sentence naming the type (pydantic's
+    own wording lists the tags it expected, which reads as if the client had made a typo)."""
+
+    def check(value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind not in accepted:
+            reason = _UNSUPPORTED_BLOCK_REASONS.get(kind, "this server translates Messages onto a text chat")
+            raise ValueError(f"content blocks of type '{kind}' are not supported here ({reason}); accepted: {', '.join(accepted)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+class AnthropicTextBlockParam(WireModel):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicToolUseBlockParam(WireModel):
+    """An earlier answer's tool call (in an assistant message)."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: Annotated[str, Field(min_length=1)]
+    input: dict[str, Any]
+
+
+# the text of a tool's result (its images are refused, as everywhere)
+_ToolResultText = Annotated[AnthropicTextBlockParam, _block_types("text")]
+
+
+class AnthropicToolResultBlockParam(WireModel):
+    """A tool's result (in a user message), answering the tool call `tool_use_id`."""
+
+    type: Literal["tool_result"]
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: str | list[_ToolResultText] = ""
+    is_error: bool = Field(False, description="The tool failed: its text is given to the model after `Error: `.")
+
+
+AnthropicUserBlock = Annotated[
+    AnthropicTextBlockParam | AnthropicToolResultBlockParam, Field(discriminator="type"), _block_types("text", "tool_result")
+]
+AnthropicAssistantBlock = Annotated[
+    AnthropicTextBlockParam | AnthropicToolUseBlockParam, Field(discriminator="type"), _block_types("text", "tool_use")
+]
+
+
+class AnthropicUserMessageParam(WireModel):
+    role: Literal["user"]
+    content: str | list[AnthropicUserBlock]
+
+
+class AnthropicAssistantMessageParam(WireModel):
+    """An earlier answer: its text and tool calls."""
+
+    role: Literal["assistant"]
+    content: str | list[AnthropicAssistantBlock]
+
+
+def _no_system_role(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("role") == "system":
+        raise ValueError("a message's role is 'user' or 'assistant'; the system prompt is the request's top-level `system`")
+    return value
+
+
+AnthropicMessageParam = Annotated[
+    AnthropicUserMessageParam | AnthropicAssistantMessageParam, Field(discriminator="role"), BeforeValidator(_no_system_role)
+]
+
+# --- request: tools, tool choice, thinking, metadata -----------------------------------------------
+
+
+class AnthropicToolParam(WireModel):
+    """A client tool. Anthropic's server tools (`web_search_...`, `bash_...`, ...) run on Anthropic's
+    side, which this server cannot do: they are refused."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    strict: Literal[False] | None = Field(None, description="`true` (calls guaranteed to match the schema) is not supported.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _client_tools_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "custom":
+            raise ValueError(f"server tools (type '{kind}') are not supported here; define a client tool with an input_schema")
+        if isinstance(value, dict) and value.get("strict") is True:
+            raise ValueError("strict tool use is not supported: this server has no constrained decoding to hold calls to the schema")
+        return value
+
+
+class AnthropicToolChoiceParam(WireModel):
+    """`auto` or `none`. `any` and `tool` force a tool call, which needs constrained decoding that this
+    server does not have: they are refused rather than answered with a reply that may call no tool.
+    `disable_parallel_tool_use` is accepted but not enforced (as the chat API's `parallel_tool_calls`)."""
+
+    type: Literal["auto", "none"]
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_forced(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind in ("any", "tool"):
+            raise ValueError(
+                f"tool_choice '{kind}' (forcing a tool call) is not supported: this server has no constrained "
+                "decoding to force one; use 'auto'"
+            )
+        return value
+
+
+class AnthropicThinkingParam(WireModel):
+    """Extended thinking: only `disabled` (the served model's reasoning is not split out as thinking blocks)."""
+
+    type: Literal["disabled"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _disabled_only(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "disabled":
+            raise ValueError(f"extended thinking ('{kind}') is not supported here; leave `thinking` out or disable it")
+        return value
+
+
+class AnthropicOutputConfigParam(WireModel):
+    """`effort` is accepted and has no effect; a `format` (structured outputs) needs constrained
+    decoding, which this server does not have: it is refused."""
+
+    effort: str | None = None
+    format: None = Field(None, description="Not supported (structured outputs): must be left out or null.")
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _no_format(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("structured outputs are not supported: this server has no constrained decoding to hold the answer to a schema")
+
+
+class AnthropicMetadataParam(WireModel):
+    user_id: Annotated[
+        str | None,
+        Field(max_length=256, description="Names the session (`user:<user_id>`), as the chat API's `user` does."),
+    ] = None
+
+
+# --- requests ----------------------------------------------------------------------------------------
+
+
+class AnthropicCountTokensRequest(WireModel):
+    """`POST /v1/messages/count_tokens`: the prompt's length in tokens, as `/v1/messages` would render it."""
+
+    model: Annotated[str, Field(min_length=1)]
+    messages: Annotated[list[AnthropicMessageParam], Field(min_length=1)]
+    system: str | list[Annotated[AnthropicTextBlockParam, _block_types("text")]] | None = None
+    tools: list[AnthropicToolParam] | None = None
+    tool_choice: AnthropicToolChoiceParam | None = None
+    thinking: AnthropicThinkingParam | None = None
+    output_config: AnthropicOutputConfigParam | None = None
+
+
+class AnthropicMessagesRequest(AnthropicCountTokensRequest):
+    """`POST /v1/messages`: Anthropic's Messages API, answered through the chat path (the same
+    recording, sessions and judging as `/v1/chat/completions`).
+
+    The last message must be the user's: an assistant message there asks Anthropic's API to continue
+    it (a prefill), which the chat path cannot do.
+    """
+
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: Annotated[
+        list[str], Field(max_length=4, description="At most 4, as the chat API's `stop`.")
+    ] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: None = Field(None, description="Not supported (the engines sample with temperature and top_p): must be left out.")
+    stream: bool = False
+    metadata: AnthropicMetadataParam | None = None
+    # clawrl extensions, as in the chat request (the same as headers, for clients that cannot set headers)
+    session_id: Annotated[
+        str | None,
+        Field(min_length=1, max_length=256, description="clawrl: the session this turn belongs to (as header X-Session-Id)."),
+    ] = None
+    turn_type: Annotated[
+        Literal["main", "side"] | None,
+        Field(description="clawrl: `side` turns (titles, summaries) are served but never trained on (as header X-Turn-Type)."),
+    ] = None
+    session_done: Annotated[
+        bool, Field(description="clawrl: this is the session's last turn (as header X-Session-Done).")
+    ] = False
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _no_top_k(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("top_k is not supported here (the engines sample with temperature and top_p); leave it out")
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_user(cls, messages: list[Any]) -> list[Any]:
+        if messages[-1].role != "user":
+            raise ValueError(
+                "the last message must be the user's: continuing a final assistant message (a prefill) is not supported here"
+            )
+        return messages
+
+
+# --- answers -----------------------------------------------------------------------------------------
+
+
+class AnthropicTextBlock(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class AnthropicToolUseBlock(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+AnthropicContentBlock = Annotated[AnthropicTextBlock | AnthropicToolUseBlock, Field(discriminator="type")]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class AnthropicMessage(BaseModel):
+    """The answer (and, with empty content and no stop reason yet, a stream's `message_start`)."""
+
+    id: str = Field(description="The recorded turn's id (as the X-Clawrl-Turn header).")
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[AnthropicContentBlock]
+    stop_reason: StopReason | None
+    stop_sequence: str | None = Field(description="The stop sequence that ended the answer, when one did.")
+    usage: AnthropicUsage
+
+
+class AnthropicTokenCount(BaseModel):
+    input_tokens: int
+
+
+# --- a stream's events -------------------------------------------------------------------------------
+
+
+class AnthropicMessageStartEvent(BaseModel):
+    type: Literal["message_start"] = "message_start"
+    message: AnthropicMessage
+
+
+class AnthropicPingEvent(BaseModel):
+    type: Literal["ping"] = "ping"
+
+
+class AnthropicContentBlockStartEvent(BaseModel):
+    type: Literal["content_block_start"] = "content_block_start"
+    index: int
+    content_block: AnthropicContentBlock
+
+
+class AnthropicTextDelta(BaseModel):
+    type: Literal["text_delta"] = "text_delta"
+    text: str
+
+
+class AnthropicInputJsonDelta(BaseModel):
+    type: Literal["input_json_delta"] = "input_json_delta"
+    partial_json: str
+
+
+class AnthropicContentBlockDeltaEvent(BaseModel):
+    type: Literal["content_block_delta"] = "content_block_delta"
+    index: int
+    delta: Annotated[AnthropicTextDelta | AnthropicInputJsonDelta, Field(discriminator="type")]
+
+
+class AnthropicContentBlockStopEvent(BaseModel):
+    type: Literal["content_block_stop"] = "content_block_stop"
+    index: int
+
+
+class AnthropicMessageDelta(BaseModel):
+    stop_reason: StopReason
+    stop_sequence: str | None
+
+
+class AnthropicDeltaUsage(BaseModel):
+    output_tokens: int
+
+
+class AnthropicMessageDeltaEvent(BaseModel):
+    type: Literal["message_delta"] = "message_delta"
+    delta: AnthropicMessageDelta
+    usage: AnthropicDeltaUsage
+
+
+class AnthropicMessageStopEvent(BaseModel):
+    type: Literal["message_stop"] = "message_stop"
+
+
+# --- the error object ------------------------------------------------------------------------------
+
+AnthropicErrorType = Literal[
+    "invalid_request_error", "authentication_error", "permission_error", "not_found_error", "request_too_large",
+    "rate_limit_error", "api_error", "overloaded_error",
+]  # fmt: skip
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: AnthropicErrorType
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Every refusal of these routes, as Anthropic's API sends it (and a stream's `error` event)."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+# What a stream sends, in order: (event name, the model of its data)
+STREAM_EVENTS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("message_start", AnthropicMessageStartEvent),
+    ("ping", AnthropicPingEvent),
+    ("content_block_start", AnthropicContentBlockStartEvent),
+    ("content_block_delta", AnthropicContentBlockDeltaEvent),
+    ("content_block_stop", AnthropicContentBlockStopEvent),
+    ("message_delta", AnthropicMessageDeltaEvent),
+    ("message_stop", AnthropicMessageStopEvent),
+    ("error", AnthropicErrorResponse),
+)
