@@ -113,6 +113,14 @@ def test_store_false_is_answered_and_never_recorded(client: openai.OpenAI, run_d
         client.responses.create(model="agent", input="And another?", previous_response_id=response.id, max_output_tokens=8)
 
 
+def test_a_client_that_always_sends_store_false_can_opt_in_to_recording(client: openai.OpenAI, run_dir: Path) -> None:
+    """Codex CLI sends `store: false` on every request; its provider config can add `X-Clawrl-Record: true`."""
+    response = client.responses.create(model="agent", input="Name a tea.", max_output_tokens=8, store=False,
+                                       extra_headers={"X-Clawrl-Record": "true"})  # fmt: skip
+    turn = Store.for_run_dir(run_dir).turns.turn(response.id)
+    assert turn is not None and turn.response_token_ids
+
+
 @pytest.mark.parametrize(
     ("options", "param"),
     [

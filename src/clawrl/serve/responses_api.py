@@ -15,7 +15,9 @@ same session inference, the same judging. The turn's id is the response's id (`r
   (OpenAI's service drops them; every agent tested sends them on each call, and keeping them is
   what a client that omits them means).
 - **`store: false`** is answered and not recorded, so nothing of it is trained on and it cannot be
-  continued with `previous_response_id`.
+  continued with `previous_response_id`, unless the request carries `X-Clawrl-Record: true`: Codex
+  CLI sends `store: false` on every request whatever its user wants, and that header, set once in its
+  provider configuration, is how its user opts in (`recorded`).
 - **Refused with a 400, not ignored** (the schema leaves them out, so the OpenAPI document says so):
   `tool_choice` that forces a call (`required`, a named function) and `text.format` JSON outputs
   (both need constrained decoding, which this server does not do yet), hosted tools (web or file
@@ -58,6 +60,7 @@ from clawrl.serve.responses_schemas import (
     MessageItem,
     ResponsesRequest,
 )
+from clawrl.serve.sessions import TRUE_WORDS
 from clawrl.types import Message, Turn
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,8 @@ def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics:
         parsed = _parse(await read_json(request, config.max_body_bytes))
         previous = await _previous_turn(service, parsed.previous_response_id)
         headers = {key.lower(): value for key, value in request.headers.items()}
-        prepared = await service.prepare(chat_body(parsed, previous), headers, id_prefix="resp_", recorded=parsed.store)
+        prepared = await service.prepare(chat_body(parsed, previous), headers, id_prefix="resp_",
+                                         recorded=recorded(parsed, headers))  # fmt: skip
         generation = service.start(prepared)
         created_at = int(time.time())
         await service.identify(generation)  # the headers name the session
@@ -121,6 +125,16 @@ def _parse(body: dict[str, Any]) -> ResponsesRequest:
         message, param = describe_validation_error(error)
         raise APIError(400, message, "invalid_value", param) from None
     return parsed
+
+
+def recorded(request: ResponsesRequest, headers: dict[str, str]) -> bool:
+    """Whether to record the turn: `store`, unless the client's owner opted in with `X-Clawrl-Record: true`.
+
+    Codex CLI sends `store: false` on every request to any provider but Azure, as a protocol
+    setting rather than a choice of its user, and no setting of its own changes that; its provider
+    configuration can add a header, so the header is how a Codex user says "record my turns".
+    """
+    return request.store or headers.get("x-clawrl-record", "").strip().lower() in TRUE_WORDS
 
 
 async def _previous_turn(service: ChatService, response_id: str | None) -> Turn | None:
