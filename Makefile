@@ -30,11 +30,13 @@ vllm:
 demo: $(STAMP)
 	$(BIN)/clawrl demo
 
-# The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw (quick once
-# there; without the npm registry it says why and the test skips), and Debian's Chromium for the
-# web environment's tests (as root with apt-get; elsewhere they skip).
+# The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw, and the real
+# Codex CLI for tests/test_agent_codex.py, into ~/.cache/clawrl/codex (quick once there; without
+# the npm registry they say why and the tests skip), and Debian's Chromium for the web
+# environment's tests (as root with apt-get; elsewhere they skip).
 agents:
 	bash scripts/install-openclaw.sh
+	bash scripts/install-codex.sh
 	bash scripts/install-chromium.sh
 
 # The three installs are independent, so they run side by side (on a fresh machine: about 1.5
