@@ -13,9 +13,12 @@ and a dozen tool schemas (about 23,400 prompt tokens with the tiny model's token
 id (no header, body field or `user`) and no temperature; the user's words come with a timestamp
 in front, and an internal-context block follows as a separate user message that is dropped from
 the history of the next request. Sessions are therefore inferred from the echoed answers. In
-`--local` mode OpenClaw sends nothing else; near its context limit it also sends a pre-compaction
-memory flush and compaction summaries, which the second test replays from recorded bodies
-(tests/data/openclaw_requests.json) and the server must take as side turns.
+`--local` mode OpenClaw sends nothing else until its context nears the window. Then it compacts
+before the next message: a pre-compaction memory flush and a compaction summary (side turns), and
+the message goes out with the summary in place of the older turns. The second conversation is
+given a smaller window so that it compacts before its second message, and must stay one session; the
+second test replays recorded flush and summary bodies (tests/data/openclaw_requests.json), and
+tests/test_openclaw_compaction.py longer recorded compactions.
 
 Where the registry could not be reached the install script records why and the live test skips
 saying so; under CI (`CLAWRL_REQUIRE_OPENCLAW=1`, set by .ci/run) it fails instead.
@@ -46,12 +49,20 @@ MAX_TOKENS = 64
 # Two conversations: a request then a correction whose directive the rule judge takes as the
 # hint (-1); a request then praise (+1). Each `openclaw agent --local` call costs 30-60 s on a
 # small, busy machine (node start-up, OpenClaw's preparation, a 23,400-token prefill), so they run
-# side by side and are two messages long: a third message costs about 40 s more.
+# side by side and are two messages long: a third message costs about 40 s more. The second one is
+# compacted before its second message (CONTEXT_WINDOWS), which costs about 10 s more.
 CONVERSATIONS = {
     "oc-note": ["Write a short note to my team about Friday.", "no, please keep it to one sentence"],
     "oc-trip": ["Plan a day in Lyon for me.", "thanks, perfect"],
 }
 SCORES = {"oc-note": [(-1, "Please keep it to one sentence.")], "oc-trip": [(1, None)]}
+# OpenClaw compacts once the last turn's tokens reach its model's contextWindow less a reserve of a
+# quarter of it (at most 20,000): 24,576 of the documented 32,768, more than the ~23,400 tokens of a
+# turn here, so "oc-note" never compacts; 30,000 leaves 22,500, so "oc-trip" compacts before its
+# second message.
+CONTEXT_WINDOWS = {"oc-trip": 30000}
+SUMMARIZER_PROMPT = "You are a context summarization assistant"
+SUMMARY_PREFIX = "The conversation history before this point was compacted into the following summary:"
 CLIENTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "clients.md"
 DOCUMENTED_URL, DOCUMENTED_MODEL = "http://127.0.0.1:30000/v1", "Qwen/Qwen3-4B-Instruct-2507"
 SAMPLES = json.loads((Path(__file__).parent / "data" / "openclaw_requests.json").read_text())
@@ -110,10 +121,10 @@ class OpenClaw:
         assert result.returncode == 0, f"openclaw {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
         return result
 
-    def use(self, base_url: str) -> None:
+    def use(self, base_url: str, context_window: int | None = None) -> None:
         """Point OpenClaw at the server, as docs/clients.md tells a user to."""
         patch = self.home / "clawrl.patch.json5"
-        patch.write_text(documented_patch(base_url))
+        patch.write_text(documented_patch(base_url, context_window))
         self.run("config", "patch", "--file", str(patch))
 
     def say(self, session_id: str, text: str) -> dict[str, Any]:
@@ -121,11 +132,11 @@ class OpenClaw:
         return json.loads(self.run("agent", "--local", "--session-id", session_id, "-m", text, "--json").stdout)
 
 
-def documented_patch(base_url: str) -> str:
+def documented_patch(base_url: str, context_window: int | None = None) -> str:
     """The config patch of docs/clients.md, for this server: its URL, the tiny model, short answers.
 
     The page's model has a 32K window like the tiny model (OpenClaw's prompt is ~23,400 of its
-    tokens), so `contextWindow` stays as written."""
+    tokens), so `contextWindow` stays as written unless `context_window` says otherwise."""
     page = CLIENTS_PAGE.read_text()
     patch = page.split("\n## OpenClaw\n", 1)[1].split("```json5\n", 1)[1].split("```", 1)[0]
     here = [(DOCUMENTED_URL, base_url), (DOCUMENTED_MODEL, MODEL), ("maxTokens: 2048", f"maxTokens: {MAX_TOKENS}")]
@@ -133,11 +144,11 @@ def documented_patch(base_url: str) -> str:
         assert documented in patch, f"docs/clients.md's OpenClaw patch no longer has {documented!r}"
         patch = patch.replace(documented, ours)
     assert "contextWindow: 32768" in patch
-    return patch
+    return patch.replace("contextWindow: 32768", f"contextWindow: {context_window}") if context_window else patch
 
 
 def converse(openclaw: OpenClaw, base_url: str, session_id: str, lines: list[str]) -> list[dict[str, Any]]:
-    openclaw.use(base_url)
+    openclaw.use(base_url, CONTEXT_WINDOWS.get(session_id))
     return [openclaw.say(session_id, line) for line in lines]
 
 
@@ -183,7 +194,7 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
         store = Store.for_run_dir(run_dir)
         sessions = {session.id: store.turns.session_turns(session.id) for session in store.turns.list_sessions()}
         for turns in sessions.values():
-            for entry in turns[:-1]:
+            for entry in [entry for entry in turns if entry.turn.kind == "main"][:-1]:
                 # Picking among hints scores OpenClaw's ~23K-token prompt once per candidate (about
                 # 6 s each on one idle core): wait as long as the judge's own limit for one turn.
                 wait_for_judgment(store, entry.turn.id, timeout=judge.judge_timeout_s)
@@ -193,8 +204,9 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
         )
 
         # Each conversation is one session of main turns, one per message, plus one each time the
-        # untrained model stopped at once and OpenClaw asked again (rare); nothing else was sent.
-        answered = {key: [entry for entry in turns if not retried(entry)] for key, turns in sessions.items()}
+        # untrained model stopped at once and OpenClaw asked again (rare), and the side turns of a
+        # compaction; nothing else was sent.
+        answered = {key: [e for e in turns if e.turn.kind == "main" and not retried(e)] for key, turns in sessions.items()}
         assert sorted(len(turns) for turns in answered.values()) == sorted(len(lines) for lines in CONVERSATIONS.values())
         by_conversation: dict[str, list[TurnContext]] = {}
         for turns in sessions.values():
@@ -209,7 +221,17 @@ def test_openclaw_conversations_are_sessions_judged_from_what_the_user_typed(
         assert sorted(by_conversation) == sorted(CONVERSATIONS)
 
         for session_id, lines in CONVERSATIONS.items():
-            turns = by_conversation[session_id]
+            sides = [entry.turn for entry in by_conversation[session_id] if entry.turn.kind == "side"]
+            turns = [entry for entry in by_conversation[session_id] if entry.turn.kind == "main"]
+            compacted = [entry.turn for entry in turns if content_text(entry.turn.messages[1]["content"]).startswith(SUMMARY_PREFIX)]
+            if session_id in CONTEXT_WINDOWS:
+                # It compacted before the second message: the summary request (and, as a rule, a
+                # memory flush before it) are side turns of this session, and the second message
+                # went out with the summary in place of the first one, then the echoed answer.
+                assert any(content_text(turn.messages[0]["content"]).startswith(SUMMARIZER_PROMPT) for turn in sides)
+                assert compacted and compacted[-1].id == turns[-1].turn.id
+            else:
+                assert not sides and not compacted
             asked_again = {later.turn.id for earlier, later in zip(turns, turns[1:]) if retried(earlier)}
             shown = [entry for entry in turns if not retried(entry)]  # the answers the user saw, one per line
             for index, entry in enumerate(shown):

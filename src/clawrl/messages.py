@@ -163,6 +163,28 @@ def conversation_hashes(messages: list[Message]) -> list[str]:
     return [message_hash(m) for m in messages if m["role"] not in ("system", "developer")]
 
 
+# --- quotes: a message that repeats earlier messages as text (a compaction summary) --------------
+
+# A quoted text must be at least this long (as `quote_text` leaves it) to say which conversation
+# it comes from ("ok", "thanks" say nothing), and only its start is looked for: summaries cut long
+# messages short (OpenClaw keeps 600 characters of each recent turn, then "...").
+QUOTE_MIN_CHARS = 16
+QUOTE_HEAD_CHARS = 200
+_HEADING_MARKS = re.compile(r"^[ \t]*#{1,6}[ \t]+", re.MULTILINE)
+
+
+def quote_text(text: str) -> str:
+    """`text` as quotes are compared: Markdown heading marks dropped (a summary that embeds another
+    demotes its headings) and every run of whitespace one space."""
+    return " ".join(_HEADING_MARKS.sub("", text).split())
+
+
+def quotable_head(text: str) -> str | None:
+    """What a quote of `text` must contain: the start of its `quote_text`; None for a text too short to tell."""
+    normalized = quote_text(text)
+    return normalized[:QUOTE_HEAD_CHARS] if len(normalized) >= QUOTE_MIN_CHARS else None
+
+
 # --- the teacher prompt (DESIGN §5, §6) ----------------------------------------------------------
 
 

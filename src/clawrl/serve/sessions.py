@@ -6,6 +6,9 @@ starts with request k: agents drop ephemeral context messages between requests. 
 looks for an assistant message that equals a recorded answer and checks that the messages
 before it come from that turn's conversation (the last one must, and at least half of all).
 The newest matching turn wins; its next state is whatever the request adds after the answer.
+A message the conversation never held but which quotes it (a compaction summary in place of
+the older turns) counts as coming from it; a side request that echoes nothing (the summarizer
+itself) joins the recent session whose conversation it quotes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,18 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from clawrl.messages import answer_fingerprint, content_text, conversation_hashes, message_hash, recorded_fingerprint
+from clawrl.messages import (
+    answer_fingerprint,
+    content_text,
+    conversation_hashes,
+    is_agent_retry_note,
+    message_hash,
+    QUOTE_MIN_CHARS,
+    quotable_head,
+    quote_text,
+    recorded_fingerprint,
+    user_typed,
+)
 from clawrl.errors import APIError
 from clawrl.store import Store
 from clawrl.types import Message, SessionIdSource, Turn, TurnKind
@@ -23,6 +37,9 @@ from clawrl.types import Message, SessionIdSource, Turn, TurnKind
 TRUE_WORDS = {"1", "true", "yes", "on"}
 # How recent an empty answer must be for a request without an echo to be taken as its retry
 RETRY_WINDOW_S = 600.0
+# How many of the most recently active open sessions a side request that echoes nothing is
+# compared with (`_quoted_session`)
+QUOTED_SESSIONS = 8
 
 # Requests that agents make for themselves rather than for their user, recognised by their system
 # prompt whatever --side-turn-system-regex says (a client's X-Turn-Type or turn_type still
@@ -107,9 +124,10 @@ def resolve_session(
         return identity
 
     positions = _answer_positions(messages)
+    quotes = _RequestQuotes(messages)
     for candidate in store.turns.turns_with_answer(list(positions)):
         position = positions[candidate.answer_fingerprint]
-        if _follows_conversation(messages[:position], candidate):
+        if _follows_conversation(messages[:position], candidate, quotes):
             candidate, position = _past_empty_answers(store, messages, candidate, position)
             next_state = messages[position + 1 :] if kind == "main" else None
             return SessionIdentity(
@@ -118,8 +136,31 @@ def resolve_session(
                 continues_turn_id=candidate.id if next_state else None,
                 next_state=next_state or None,
             )
-    retried = _retried_empty_answer(store, messages) if kind == "main" else None
-    return retried or SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+    found = _retried_empty_answer(store, messages) if kind == "main" else _quoted_session(store, quotes)
+    return found or SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
+
+
+def _quoted_session(store: Store, quotes: _RequestQuotes) -> SessionIdentity | None:
+    """The session a side request that echoes no answer belongs to: the one of the QUOTED_SESSIONS
+    most recently active open sessions whose conversation (its newest main turn's prompt and
+    answer) the request quotes most, the more recent on a tie.
+
+    A compaction summarizer gets the conversation as text ("[User]: ...", "[Assistant]: ...") in
+    one user message, with no assistant message to echo: without this it would be a session of its
+    own. Only messages that turn's prompt did not hold are read as quotes. Main requests are never
+    placed this way: a new conversation that pastes an answer from another one is not its
+    continuation.
+    """
+    best: tuple[int, str] | None = None
+    open_sessions = [session for session in store.turns.list_sessions(limit=4 * QUOTED_SESSIONS) if not session.done]
+    for session in open_sessions[:QUOTED_SESSIONS]:
+        newest = store.turns.last_main_turn(session.id)
+        if newest is None:
+            continue
+        quoted = quotes.count_quoted(_quotable_heads(newest), quotes.unknown_to(newest))
+        if quoted and (best is None or quoted > best[0]):
+            best = (quoted, session.id)
+    return SessionIdentity(best[1], "inferred") if best is not None else None
 
 
 def _retried_empty_answer(store: Store, messages: list[Message]) -> SessionIdentity | None:
@@ -194,11 +235,81 @@ def _trailing_messages(messages: list[Message]) -> list[Message]:
     return [m for m in messages[last_assistant + 1 :] if m["role"] not in ("system", "developer")]
 
 
-def _follows_conversation(prefix: list[Message], turn: Turn) -> bool:
-    """Do the messages before the echoed answer come from the conversation that produced it?"""
-    hashes = [message_hash(m) for m in prefix if m["role"] not in ("system", "developer")]
-    if not hashes:
+def _follows_conversation(prefix: list[Message], turn: Turn, quotes: _RequestQuotes | None = None) -> bool:
+    """Do the messages before the echoed answer come from the conversation that produced it?
+
+    A message that turn's prompt did not hold still counts when it quotes that conversation
+    (`quotes`, positions in the whole request, of which `prefix` is the start): an agent that
+    compacts its history sends a summary of the older turns in their place, and the request after a
+    compaction may keep no more than the last answer after it.
+    """
+    positions = [position for position, m in enumerate(prefix) if m["role"] not in ("system", "developer")]
+    if not positions:
         return not turn.message_hashes
     known = set(turn.message_hashes)
-    found = sum(h in known for h in hashes)
-    return hashes[-1] in known and 2 * found >= len(hashes)
+    held = {position for position in positions if message_hash(prefix[position]) in known}
+    if _mostly(positions, held):
+        return True
+    if quotes is None:
+        return False
+    # Only a user or tool message long enough to hold a quote may be one: read the turn's
+    # conversation for quotes only where they could make the difference.
+    could_quote = {position for position in positions if position not in held and quotes.long_enough(position)}
+    if not could_quote or not _mostly(positions, held | could_quote):
+        return False
+    return _mostly(positions, held | quotes.quoting(_quotable_heads(turn), could_quote))
+
+
+def _mostly(positions: list[int], found: set[int]) -> bool:
+    """The last of these messages is found, and at least half of them are."""
+    return positions[-1] in found and 2 * sum(position in found for position in positions) >= len(positions)
+
+
+def _quotable_heads(turn: Turn) -> set[str]:
+    """What a quote of `turn`'s conversation may repeat (`quotable_head`): its answer, the answers
+    its prompt echoes, and what its user typed (no agent's retry note: every session has those)."""
+    texts = [turn.response_text]
+    for message in turn.messages:
+        if message["role"] == "assistant":
+            texts.append(content_text(message.get("content")))
+        elif message["role"] == "user":
+            typed = user_typed(message)
+            if not is_agent_retry_note(typed):
+                texts.append(typed)
+    return {head for head in map(quotable_head, texts) if head}
+
+
+class _RequestQuotes:
+    """A request's user and tool messages as quotes are looked for in them (`quote_text`), each
+    normalised once, when first needed."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self._texts: dict[int, str] = {}
+
+    def long_enough(self, position: int) -> bool:
+        """Could the message at `position` hold a quote (a user or tool message, long enough)?"""
+        return self.messages[position]["role"] in ("user", "tool") and len(self.text(position)) >= QUOTE_MIN_CHARS
+
+    def unknown_to(self, turn: Turn) -> list[int]:
+        """The user and tool messages that `turn`'s prompt did not hold: a message sent again is no quote."""
+        known = set(turn.message_hashes)
+        return [position for position, m in enumerate(self.messages)
+                if m["role"] in ("user", "tool") and message_hash(m) not in known]  # fmt: skip
+
+    def text(self, position: int) -> str:
+        if position not in self._texts:
+            self._texts[position] = quote_text(content_text(self.messages[position].get("content")))
+        return self._texts[position]
+
+    def quoting(self, heads: set[str], positions: list[int]) -> set[int]:
+        """Which of these messages (user or tool messages only) quote at least one of `heads`."""
+        if not heads:
+            return set()
+        return {position for position in positions if self.messages[position]["role"] in ("user", "tool")
+                and any(head in self.text(position) for head in heads)}  # fmt: skip
+
+    def count_quoted(self, heads: set[str], positions: list[int]) -> int:
+        """How many of `heads` these messages quote."""
+        texts = [self.text(position) for position in positions if self.messages[position]["role"] in ("user", "tool")]
+        return sum(any(head in text for text in texts) for head in heads)
