@@ -23,13 +23,10 @@ Codex sends `store: false` on every request (hard-coded for every provider but A
 documented config sends `X-Clawrl-Record: true` through the provider's `http_headers`, and
 `/v1/responses` records a `store: false` request that carries it (`NotRecorded` if not).
 
-One gap of the server, shown by the test it breaks (a strict xfail, raised only by the check that
-names the gap, so that any other failure fails):
-
-* `WrapperReadAsTyped`: when the sandbox, the directory or the date changes between two turns,
-  Codex sends a new `<environment_context>` user message before the user's reply, and the judge
-  reads that XML as the user's words (`messages.user_typed` knows no Codex block): it becomes a
-  hint candidate, and the hint picked may be it.
+When the sandbox, the directory or the date changes between two turns, Codex sends a new
+`<environment_context>` user message before the user's reply; `messages.user_typed` removes that
+block and Codex's `# AGENTS.md instructions` block, so the judge reads only the reply
+(`WrapperReadAsTyped` if not: before that, Codex's XML became a hint candidate, and sometimes the hint).
 
 Where the registry could not be reached the install script records why and the tests skip
 saying so; under CI (`CLAWRL_REQUIRE_CODEX=1`, set by .ci/run) they fail instead.
@@ -75,7 +72,6 @@ class WrapperReadAsTyped(AssertionError):
 
 
 STORE_FALSE = "Codex sends store: false on every request; the documented X-Clawrl-Record: true header should have it recorded"
-CONTEXT_BLOCKS = "messages.user_typed does not remove Codex's <environment_context> block: the judge offers Codex's XML as a hint"
 
 
 # --------------------------------------------------------------------------- the installed agent
@@ -247,7 +243,6 @@ def test_codex_wraps_the_users_words_and_the_judge_reads_only_them(codex_bin: Pa
     assert verdict.score == -1 and [candidate.hint for candidate in verdict.hint_candidates] == [HINT]
 
 
-@pytest.mark.xfail(strict=True, raises=WrapperReadAsTyped, reason=CONTEXT_BLOCKS)
 def test_a_context_update_between_turns_is_not_read_as_the_users_words(codex_bin: Path, server: ServerThread, run_dir: Path,
                                                                        tmp_path: Path) -> None:  # fmt: skip
     """The user lets Codex write from the second message on (`--sandbox workspace-write`): Codex

@@ -75,7 +75,10 @@ _TIMESTAMP_PREFIX = re.compile(
 )
 _WRAPPER_BLOCKS = re.compile(
     r"<<<BEGIN_(?P<marker>[A-Z0-9_]+)>>>.*?<<<END_(?P=marker)>>>"  # OpenClaw's internal context
-    r"|<(?P<tag>system-reminder|memory|context)>.*?</(?P=tag)>"  # reminder and memory sections
+    # reminder and memory sections (Claude Code's reminders; Codex's working directory, shell, date, sandbox)
+    r"|<(?P<tag>system-reminder|memory|context|environment_context)>.*?</(?P=tag)>"
+    # Codex's project instructions: "# AGENTS.md instructions for DIR" and the file in <INSTRUCTIONS>
+    r"|^# AGENTS\.md instructions\b[^\n]*\n+<INSTRUCTIONS>.*?</INSTRUCTIONS>"
     # OpenClaw's line under a session's first message: "Runtime: agent=main | session=... | shell=bash"
     r"|^Runtime: agent=[^\n]*\|[^\n]*$",
     re.DOTALL | re.MULTILINE,
