@@ -37,6 +37,7 @@ demo: $(STAMP)
 agents:
 	bash scripts/install-openclaw.sh
 	bash scripts/install-codex.sh
+	bash scripts/install-claude-code.sh
 	bash scripts/install-chromium.sh
 
 # The three installs are independent, so they run side by side (on a fresh machine: about 1.5

@@ -169,7 +169,7 @@ AGREEMENT = [
     ({**BASE, "temperature": 1.5}, False),
     ({**BASE, "max_tokens": 0}, False),
     ({**BASE, "messages": []}, False),
-    ({**BASE, "messages": [{"role": "system", "content": "x"}]}, False),
+    ({**BASE, "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": "x"}]}, True),
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]}, False),
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, False),
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": ""}]}]}, False),
@@ -401,7 +401,7 @@ def test_a_wrong_api_key_is_an_authentication_error(server: ServerThread, store:
 
 SDK_REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("missing max_tokens", {"max_tokens": anthropic.omit, "timeout": 30}, "max_tokens"),
-    ("a system role", {"messages": [{"role": "system", "content": "x"}]}, "messages.0"),
+    ("only a system message", {"messages": [{"role": "system", "content": "x"}]}, "messages"),
     ("an unknown role", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0"),
     ("an image", {"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},

@@ -62,6 +62,7 @@ from clawrl.serve.messages_schemas import (
     AnthropicMessageStartEvent,
     AnthropicMessageStopEvent,
     AnthropicPingEvent,
+    AnthropicSystemMessageParam,
     AnthropicTextBlock,
     AnthropicTextBlockParam,
     AnthropicTextDelta,
@@ -247,6 +248,8 @@ def chat_body(request: AnthropicCountTokensRequest) -> dict[str, Any]:
     for message in request.messages:
         if isinstance(message, AnthropicUserMessageParam):
             messages.extend(_user_messages(message))
+        elif isinstance(message, AnthropicSystemMessageParam):
+            messages.append({"role": "system", "content": _system_text(message.content)})
         else:
             messages.append(_assistant_message(message))
     body: dict[str, Any] = {"model": request.model, "messages": messages}

@@ -96,14 +96,16 @@ class AnthropicAssistantMessageParam(WireModel):
     content: str | list[AnthropicAssistantBlock]
 
 
-def _no_system_role(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("role") == "system":
-        raise ValueError("a message's role is 'user' or 'assistant'; the system prompt is the request's top-level `system`")
-    return value
+class AnthropicSystemMessageParam(WireModel):
+    """A system message in the conversation (Claude Code's mid-conversation system turns: its
+    environment, tool and skill sections after the user's first message): a chat system message there."""
+
+    role: Literal["system"]
+    content: str | list[Annotated[AnthropicTextBlockParam, _block_types("text")]]
 
 
 AnthropicMessageParam = Annotated[
-    AnthropicUserMessageParam | AnthropicAssistantMessageParam, Field(discriminator="role"), BeforeValidator(_no_system_role)
+    AnthropicUserMessageParam | AnthropicAssistantMessageParam | AnthropicSystemMessageParam, Field(discriminator="role")
 ]
 
 # --- request: tools, tool choice, thinking, metadata -----------------------------------------------
@@ -151,15 +153,18 @@ class AnthropicToolChoiceParam(WireModel):
 
 
 class AnthropicThinkingParam(WireModel):
-    """Extended thinking: only `disabled` (the served model's reasoning is not split out as thinking blocks)."""
+    """Extended thinking: `disabled`, or `adaptive` (the model decides whether to think; this one never
+    does, so the answer has no thinking blocks, as an adaptive answer may). `enabled` asks for thinking
+    blocks, which the served model's reasoning is not split out as: refused."""
 
-    type: Literal["disabled"]
+    type: Literal["disabled", "adaptive"]
+    display: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _disabled_only(cls, value: Any) -> Any:
         kind = value.get("type") if isinstance(value, dict) else None
-        if isinstance(kind, str) and kind != "disabled":
+        if isinstance(kind, str) and kind not in ("disabled", "adaptive"):
             raise ValueError(f"extended thinking ('{kind}') is not supported here; leave `thinking` out or disable it")
         return value
 
@@ -239,7 +244,8 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     @field_validator("messages")
     @classmethod
     def _ends_with_user(cls, messages: list[Any]) -> list[Any]:
-        if messages[-1].role != "user":
+        said = [message for message in messages if message.role != "system"]  # a system message may follow the user's
+        if not said or said[-1].role != "user":
             raise ValueError(
                 "the last message must be the user's: continuing a final assistant message (a prefill) is not supported here"
             )

@@ -54,6 +54,10 @@ KNOWN_SIDE_SYSTEM_PROMPTS = re.compile(
     r"|^Pre-compaction memory flush turn\b",
     re.MULTILINE,
 )
+# The same, recognised by the request's last user message: the agent's own prompt and the whole
+# conversation, then its instruction. Claude Code's compaction: "CRITICAL: Respond with TEXT ONLY.
+# Do NOT call any tools." and its summary instructions.
+KNOWN_SIDE_INSTRUCTIONS = re.compile(r"\ACRITICAL: Respond with TEXT ONLY\. Do NOT call any tools\.")
 
 
 @dataclass
@@ -96,6 +100,9 @@ def turn_kind(
         return body_turn_type
     system_text = "\n".join(content_text(m.get("content")) for m in messages if m["role"] in ("system", "developer"))
     if KNOWN_SIDE_SYSTEM_PROMPTS.search(system_text) or (side_regex is not None and side_regex.search(system_text)):
+        return "side"
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "user" and KNOWN_SIDE_INSTRUCTIONS.match(content_text(last.get("content")).lstrip()):
         return "side"
     return "main"
 
