@@ -30,10 +30,11 @@ vllm:
 demo: $(STAMP)
 	$(BIN)/clawrl demo
 
-# The real OpenClaw agent for tests/test_openclaw.py, into ~/.cache/clawrl/openclaw, and the real
-# Codex CLI for tests/test_agent_codex.py, into ~/.cache/clawrl/codex (quick once there; without
-# the npm registry they say why and the tests skip), and Debian's Chromium for the web
-# environment's tests (as root with apt-get; elsewhere they skip).
+# The real agents from npm, each into ~/.cache/clawrl/<agent> for its live test: OpenClaw
+# (tests/test_openclaw.py), Codex CLI (tests/test_agent_codex.py) and Claude Code
+# (tests/test_agent_claude_code.py); quick once there; without the npm registry they say why and
+# the tests skip. And Debian's Chromium for the web environment's tests (as root with apt-get;
+# elsewhere they skip).
 agents:
 	bash scripts/install-openclaw.sh
 	bash scripts/install-codex.sh
