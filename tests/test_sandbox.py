@@ -294,6 +294,13 @@ def test_a_shell_closed_right_after_it_opens_is_gone() -> None:
     async def go() -> None:
         async with Sandbox() as box, Sandbox() as other:  # two at a time, as rollouts run: a busier machine
             await asyncio.gather(open_and_close(box), open_and_close(other))
+            # gone, not escaped: a killed shell's last moments (its exit reported, its namespace's
+            # process not yet torn down) may show for a few milliseconds on a loaded machine, an
+            # escaped one stays (it outlived its sandbox for good before)
+            for _ in range(40):
+                if not host_pids_with("--noprofile"):
+                    break
+                await asyncio.sleep(0.05)
             assert host_pids_with("--noprofile") == []
             assert (await box.run("echo still here")).stdout == "still here\n"
 

@@ -57,7 +57,8 @@ KNOWN_SIDE_SYSTEM_PROMPTS = re.compile(
 # The same, recognised by the request's last user message: the agent's own prompt and the whole
 # conversation, then its instruction. Claude Code's compaction: "CRITICAL: Respond with TEXT ONLY.
 # Do NOT call any tools." and its summary instructions.
-KNOWN_SIDE_INSTRUCTIONS = re.compile(r"\ACRITICAL: Respond with TEXT ONLY\. Do NOT call any tools\.")
+# (a line of its own: Claude Code sometimes puts it after the user's message, in the same message)
+KNOWN_SIDE_INSTRUCTIONS = re.compile(r"^CRITICAL: Respond with TEXT ONLY\. Do NOT call any tools\.", re.MULTILINE)
 
 
 @dataclass
@@ -102,7 +103,7 @@ def turn_kind(
     if KNOWN_SIDE_SYSTEM_PROMPTS.search(system_text) or (side_regex is not None and side_regex.search(system_text)):
         return "side"
     last = messages[-1] if messages else None
-    if last is not None and last["role"] == "user" and KNOWN_SIDE_INSTRUCTIONS.match(content_text(last.get("content")).lstrip()):
+    if last is not None and last["role"] == "user" and KNOWN_SIDE_INSTRUCTIONS.search(content_text(last.get("content"))):
         return "side"
     return "main"
 
