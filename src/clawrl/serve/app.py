@@ -12,7 +12,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,7 +29,7 @@ from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
-from clawrl.serve.metrics import ServeMetrics
+from clawrl.serve.metrics import ServeMetrics, timed_stream
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
 from clawrl.trainer_process import TrainerProcess
@@ -123,7 +123,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         if prepared.request.stream:
             await service.identify(generation)  # the headers name the session
             return StreamingResponse(
-                _timed(service.stream(generation), metrics, started),
+                timed_stream(service.stream(generation), metrics, started),
                 media_type="text/event-stream",
                 headers={**service.headers(generation), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -214,17 +214,6 @@ def _feedback_target(store: Store, item: schemas.FeedbackRequest) -> str:
     if last is None:
         raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")
     return last.id
-
-
-async def _timed(events: AsyncGenerator[str, None], metrics: ServeMetrics, started: float) -> AsyncIterator[str]:
-    metrics.active.inc()
-    try:
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()  # on a hang-up, lets the stream record what was generated
-        metrics.active.dec()
-        metrics.latency.labels("true").observe(time.perf_counter() - started)
 
 
 async def _close_idle_sessions(store: Store, idle_s: float, episode_idle_s: float) -> None:

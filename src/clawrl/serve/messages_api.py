@@ -28,7 +28,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -73,7 +73,7 @@ from clawrl.serve.messages_schemas import (
     AnthropicUserMessageParam,
     StopReason,
 )
-from clawrl.serve.metrics import ServeMetrics
+from clawrl.serve.metrics import ServeMetrics, timed_stream
 from clawrl.types import Message, Turn
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ async def _create_message(request: Request, service: ChatService, config: ServeC
     if item.stream:
         await service.identify(generation)  # the headers name the session
         return StreamingResponse(
-            _timed(_stream(service, generation, item.model), metrics, started),
+            timed_stream(_stream(service, generation, item.model), metrics, started),
             media_type="text/event-stream",
             headers={**service.headers(generation), "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -438,16 +438,6 @@ def _tool_use_events(block: AnthropicToolUseBlock, index: int) -> list[str]:
     ]
 
 
-async def _timed(events: AsyncGenerator[str, None], metrics: ServeMetrics, started: float) -> AsyncIterator[str]:
-    """The stream, counted as an active request and timed to its last byte (as app.py's chat stream)."""
-    metrics.active.inc()
-    try:
-        async for event in events:
-            yield event
-    finally:
-        await events.aclose()  # on a hang-up, lets the stream record what was generated
-        metrics.active.dec()
-        metrics.latency.labels("true").observe(time.perf_counter() - started)
 
 
 # --- the OpenAPI document ----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ run several servers in one process)."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -120,3 +121,15 @@ class ServeMetrics:
         self.feedback = Counter("clawrl_feedback", "Explicit feedback received", ["score"], registry=self.registry)
         self.active = Gauge("clawrl_active_requests", "Chat completions in flight", registry=self.registry)
         self.policy_version = Gauge("clawrl_policy_version", "Policy version new requests get", registry=self.registry)
+
+
+async def timed_stream(events: AsyncGenerator[str, None], metrics: ServeMetrics, started: float) -> AsyncIterator[str]:
+    """A streamed answer, counted as an active request and timed to its last byte (every wire API's stream)."""
+    metrics.active.inc()
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # on a hang-up, lets the stream record what was generated
+        metrics.active.dec()
+        metrics.latency.labels("true").observe(time.perf_counter() - started)
