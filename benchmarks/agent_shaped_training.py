@@ -43,9 +43,9 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from clawrl.config import LossConfig
+from clawrl.model.weights import load_causal_lm
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.train.trainer import enable_activation_checkpointing
 from clawrl.train.update import update_step
@@ -75,10 +75,12 @@ def sessions(args: argparse.Namespace, vocab: int) -> list[TrainingExample]:
     return examples
 
 
-def trainable_model(model_dir: Path, device: str, dtype: str, checkpointing: bool = False, full: bool = False) -> torch.nn.Module:
-    """The model a step trains: a rank-16 LoRA adapter on every linear layer, or with `full` every weight."""
+def trainable_model(model_dir: Path, device: str, dtype: str, checkpointing: bool = False, full: bool = False,
+                    quantize: str = "none") -> torch.nn.Module:  # fmt: skip
+    """The model a step trains: a rank-16 LoRA adapter on every linear layer, or with `full` every weight;
+    with `quantize="nf4"` beside a 4-bit base."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), device_map=device)
+    model = load_causal_lm(model_dir, getattr(torch, dtype), torch.device(device), quantize)
     if checkpointing:
         enable_activation_checkpointing(model)
     if full:
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.model == "tiny":
             build_tiny_model(model_dir, seed=0)
         base = trainable_model(model_dir if args.model == "tiny" else Path(args.model), args.device, args.dtype,
-                               args.activation_checkpointing, args.full)  # fmt: skip
+                               args.activation_checkpointing, args.full, args.quantize)  # fmt: skip
     batch = sessions(args, base.config.vocab_size)
     max_grad_rel_diff = gradient_difference(base, batch, args) if args.gradient_check else None
     names = [name for name in ("shared", "separate") if name in args.sides.split(",")]
@@ -183,6 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None, help="default: float32 on a CPU, bfloat16 on CUDA")
     parser.add_argument("--sides", default="shared,separate", help="which sides to run: shared, separate or both")
     parser.add_argument("--full", action="store_true", help="train every weight instead of a LoRA adapter (lr 1e-5)")
+    parser.add_argument("--quantize", choices=("none", "nf4"), default="none", help="the LoRA adapter beside a 4-bit base")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each layer in the backward pass (prefix sharing is then off: both sides run alike)")
     parser.add_argument("--gradient-check", action=argparse.BooleanOptionalAction, default=True,

@@ -11,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages="pydantic pydantic_core pydantic-settings python-dotenv annotated-types typing-inspection fastapi starlette
-uvicorn sqlalchemy opentelemetry-api peft transformers tokenizers annotated-doc typing_extensions"
+uvicorn sqlalchemy opentelemetry-api peft transformers tokenizers annotated-doc typing_extensions threadpoolctl
+prometheus-client"
 mkdir -p .whl
 for package in $packages; do
     version=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$package")

@@ -9,9 +9,12 @@ one stage that fails or runs out of memory leaves the others' figures:
    tokens/s and p50/p99 latency, and on a GPU the serving process's peak memory;
 3. `train`: `agent_shaped_training.py`, one LoRA step on the agent-shaped batch (two sessions x four
    turns) with and without prefix sharing, for each `--train-prefix` (`N` both sides, `N:shared` that side
-   only, `N:ckpt` without sharing and with activation checkpointing, `N:full` every weight trained; `+` joins);
-4. `swap`: `swap_under_load.py`, clients asking while the trainer trains and versions are swapped in;
-5. `plan`: `clawrl.model.plan`'s predictions for the same runs, beside the measurements.
+   only, `N:ckpt` without sharing and with activation checkpointing, `N:full` every weight trained,
+   `N:nf4` beside a 4-bit base; `+` joins);
+4. `share`: `shared_weights.py`, what server + trainer hold with one copy of the base, a copy each,
+   and a 4-bit base (`--share-variants`);
+5. `swap`: `swap_under_load.py`, clients asking while the trainer trains and versions are swapped in;
+6. `plan`: `clawrl.model.plan`'s predictions for the same runs, beside the measurements.
 
 Everything goes into one JSON file (`--out`), rewritten after each stage.
 
@@ -35,7 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))  # runs from a checkout where clawrl is not installed (the GPU machine)
 
-from clawrl.model.plan import Workload, plan
+from clawrl.model.plan import CUDA_RUNTIME_GIB, Workload, plan
 from clawrl.model.shapes import architecture_of
 
 
@@ -73,11 +76,12 @@ def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def train_workload(args: argparse.Namespace, prefix: int, share: bool, checkpointing: bool = False, full: bool = False) -> Workload:
+def train_workload(args: argparse.Namespace, prefix: int, share: bool, checkpointing: bool = False, full: bool = False,
+                   nf4: bool = False) -> Workload:  # fmt: skip
     """The planner's view of one `agent_shaped_training.py` micro-batch: one session's four turns."""
     return Workload(prompt_tokens=prefix, response_tokens=args.response_max, sessions=0, turn_tokens=args.turn_tokens,
                     micro_batch_size=4, share_prefix=share, activation_checkpointing=checkpointing, full=full,
-                    dtype_bytes=2 if args.device.startswith("cuda") else 4)  # fmt: skip
+                    dtype_bytes=2 if args.device.startswith("cuda") else 4, quantize="nf4" if nf4 else "none")  # fmt: skip
 
 
 def step_bytes(predicted: Any, shape: Any, load: Workload) -> int:
@@ -96,7 +100,7 @@ def predictions(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, 
         prefix, _, variant = spec.partition(":")
         variants = set(variant.split("+"))
         for side, peak_mib in (measured.get("peak_mib") or {}).items():
-            load = train_workload(args, int(prefix), side == "shared", "ckpt" in variants, "full" in variants)
+            load = train_workload(args, int(prefix), side == "shared", "ckpt" in variants, "full" in variants, "nf4" in variants)
             step = step_bytes(plan(shape, load), shape, load)
             rows.append({
                 "run": f"train {spec} {side}", "predicted_bytes": step,
@@ -105,10 +109,22 @@ def predictions(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, 
             })  # fmt: skip
     serve = results.get("serve") or {}
     if serve.get("cuda_peak_bytes"):
-        load = Workload(prompt_tokens=64, response_tokens=args.serve_max_tokens, sessions=32, train=False)
+        # the engine's peak of allocated tensors: no runtime
+        load = Workload(prompt_tokens=64, response_tokens=args.serve_max_tokens, sessions=32, train=False, runtime_gib=0)
         predicted = plan(shape, load).total_bytes
         rows.append({"run": "serve 32 clients", "predicted_bytes": predicted, "measured_bytes": serve["cuda_peak_bytes"],
                      "ratio": round(predicted / serve["cuda_peak_bytes"], 3)})  # fmt: skip
+    for variant, measured in (results.get("share") or {}).items():
+        if not isinstance(measured, dict) or "error" in measured:
+            continue
+        held = measured.get("device_used_bytes") or measured.get("pss_bytes")
+        load = Workload(prompt_tokens=64, response_tokens=8, sessions=1, dtype_bytes=2 if args.device.startswith("cuda") else 4,
+                        shared_base=variant != "separate", quantize="nf4" if variant == "nf4" else "none",
+                        runtime_gib=CUDA_RUNTIME_GIB if args.device.startswith("cuda") else 0)  # fmt: skip
+        # between steps: the weights and the adapter state (the step's activations were handed back)
+        predicted = sum(part.bytes for part in plan(shape, load).parts if part.name not in ("activations", "logits"))
+        rows.append({"run": f"share {variant} (server + trainer between steps)", "predicted_bytes": predicted,
+                     "measured_bytes": held, "ratio": round(predicted / held, 3) if held else None})  # fmt: skip
     long_agent = plan(shape, Workload(prompt_tokens=20000, sessions=8), device_gib=args.gpu_memory_gib)
     return {"versus_measured": rows, "agent_20k_8_sessions": long_agent.to_dict()}
 
@@ -151,8 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                     command += ["--sides", "separate", "--activation-checkpointing"]
                 if "full" in variants:
                     command += ["--full"]
+                if "nf4" in variants:
+                    command += ["--quantize", "nf4"]
                 run_stage(f"train {spec}", command, args.stage_timeout_s, results, args.out)
                 results["train"][spec] = _read(out)
+        if "share" in args.stages:
+            out = scratch_dir / "share.json"
+            run_stage("share", [python, str(HERE / "shared_weights.py"), "--model", str(model_dir), "--device", args.device,
+                                "--variants", args.share_variants, "--cpu-threads", str(args.cpu_threads),
+                                "--timeout-s", str(args.stage_timeout_s), "--out", str(out)],
+                      args.stage_timeout_s * len(args.share_variants.split(",")), results, args.out)  # fmt: skip
+            results["share"] = _read(out)
         if "swap" in args.stages:
             out = scratch_dir / "swap.json"
             run_stage("swap", [python, str(HERE / "swap_under_load.py"), "--model", str(model_dir), "--device", args.device,
@@ -183,7 +208,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--like", default="qwen3-0.6b", help="the architecture (clawrl model build-random --like)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dry-run", action="store_true", help="the tiny shape on this CPU, small and quick: checks the script runs")
-    parser.add_argument("--stages", default="serve,train,swap")
+    parser.add_argument("--stages", default="serve,train,share,swap")
+    parser.add_argument("--share-variants", default="shared,separate,nf4",
+                        help="shared_weights.py's variants: server + trainer with one base, a copy each, a 4-bit base")
     parser.add_argument("--serve-requests", type=int, default=16)
     parser.add_argument("--serve-max-tokens", type=int, default=32)
     parser.add_argument("--train-prefix", default="2048", help="comma-separated prefixes; `N:shared` runs one side only")
@@ -201,7 +228,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run:
         args.like, args.device, args.serve_requests, args.serve_max_tokens = "qwen3-tiny", "cpu", 6, 8
-        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,256:ckpt", 20, 40, 1
+        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,256:ckpt,256:shared+nf4", 20, 40, 1
+        args.share_variants = "shared,nf4"
         args.swap_seconds, args.trainer_start_s = 2.0, 4.0  # the tiny trainer loads in about 3 s
     return args
 

@@ -232,7 +232,11 @@ def test_each_command_reads_one_settings_object(monkeypatch: pytest.MonkeyPatch)
      (["--engine", "openai", "--engine-url", "http://e/v1", "--method", "rl", "--full"],
       "--engine openai cannot swap in full-weight versions (a remote server has no call for it); "
       "train LoRA adapters (drop --full) or use --engine vllm"),
-     (["--engine", "openai"], "--engine openai needs --engine-url; give the server's base URL (e.g. http://127.0.0.1:8000/v1)")],
+     (["--engine", "openai"], "--engine openai needs --engine-url; give the server's base URL (e.g. http://127.0.0.1:8000/v1)"),
+     (["--quantize", "nf4", "--method", "rl", "--full"],
+      "--quantize nf4 keeps the base frozen in 4 bits; --full would train every weight: drop one of them"),
+     (["--engine", "vllm", "--quantize", "nf4"],
+      "--quantize nf4 works with --engine hf; vLLM has its own quantization (pass it in --vllm-args)")],
 )
 def test_an_engine_that_cannot_serve_the_trainers_versions_is_refused_when_read(flags: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as refused:
@@ -250,6 +254,10 @@ def test_engine_rules_apply_only_where_they_matter() -> None:
         ServeSettings(engine=EngineConfig(engine="vllm", max_lora_rank=8), train=TrainConfig(method="opd"))
     # the trainer alone publishes what it is asked to: the serving engine's limits are serve's rule
     assert TrainSettings(engine=vllm, train=TrainConfig(method="rl", lora_rank=128)).train.lora_rank == 128
+    # but a 4-bit base is frozen wherever it is trained
+    with pytest.raises(ValidationError, match="keeps the base frozen in 4 bits"):
+        TrainSettings(engine=EngineConfig(quantize="nf4"), train=TrainConfig(full=True))
+    assert TrainSettings(engine=EngineConfig(quantize="nf4"), train=TrainConfig(method="rl")).engine.quantize == "nf4"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,9 @@ import httpx
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from clawrl.model.plan import Workload, micro_batch_tokens, plan
+from clawrl.model.plan import NF4_BLOCK as PLANNER_BLOCK
+from clawrl.model.plan import CUDA_RUNTIME_GIB, Workload, micro_batch_tokens, plan
+from clawrl.model.quantize import NF4_BLOCK, Linear4bit, quantize_linears
 from clawrl.model.shapes import ARCHITECTURES, architecture_of_config
 from clawrl.serve.runner import free_port
 from tests.helpers import wait_until
@@ -103,7 +105,36 @@ def test_plan_says_what_does_not_fit_and_what_to_change() -> None:
     assert lean.fits is True and not lean.advice
     # serving only: the weights and the sessions' keys and values
     serving = plan(shape, Workload(prompt_tokens=20000, response_tokens=0, sessions=8, train=False))
-    assert serving.total_bytes == shape.parameters * 2 + 8 * 20000 * 144 * 1024
+    assert serving.total_bytes == shape.parameters * 2 + 8 * 20000 * 144 * 1024 + int(CUDA_RUNTIME_GIB * 2**30)
+
+
+def test_a_4bit_shared_base_fits_serving_and_training_a_4b_model_on_24_gib() -> None:
+    shape = ARCHITECTURES["qwen3-4b"]
+    # the issue's aim: an agent's 8K-token prompts, four sessions, a checkpointed step of one row at a time
+    load = Workload(prompt_tokens=8000, sessions=4, activation_checkpointing=True, micro_batch_size=1)
+    two_copies = plan(shape, load, device_gib=24)
+    assert two_copies.fits is False
+    assert any(line.startswith("--quantize nf4") for line in two_copies.advice)
+    assert any(line.startswith("--share-weights") for line in two_copies.advice)
+    small = plan(shape, Workload(**{**load.__dict__, "quantize": "nf4", "shared_base": True}), device_gib=24)
+    assert small.fits is True
+    by_name = {part.name: part.bytes for part in small.parts}
+    # the projections at half a byte and a bf16 scale per 64 weights; embeddings and norms in bf16
+    linear = shape.linear_parameters
+    assert by_name["serving weights"] == int(linear * (0.5 + 2 / NF4_BLOCK) + (shape.parameters - linear) * 2)
+    assert by_name["trainer weights"] == 0
+    assert by_name["serving weights"] < 0.35 * shape.parameters * 2
+
+
+def test_the_planner_counts_the_layers_that_are_quantized(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    shape = architecture_of_config(config.to_dict())
+    model = AutoModelForCausalLM.from_config(config)
+    assert quantize_linears(model) == 7 * shape.num_hidden_layers
+    packed = sum(module.weight.numel() * 2 for module in model.modules() if isinstance(module, Linear4bit))
+    assert packed == shape.linear_parameters and PLANNER_BLOCK == NF4_BLOCK
 
 
 def test_prefix_sharing_runs_the_prefix_once() -> None:
@@ -135,3 +166,6 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert [level["concurrency"] for level in result["serve"]["throughput"]] == [1, 8, 32]
     assert all(row["measured_bytes"] and row["predicted_bytes"] for row in result["plan"]["versus_measured"])
     assert result["swap"]["phases"]
+    # server + trainer with one base, and with a 4-bit one; the trainer step beside a 4-bit base
+    assert all("error" not in result["share"][variant] for variant in ("shared", "nf4")), result["share"]
+    assert any(name.endswith("nf4") for name in result["stages"])

@@ -184,7 +184,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         with trainer_lock(store_config.run_dir):
             update = {"model": _resolved_model(model), "cpu_threads": posture.threads}
             engine_config = engine_config.model_copy(update=update)
-            trainer = Trainer(config, engine_config, store, store_config.run_dir)
+            trainer = Trainer(config, engine_config, store, store_config.run_dir, server_pid=args.parent_pid)
             try:
                 trainer.start()
                 made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s, stop=_stop_signalled)

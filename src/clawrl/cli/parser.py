@@ -32,6 +32,7 @@ from clawrl.config import (
     TrainConfig,
     TrainSettings,
 )
+from clawrl.model.plan import CUDA_RUNTIME_GIB
 from clawrl.types import SHARED_LINEAGE
 
 
@@ -81,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--train", action=argparse.BooleanOptionalAction, default=True, help="a trainer beside the server")
     planner.add_argument("--full", action="store_true", help="fine-tune every weight instead of a LoRA adapter")
     planner.add_argument("--shared-base", action="store_true",
-                         help="the trainer maps the server's base weights (on a CPU with --share-weights, the default)")
+                         help="the trainer maps the server's base weights (--share-weights, the default: on a CPU, "
+                         "and on a GPU with the hf engine)")
+    planner.add_argument("--quantize", choices=("none", "nf4"), default="none", help="the base's projections in 4 bits")
+    planner.add_argument("--runtime-gib", type=float, default=CUDA_RUNTIME_GIB,
+                         help="what each process holds besides its tensors (CUDA context, workspaces); 0 on a CPU")
     planner.add_argument("--lora-rank", type=int, default=16)
     planner.add_argument("--micro-batch-size", type=int, default=4, help="rows per micro-batch (a session's turns)")
     planner.add_argument("--turn-tokens", type=int, default=150, help="what each turn adds besides the last answer")

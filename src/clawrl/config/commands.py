@@ -45,6 +45,7 @@ class ServeSettings(CommandSettings):
         if engine.engine == "vllm" and not train.full and train.lora_rank > engine.max_lora_rank:
             raise ValueError(f"--lora-rank {train.lora_rank} is above --max-lora-rank {engine.max_lora_rank}; "
                              "raise --max-lora-rank or lower --lora-rank")
+        _check_quantized_base_is_frozen(engine, train)
         return self
 
 
@@ -55,6 +56,18 @@ class TrainSettings(CommandSettings):
     store: StoreConfig = Field(default_factory=StoreConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     background: BackgroundConfig = Field(default_factory=BackgroundConfig)
+
+    @model_validator(mode="after")
+    def _a_quantized_base_cannot_train(self) -> Self:
+        _check_quantized_base_is_frozen(self.engine, self.train)
+        return self
+
+
+def _check_quantized_base_is_frozen(engine: EngineConfig, train: TrainConfig) -> None:
+    # 4-bit weights have no gradient: only an adapter beside them can train
+    if engine.quantize != "none" and train.full:
+        raise ValueError(f"--quantize {engine.quantize} keeps the base frozen in 4 bits; "
+                         "--full would train every weight: drop one of them")
 
 
 class JudgeSettings(CommandSettings):

@@ -56,6 +56,13 @@ class EngineConfig(ComponentSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; `auto` is float32 on CPU and bfloat16 on CUDA."
     )
+    quantize: Literal["none", "nf4"] = Field(
+        "none",
+        description="With --engine hf: `nf4` stores the frozen base's linear layers in 4 bits (QLoRA's NormalFloat, "
+        "one scale per 64 weights) in the server and the trainer, and computes each layer in --dtype as it runs: "
+        "about a quarter of the weights' memory for some speed. LoRA only (--full trains every weight); the "
+        "embeddings and the output layer stay in --dtype (docs/sizing.md).",
+    )
     max_batch_size: int = Field(32, ge=1, description="Most sequences decoded in one batch.")
     prefix_cache_gib: float = Field(
         1.0, ge=0, description="With --engine hf: memory for the KV of recent prompts, so that a prompt starting like "
@@ -82,6 +89,13 @@ class EngineConfig(ComponentSettings):
         "it once); weights stored in another dtype than served are converted once into --cache-dir for that. "
         "Off: each process converts and holds its own copy (docs/sizing.md).",
     )
+
+    @model_validator(mode="after")
+    def _quantize_needs_hf(self) -> Self:
+        if self.quantize != "none" and self.engine != "hf":
+            raise ValueError(f"--quantize {self.quantize} works with --engine hf; vLLM has its own quantization "
+                             "(pass it in --vllm-args)")
+        return self
 
     @model_validator(mode="after")
     def _openai_needs_a_server(self) -> Self:

@@ -87,6 +87,7 @@ from clawrl.engines.hf_adapters import Adapters, Policy
 from clawrl.engines.hf_batch import Batch, Request, Row
 from clawrl.engines.hf_sampling import new_generator, sample_steps
 from clawrl.engines.prefix_cache import PrefixCache
+from clawrl.model.cuda_share import export_weights, withdraw_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
 from clawrl.model.weights import load_causal_lm, shared_weights
@@ -147,6 +148,7 @@ class HFEngine(Engine):
         self.max_batch_size = config.max_batch_size
         self.cpu_threads = config.cpu_threads
         self._cache_dir, self._share_weights = config.cache_dir, config.share_weights
+        self._quantize = config.quantize
         self.tokenizer = AutoTokenizer.from_pretrained(self._source)
         text_config = AutoConfig.from_pretrained(self._source).get_text_config()
         self._vocab_size: int = text_config.vocab_size
@@ -183,6 +185,9 @@ class HFEngine(Engine):
         source = await asyncio.to_thread(shared_weights, self._source, self.dtype, self.device, self._cache_dir,
                                          self._share_weights)  # fmt: skip
         base = await asyncio.to_thread(self._load_model, source)
+        if self.device.type == "cuda" and self._share_weights:
+            # a LoRA trainer started by this server maps these weights instead of loading a copy
+            await asyncio.to_thread(export_weights, base, self._cache_dir, self._quantize != "none")
         self._adapters = Adapters(base, self.device)
         self._versions.install(0, Policy(base))
         self._end_ids = self._end_of_turn_ids(base)
@@ -201,11 +206,13 @@ class HFEngine(Engine):
             self._cond.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        if self.device.type == "cuda" and self._share_weights:
+            withdraw_export(self._cache_dir)
 
     def _load_model(self, source: str | Path) -> PreTrainedModel:
         # a full-weight version may load beside the decode thread: the decoder code it runs casts
         # explicitly (masks, RoPE, norms), so `load_causal_lm`'s brief default dtype does not reach it
-        return load_causal_lm(source, self.dtype, self.device).eval()
+        return load_causal_lm(source, self.dtype, self.device, self._quantize).eval()
 
     def _end_of_turn_ids(self, model: PreTrainedModel) -> frozenset[int]:
         """The tokenizer's eos plus every eos id of the generation config (e.g. <|im_end|>, <|endoftext|>)."""

@@ -7,7 +7,9 @@ architecture, written from how the engine and the trainer hold their tensors:
 
 * weights: every parameter at the serving dtype, once in the server and once in the trainer (two
   processes, two copies), or once for both when the trainer maps the server's copy (`shared_base`:
-  on a CPU today, `clawrl.model.weights`);
+  the page cache on a CPU, `clawrl.model.weights`; CUDA IPC on a GPU, `clawrl.model.cuda_share`);
+  with a 4-bit base (`quantize="nf4"`) the layers' projections take half a byte a weight and a
+  16-bit scale per 64 (`clawrl.model.quantize`);
 * the server's keys and values: every concurrent session's prompt and answer, plus the prefix cache's
   budget (`--prefix-cache-gib`);
 * the adapter (LoRA) or every weight (full): fp32 adapter weights, their gradients and AdamW's two
@@ -18,7 +20,8 @@ architecture, written from how the engine and the trainer hold their tensors:
   shared prefix once and each row's own part (the rows read the prefix's one copy of keys and values);
   with activation checkpointing each layer's input only, plus one layer's worth;
 * logits: one chunk of `logit_chunk_tokens` positions over the vocabulary, in fp32, with its
-  log-softmax and gradient.
+  log-softmax and gradient;
+* on a GPU, each process's CUDA runtime (`CUDA_RUNTIME_GIB`).
 
 `calibration` in the result names the one measured constant (`ACTIVATION_OVERHEAD`) and what it was
 measured on; `docs/benchmarks.md` compares the predictions with measurements.
@@ -30,10 +33,17 @@ from dataclasses import dataclass, field
 
 from clawrl.model.shapes import Architecture
 
+NF4_BLOCK = 64  # weights per scale of a 4-bit base (clawrl.model.quantize, kept free of torch here)
+
 GIB = 2**30
-# Fraction of a device the allocator can hand out as tensors: the CUDA context, the caching allocator's
-# fragmentation and the library workspaces take the rest.
+# Fraction of a device the allocator can hand out as tensors: the caching allocator's fragmentation
+# takes the rest.
 USABLE_FRACTION = 0.92
+# What each process holds on a GPU besides its tensors: its CUDA context, cuBLAS's workspaces and the
+# caching allocator's slack. Measured per process (nvidia-smi, minus the process's weights and adapter
+# state) on an H200 with torch 2.11: 1.0-1.3 GiB for the server, 0.9-1.9 GiB for the trainer (the GPU
+# check of 2026-11-27, docs/benchmarks.md); added after that check, so the next one tests it.
+CUDA_RUNTIME_GIB = 1.2
 # Measured ratio of what autograd keeps to the count of `activation_elements`: the per-token slope of
 # a LoRA step's peak on Qwen3-0.6B in fp32 on the CPU (650 and 1,050 positions: 2.89 MB a position,
 # counted 3.10 MB). Measured once, before any GPU figure existed; docs/benchmarks.md compares.
@@ -77,7 +87,8 @@ class Workload:
     prefix_cache_gib: float = 0.0  # the hf engine's prefix cache budget
     dtype_bytes: int = 2  # weights and activations: 2 for bfloat16, 4 for float32
     train: bool = True  # a trainer process beside the server
-    shared_base: bool = False  # the trainer maps the server's copy of the base (today: on a CPU, `--share-weights`)
+    shared_base: bool = False  # the trainer maps the server's copy of the base (`--share-weights`: CPU, or GPU with hf)
+    quantize: str = "none"  # "nf4": the base's projections in 4 bits (`--quantize nf4`)
     full: bool = False  # every weight instead of a LoRA adapter
     lora_rank: int = 16
     reference_copy: bool = True  # full fine-tuning: a frozen copy for the teacher / KL reference
@@ -86,6 +97,7 @@ class Workload:
     share_prefix: bool = True
     activation_checkpointing: bool = False
     logit_chunk_tokens: int = 1024
+    runtime_gib: float = CUDA_RUNTIME_GIB  # per process, besides its tensors (0 on a CPU)
 
 
 @dataclass
@@ -144,19 +156,32 @@ def training_activations(shape: Architecture, load: Workload) -> tuple[int, str]
     return int(kept), f"{tokens} positions" + (" (the prefix once)" if shared else "")
 
 
+def weight_bytes(shape: Architecture, load: Workload) -> int:
+    """One copy of the base: every parameter at the dtype, or with a 4-bit base its projections at half
+    a byte and a scale (in the weights' dtype) per `NF4_BLOCK`."""
+    if load.quantize == "none":
+        return shape.parameters * load.dtype_bytes
+    quantized = shape.linear_parameters * (0.5 + load.dtype_bytes / NF4_BLOCK)
+    return int(quantized + (shape.parameters - shape.linear_parameters) * load.dtype_bytes)
+
+
 def plan(shape: Architecture, load: Workload, device_gib: float | None = None) -> Plan:
-    weights = shape.parameters * load.dtype_bytes
+    weights = weight_bytes(shape, load)
     kv_per_token = shape.kv_bytes_per_token * load.dtype_bytes // 2
     session_kv = load.sessions * (load.prompt_tokens + load.response_tokens) * kv_per_token
     parts = [
-        Part("serving weights", "server", weights, f"{shape.parameters / 1e9:.2f}B parameters"),
+        Part("serving weights", "server", weights, f"{shape.parameters / 1e9:.2f}B parameters"
+             + (", projections in 4 bits" if load.quantize != "none" else "")),
         Part("serving keys and values", "server", session_kv, f"{load.sessions} sessions x "
              f"{load.prompt_tokens + load.response_tokens} tokens x {kv_per_token / 1024:.0f} KiB"),  # fmt: skip
     ]
     if load.prefix_cache_gib:
         parts.append(Part("prefix cache", "server", int(load.prefix_cache_gib * GIB), "its budget"))
+    runtime = Part("CUDA runtime", "server", int(load.runtime_gib * GIB), "context, workspaces, allocator slack")
+    parts += [runtime] if load.runtime_gib else []
     if load.train:
         parts += trainer_parts(shape, load, weights)
+        parts += [Part(runtime.name, "trainer", runtime.bytes, runtime.note)] if load.runtime_gib else []
     result = Plan(parts, None if device_gib is None else int(device_gib * GIB))
     if result.fits is False:
         result.advice = advice(shape, load, result)
@@ -198,6 +223,12 @@ def advice(shape: Architecture, load: Workload, result: Plan) -> list[str]:
         options.append((saved, "--micro-batch-size 1"))
     if load.full:
         options.append((by_name.get("gradients and optimizer state", 0), "train a LoRA adapter instead of --full"))
+    if not load.full and load.quantize == "none":
+        copies = 1 if load.shared_base or not load.train else 2
+        saved = (by_name["serving weights"] - weight_bytes(shape, _with(load, quantize="nf4"))) * copies
+        options.append((saved, "--quantize nf4 (the base in 4 bits; slower per token)"))
+    if not load.full and load.train and not load.shared_base:
+        options.append((by_name.get("trainer weights", 0), "--share-weights (the trainer maps the server's base; hf engine)"))
     if load.sessions > 1:
         saved = by_name["serving keys and values"] // load.sessions * (load.sessions - 1)
         options.append((saved, "serve fewer sessions at once (--max-batch-size) or shorter prompts"))

@@ -44,6 +44,13 @@ class Architecture:
         return self.num_hidden_layers * rank * per_layer
 
     @property
+    def linear_parameters(self) -> int:
+        """The weights of every layer's projections (q, k, v, o, gate, up, down): what `--quantize nf4`
+        stores in 4 bits (the embeddings, the norms and the output layer stay in 16 bits)."""
+        hidden, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return self.num_hidden_layers * (hidden * q * 2 + hidden * kv * 2 + 3 * hidden * self.intermediate_size)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token over all layers, in 16-bit floats."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2

@@ -40,6 +40,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
+from clawrl.model.cuda_share import build_from_tensors, import_weights, wait_for_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
 from clawrl.model.weights import load_causal_lm, shared_weights
@@ -55,6 +56,8 @@ from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered,
 log = logging.getLogger(__name__)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# how long a trainer started with the server waits for it to load and share the base on a GPU
+SHARED_BASE_WAIT_S = 1800.0
 _NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): reload before training
 
 
@@ -87,7 +90,9 @@ def loss_config(config: TrainConfig, method: str) -> LossConfig:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, engine_config: EngineConfig, store: Store, run_dir: Path) -> None:
+    def __init__(self, config: TrainConfig, engine_config: EngineConfig, store: Store, run_dir: Path,
+                 server_pid: int | None = None) -> None:
+        """`server_pid`: the `clawrl serve` that started this trainer; on a GPU its base weights are mapped."""
         self.config, self.run_dir = config, Path(run_dir)
         self.method = config.method or "combine"
         self.kind: WeightsKind = "full" if config.full else "lora"
@@ -102,7 +107,7 @@ class Trainer:
         torch.manual_seed(config.train_seed)
         # on a CPU, the weights the server maps: one copy of the base on the host (LoRA never writes it)
         weights = shared_weights(source, dtype, self.device, engine_config.cache_dir, engine_config.share_weights)
-        base = load_causal_lm(weights, dtype, self.device)
+        base = self._servers_base(engine_config, dtype, server_pid) or load_causal_lm(weights, dtype, self.device, engine_config.quantize)
         if config.activation_checkpointing:
             enable_activation_checkpointing(base)
         self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
@@ -138,6 +143,21 @@ class Trainer:
         self.judging = store.judging
         self.trackers = open_trackers(list(config.report_to), self.run_dir, config.report_project,
                                       {**config.model_dump(mode="json"), "model": str(source), "method": self.method})  # fmt: skip
+
+    def _servers_base(self, engine_config: EngineConfig, dtype: torch.dtype, server_pid: int | None) -> PreTrainedModel | None:
+        """On a GPU, with LoRA, the base weights of the hf server that started this trainer, mapped
+        through CUDA IPC (one copy on the device); None when they are not to be shared or not there."""
+        shares = (server_pid is not None and self.kind == "lora" and engine_config.engine == "hf"
+                  and self.device.type == "cuda" and engine_config.share_weights)  # fmt: skip
+        if not shares:
+            return None
+        path = wait_for_export(engine_config.cache_dir, server_pid, SHARED_BASE_WAIT_S)
+        if path is None:
+            log.warning("the server's base weights were not shared within %.0f s; loading a copy", SHARED_BASE_WAIT_S)
+            return None
+        tensors, quantized = import_weights(path)
+        log.info("mapped the server's base weights (%d tensors, one copy on the GPU)", len(tensors))
+        return build_from_tensors(self._source, dtype, tensors, quantized)
 
     # --- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -229,6 +249,8 @@ class Trainer:
         self.head, self.step = version, self.step + 1
         self._report(version, parent, metrics)
         return_freed_memory()  # the step's activations: memory the host gets back until the next step
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # and on a GPU the server's keys and values may use them in between
 
     def _report(self, version: int, parent: int, metrics: StepMetrics) -> None:
         log.info(
