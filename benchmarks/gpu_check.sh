@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu_check.sh --stages serve,swap --out "$OUT/again.json"   # more flags: real_shapes.py's
 #
 # What it measures (benchmarks/real_shapes.py): building the random-weight model, serving on the hf
-# engine at 1/8/32 clients, an agent-shaped LoRA step with and without prefix sharing (a 2K-token prefix,
-# 4K shared, 20K with checkpointed layers), a 60-second swap under load (three phases of 20 s), and the planner's
-# predictions beside the measurements. One JSON file: $OUT/gpu-check.json (or benchmarks/results/).
+# engine at 1/8/32 clients, an agent-shaped LoRA step with and without prefix sharing (a 1K-token prefix;
+# 4K beside a 4-bit base with checkpointed layers), server + trainer with one base mapped through CUDA
+# IPC, a copy each, and a 4-bit base, a 36-second swap under load (three phases of 12 s), and the
+# planner's predictions beside the measurements. About 8 minutes on an H200 (the stages' times of the
+# two checks of 2026-11-26/27, summed). One JSON file: $OUT/gpu-check.json (or benchmarks/results/).
 #
 # The GPU machine has torch, transformers and peft but not the rest of clawrl's requirements: they
 # travel as wheels in .whl/ (see docs/benchmarks.md, "The GPU check") and are installed into /tmp/site.
@@ -31,6 +33,6 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 gpu_gib=$("$python" -c "import torch; print(round(torch.cuda.get_device_properties(0).total_memory / 2**30))")
 exec "$python" benchmarks/real_shapes.py --like qwen3-4b --device cuda --gpu-memory-gib "$gpu_gib" \
-    --serve-requests 16 --serve-max-tokens 32 --train-prefix 2048,4096:shared,20000:ckpt --train-repeats 1 \
-    --swap-seconds 20 --trainer-start-s 30 --cpu-threads 4 --stage-timeout-s 150 --workdir /tmp \
+    --serve-requests 16 --serve-max-tokens 32 --train-prefix 1024,4000:ckpt+nf4 --train-repeats 1 \
+    --swap-seconds 12 --trainer-start-s 30 --cpu-threads 4 --stage-timeout-s 150 --workdir /tmp \
     --out "$out_dir/gpu-check.json" "$@"
