@@ -145,6 +145,7 @@ class BorrowedEngine(Engine):
         self.model_name = engine.model_name
         self.tokenizer = engine.tokenizer
         self.max_context_tokens = engine.max_context_tokens
+        self.constrained_decoding = engine.constrained_decoding
 
     @property
     def policy_version(self) -> int:

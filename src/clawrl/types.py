@@ -60,6 +60,9 @@ class TurnSampling:
     max_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # the llguidance grammar the response was decoded under (JSON outputs, forced tool calls), or None;
+    # its log-probs are of the distribution masked to it, and the trainer scores it under the same masks
+    grammar: str | None = None
 
 
 @dataclass

@@ -30,6 +30,9 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     top_logprobs: int = 0  # how many alternatives to report per position (0 = none)
+    # an llguidance grammar the response must follow (`model.constraints`): JSON outputs, forced tool
+    # calls; the engine samples from the model's distribution masked to it, and reports that one's log-probs
+    grammar: str | None = None
 
 
 def validate_sampling(sampling: SamplingParams) -> None:
@@ -173,6 +176,7 @@ class Engine(ABC):
     model_name: str
     tokenizer: PreTrainedTokenizerBase
     max_context_tokens: int  # prompt + response must fit in this many tokens
+    constrained_decoding: bool = False  # honours `SamplingParams.grammar` (else a request with one is refused)
 
     @property
     @abstractmethod

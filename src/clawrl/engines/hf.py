@@ -87,6 +87,7 @@ from clawrl.engines.hf_adapters import Adapters, Policy
 from clawrl.engines.hf_batch import Batch, Request, Row
 from clawrl.engines.hf_sampling import new_generator, sample_steps
 from clawrl.engines.prefix_cache import PrefixCache
+from clawrl.model.constraints import Constraint, GrammarVocabulary, end_of_turn_ids
 from clawrl.model.cuda_share import export_weights, withdraw_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
@@ -139,6 +140,8 @@ class HFEngine(Engine):
     loop that called it.
     """
 
+    constrained_decoding = True
+
     def __init__(self, config: EngineConfig, model_path: str | Path | None = None) -> None:
         """`model_path` overrides `config.model` as the place to load from (used for `tiny`)."""
         self._source = str(model_path if model_path is not None else config.model)
@@ -190,7 +193,7 @@ class HFEngine(Engine):
             await asyncio.to_thread(export_weights, base, self._cache_dir, self._quantize != "none")
         self._adapters = Adapters(base, self.device)
         self._versions.install(0, Policy(base))
-        self._end_ids = self._end_of_turn_ids(base)
+        self._end_ids = frozenset(end_of_turn_ids(self.tokenizer, base.generation_config))
         self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
         self._thread.start()
 
@@ -214,12 +217,6 @@ class HFEngine(Engine):
         # explicitly (masks, RoPE, norms), so `load_causal_lm`'s brief default dtype does not reach it
         return load_causal_lm(source, self.dtype, self.device, self._quantize).eval()
 
-    def _end_of_turn_ids(self, model: PreTrainedModel) -> frozenset[int]:
-        """The tokenizer's eos plus every eos id of the generation config (e.g. <|im_end|>, <|endoftext|>)."""
-        ids = {self.tokenizer.eos_token_id}
-        configured = model.generation_config.eos_token_id if model.generation_config is not None else None
-        ids.update(configured if isinstance(configured, list) else [configured])
-        return frozenset(i for i in ids if i is not None)
 
     def _check_running(self) -> None:
         if self._thread is None or self._stopping:
@@ -260,9 +257,13 @@ class HFEngine(Engine):
         if not 0 < len(prompt) < self.max_context_tokens:
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
         room = self.max_context_tokens - len(prompt)
+        constraint = None
+        if sampling.grammar is not None:  # built here: a grammar that cannot be used fails the caller, not the batch
+            vocabulary = GrammarVocabulary.of(self.tokenizer, self._vocab_size, sorted(self._end_ids))
+            constraint = Constraint(sampling.grammar, vocabulary)
         with self._cond:
             stream = GenerationStream(self._versions.current)
-            self._pending.append(Request(prompt, sampling, stream, min(sampling.max_tokens, room)))
+            self._pending.append(Request(prompt, sampling, stream, min(sampling.max_tokens, room), constraint))
             self._cond.notify()
         return stream
 
@@ -424,9 +425,13 @@ class HFEngine(Engine):
 
     def _advance(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
         """Sample each row's next token and push it; True for rows that are finished (or unread)."""
-        steps = sample_steps(logits, [(row.request.sampling, row.generator) for row in rows])
+        constraints = [row.request.constraint for row in rows]
+        allowed = [constraint.allowed_words() if constraint is not None else None for constraint in constraints]
+        steps = sample_steps(logits, [(row.request.sampling, row.generator) for row in rows], allowed)
         done = []
-        for row, step in zip(rows, steps):
+        for row, step, constraint in zip(rows, steps, constraints):
+            if constraint is not None:
+                constraint.accept(step.token_id)
             row.generated += 1
             row.next_token = step.token_id
             if step.token_id in self._end_ids:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from clawrl.engines.base import GenerationStream, SamplingParams
+from clawrl.model.constraints import Constraint
 
 
 def _left_pad(states: torch.Tensor, columns: int) -> torch.Tensor:
@@ -31,6 +32,7 @@ class Request:
     sampling: SamplingParams
     stream: GenerationStream
     max_new_tokens: int  # sampling.max_tokens, cut so that prompt + response fits the context
+    constraint: Constraint | None = None  # sampling.grammar as it is decoded
 
     @property
     def version(self) -> int:

@@ -1,17 +1,21 @@
 """How the `hf` engine picks each token: a private RNG per request, temperature and top-p over the
-raw distribution, and the `TokenStep` it reports (log-probs always from the raw distribution).
+raw distribution, and the `TokenStep` it reports (log-probs always from the raw distribution, or,
+for a response under a grammar, from the raw distribution masked to the grammar and renormalised:
+the distribution actually sampled from).
 
 Pure functions of tensors, so a batch of rows samples exactly as each row would alone.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 
 import torch
 
 from clawrl.engines.base import SamplingParams, TokenStep
+from clawrl.model.constraints import masked_logits
 
 
 def new_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -54,14 +58,23 @@ def pick_token(logprobs: torch.Tensor, sampling: SamplingParams, generator: torc
 
 
 def sample_steps(
-    logits: torch.Tensor, requests: Sequence[tuple[SamplingParams, torch.Generator | None]]
+    logits: torch.Tensor,
+    requests: Sequence[tuple[SamplingParams, torch.Generator | None]],
+    allowed: Sequence[torch.Tensor | None] | None = None,
 ) -> list[TokenStep]:
     """Sample one token per row of `logits` ([rows, vocab]) and describe it as a `TokenStep`.
 
-    Log-probs come from the raw distribution (see the module docstring). Everything is computed on
-    the model's device and copied to the host once, with one synchronisation per step.
+    `allowed`: per row, the grammar's mask of the tokens that may come next ([W] int32 words,
+    `model.constraints`), or None. Log-probs come from the raw distribution, masked where a row has
+    a mask (see the module docstring). Everything is computed on the model's device and copied to
+    the host once, with one synchronisation per step.
     """
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logits = logits.float()
+    if allowed is not None and any(words is not None for words in allowed):
+        width = next(words for words in allowed if words is not None).shape[-1]
+        rows = [words if words is not None else torch.full((width,), -1, dtype=torch.int32) for words in allowed]
+        logits = masked_logits(logits, torch.stack(rows).to(logits.device))
+    logprobs = torch.log_softmax(logits, dim=-1)
     tokens = torch.stack([pick_token(logprobs[i], params, gen) for i, (params, gen) in enumerate(requests)])
     token_logprobs = logprobs.gather(1, tokens[:, None])[:, 0]
     k = min(max(params.top_logprobs for params, _ in requests), logprobs.shape[-1])
@@ -72,6 +85,7 @@ def sample_steps(
         tops = [([], [])] * len(requests)
     steps = []
     for (params, _), token, logprob, (ids, values) in zip(requests, tokens.tolist(), token_logprobs.tolist(), tops):
-        alternatives = list(zip(ids[: params.top_logprobs], values[: params.top_logprobs]))
+        # a grammar may leave fewer tokens than asked for: the rest have probability 0 and are left out
+        alternatives = [(i, v) for i, v in zip(ids[: params.top_logprobs], values[: params.top_logprobs]) if v > -math.inf]
         steps.append(TokenStep(token_id=token, logprob=logprob, top_logprobs=alternatives))
     return steps

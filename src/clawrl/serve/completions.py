@@ -36,6 +36,7 @@ from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
 from clawrl.serve import schemas
+from clawrl.serve.contract import request_grammar
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import (
     SessionIdentity,
@@ -210,6 +211,7 @@ class ChatService:
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
             raise APIError(400, f"The model's chat template refused these messages: {error}", "invalid_messages", "messages") from None
         max_tokens = self._response_budget(request, len(prompt_token_ids))
+        grammar = request_grammar(request, tools, self.engine.tokenizer, self.engine.constrained_decoding)
         # Store reads that generation does not need: they run while the engine works (`identify`)
         resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind))
         resolving.add_done_callback(self._count_session)
@@ -219,6 +221,7 @@ class ChatService:
             max_tokens=max_tokens,
             seed=request.seed,
             top_logprobs=request.top_logprobs or 0,
+            grammar=grammar,
         )
         stop = request.stop or []
         turn = Turn(
@@ -229,7 +232,7 @@ class ChatService:
             policy_version=self.engine.policy_version,  # fixed when generation starts
             messages=messages,
             tools=tools,
-            sampling=TurnSampling(sampling.temperature, sampling.top_p, sampling.max_tokens, stop, sampling.seed),
+            sampling=TurnSampling(sampling.temperature, sampling.top_p, sampling.max_tokens, stop, sampling.seed, grammar),
             prompt_token_ids=prompt_token_ids,
             response_token_ids=[],
             response_logprobs=[],

@@ -40,6 +40,31 @@ class Tool(WireModel):
     function: FunctionDefinition
 
 
+class JsonSchemaFormat(WireModel):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class ResponseFormat(WireModel):
+    """`response_format`: free text, any JSON object, or JSON valid under a schema (decoded under a grammar)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionName(WireModel):
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class NamedToolChoice(WireModel):
+    """`tool_choice` naming one function: the answer is a call of it."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
 class StreamOptions(WireModel):
     include_usage: bool = False
 
@@ -61,7 +86,8 @@ class ChatCompletionRequest(WireModel):
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False

@@ -1,0 +1,176 @@
+"""The response contract as a grammar: JSON outputs and forced tool calls, decoded under a mask.
+
+A request may ask for more than text: `response_format` a JSON object or one that validates
+against a schema, `tool_choice` a tool call (any, or a named one). A model asked politely complies
+sometimes; decoding under a grammar complies always: before each token, every token that cannot
+continue a valid answer gets probability 0, and the model's distribution is renormalised over the
+rest. The grammar is llguidance's (a Rust library made for this, one small wheel with no
+dependencies), built from the request here and recorded with the turn as text.
+
+Three parties use it, and must agree token for token:
+
+* the engine, which samples from the masked distribution and records its log-probs (the
+  distribution actually sampled from);
+* the trainer, which scores the recorded response under the same masks (`allowed_bits` replays the
+  grammar over the response's token ids), so the ratio π_θ/π_old and the KL compare distributions
+  over the same support;
+* the OPD teacher, which scores the response under the same masks for the same reason.
+
+A tool call is written as the chat templates of Qwen-style models write one:
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, the markers as the tokenizer's own
+tokens when it has them, then the end of the turn.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+from torch import Tensor
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+# Whitespace between JSON tokens: bounded, so that a model cannot spend its whole budget on it
+# (a free JSON grammar lets any run of spaces through), and loose enough for pretty-printed JSON.
+OUTPUT_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
+# A tool call's JSON is written compactly, one optional space after ':' and ','.
+CALL_WHITESPACE = r"\x20?"
+
+
+class GrammarError(ValueError):
+    """The request's schema or tools do not make a grammar (the client's mistake: a 400)."""
+
+
+def json_output_grammar(schema: dict[str, Any] | None) -> str:
+    """Any JSON object (`schema` None: `response_format` `json_object`), or one valid under `schema`."""
+    schema = {"type": "object"} if schema is None else schema
+    if not isinstance(schema, dict):
+        raise GrammarError("the JSON schema must be an object")
+    return _checked(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides={"whitespace_pattern": OUTPUT_WHITESPACE}))
+
+
+def tool_call_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], name: str | None = None) -> str:
+    """Exactly one call of one of `tools` (OpenAI function tools), or of the one called `name`."""
+    functions = [tool.get("function", tool) for tool in tools]
+    if name is not None:
+        functions = [function for function in functions if function.get("name") == name]
+        if not functions:
+            raise GrammarError(f"tool_choice names the function {name!r}, which is not among the tools")
+    if not functions:
+        raise GrammarError("a tool call is required, but the request has no tools")
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": function["name"]}, "arguments": _closed(function.get("parameters"))}}
+             for function in functions]  # fmt: skip
+    call = {"anyOf": calls} if len(calls) > 1 else calls[0]
+    call["x-guidance"] = {"whitespace_pattern": CALL_WHITESPACE}
+    opening, closing = _marker(tokenizer, TOOL_CALL_OPEN), _marker(tokenizer, TOOL_CALL_CLOSE)
+    lark = f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(call)}\n'
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark))
+
+
+def _closed(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """A function's parameters as the call's arguments: the arguments it declares and no others, unless
+    its schema says otherwise (JSON Schema allows any other property by default, and a model held only
+    to that writes made-up ones; OpenAI's strict function calling closes them the same way)."""
+    if not parameters:
+        return {"type": "object"}
+    if "properties" in parameters and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
+
+
+def _marker(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """`text` in the grammar: the tokenizer's own token for it (`<[id]>`) when it has one, else the text."""
+    token_id = tokenizer.convert_tokens_to_ids(text)
+    if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and text in tokenizer.get_added_vocab():
+        return f"<[{token_id}]>"
+    return json.dumps(text)
+
+
+def _checked(grammar: str) -> str:
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error and not error.startswith("WARNING"):
+        raise GrammarError(f"the schema cannot be enforced: {error}")
+    return grammar
+
+
+class GrammarVocabulary:
+    """A tokenizer as llguidance sees it, for one model: its vocabulary size (the logits' width) and
+    the tokens that end a turn (allowed once the grammar is complete). Built once per tokenizer."""
+
+    _cache: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, dict[tuple, GrammarVocabulary]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.llg = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
+
+    @classmethod
+    def of(cls, tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: list[int]) -> GrammarVocabulary:
+        built = cls._cache.setdefault(tokenizer, {})
+        key = (vocab_size, tuple(sorted(end_ids)))
+        if key not in built:
+            built[key] = cls(tokenizer, vocab_size, end_ids)
+        return built[key]
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None) -> list[int]:
+    """The tokens that end an answer (the engine stops on them; a constrained answer may end with one once
+    its grammar is complete): the tokenizer's eos and every eos id of the generation config
+    (e.g. <|im_end|>, <|endoftext|>)."""
+    ids = {tokenizer.eos_token_id}
+    configured = generation_config.eos_token_id if generation_config is not None else None
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(token for token in ids if token is not None)
+
+
+class Constraint:
+    """One response's grammar while it is decoded: which tokens may come next, and the one that came."""
+
+    def __init__(self, grammar: str, vocabulary: GrammarVocabulary) -> None:
+        self.vocabulary = vocabulary
+        self.matcher = llguidance.LLMatcher(vocabulary.llg, grammar)
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error())
+
+    def allowed_words(self) -> Tensor:
+        """[W] int32: bit t % 32 of word t // 32 is set when token t may come next."""
+        return torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[: self.vocabulary.words]
+
+    def accept(self, token_id: int) -> None:
+        if not self.matcher.consume_token(token_id) or self.matcher.is_error():
+            raise GrammarError(f"token {token_id} does not continue the grammar: {self.matcher.get_error()}")
+
+
+def allowed_bits(grammar: str, vocabulary: GrammarVocabulary, response_token_ids: list[int]) -> Tensor:
+    """[R, W] int32: the masks the engine sampled `response_token_ids` under, replayed (the grammar is
+    deterministic: the same tokens give the same masks)."""
+    constraint = Constraint(grammar, vocabulary)
+    rows = []
+    for token_id in response_token_ids:
+        rows.append(constraint.allowed_words())
+        if constraint.matcher.is_stopped():
+            break  # a token after the end (none should be): left unmasked below
+        constraint.accept(token_id)
+    masks = torch.full((len(response_token_ids), vocabulary.words), -1, dtype=torch.int32)
+    if rows:
+        masks[: len(rows)] = torch.stack(rows)
+    return masks
+
+
+def unpack_bits(words: Tensor, vocab_size: int) -> Tensor:
+    """[..., W] int32 words → [..., vocab_size] bool: token t allowed when bit t % 32 of word t // 32 is set."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(*words.shape[:-1], -1)[..., :vocab_size].bool()
+
+
+def masked_logits(logits: Tensor, words: Tensor | None) -> Tensor:
+    """`logits` [..., V] with the tokens `words` ([..., W], None: no mask) disallow at -inf."""
+    if words is None:
+        return logits
+    return logits.masked_fill(~unpack_bits(words, logits.shape[-1]), float("-inf"))

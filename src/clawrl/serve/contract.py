@@ -1,0 +1,49 @@
+"""The request contract a chat body states beyond its messages, turned into the grammar that holds the
+answer to it: `response_format` (a JSON object, or JSON valid under a schema) and `tool_choice`
+(`required`: some tool call; a named function: a call of it).
+
+Honoured or refused, never ignored: an engine without constrained decoding refuses such a request
+with a 400 rather than answer free text that breaks the client. The Responses and Messages routes
+translate their own fields (`text.format`, `tool_choice` `any`/`tool`) into these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from clawrl.errors import APIError
+from clawrl.model.constraints import GrammarError, json_output_grammar, tool_call_grammar
+from clawrl.serve import schemas
+
+
+def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str, Any]] | None,
+                    tokenizer: PreTrainedTokenizerBase, engine_can: bool) -> str | None:  # fmt: skip
+    """The grammar the answer must follow, or None; APIError 400 when it cannot be honoured."""
+    forced = request.tool_choice == "required" or isinstance(request.tool_choice, schemas.NamedToolChoice)
+    structured = request.response_format is not None and request.response_format.type != "text"
+    if not forced and not structured:
+        return None
+    param = "tool_choice" if forced else "response_format"
+    if forced and structured:
+        raise APIError(400, "A forced tool call (tool_choice) and a JSON response_format cannot both hold one answer; "
+                       "drop one of them.", "invalid_request", "response_format")  # fmt: skip
+    if not engine_can:
+        raise APIError(400, f"This {param} needs constrained decoding, which this server's engine does not offer; "
+                       "serve with --engine hf, or leave it out.", "unsupported_constraint", param)  # fmt: skip
+    try:
+        if forced:
+            name = request.tool_choice.function.name if isinstance(request.tool_choice, schemas.NamedToolChoice) else None
+            return tool_call_grammar(tokenizer, tools or [], name)
+        return json_output_grammar(_schema_of(request.response_format))
+    except GrammarError as error:
+        raise APIError(400, f"The {param} cannot be honoured: {error}.", f"invalid_{param}", param) from None
+
+
+def _schema_of(response_format: schemas.ResponseFormat | None) -> dict[str, Any] | None:
+    if response_format is None or response_format.type == "json_object":
+        return None
+    if response_format.json_schema is None:
+        raise GrammarError("a json_schema response_format needs its json_schema (a name and a schema)")
+    return response_format.json_schema.schema_ or {}
