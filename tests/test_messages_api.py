@@ -160,8 +160,10 @@ AGREEMENT = [
     ({**BASE, "output_config": {"effort": "low", "format": None}}, True),
     ({**BASE, "top_k": 5}, False),
     ({**BASE, "thinking": {"type": "enabled", "budget_tokens": 1024}}, False),
-    ({**BASE, "tool_choice": {"type": "any"}}, False),
-    ({**BASE, "tool_choice": {"type": "tool", "name": "f"}}, False),
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, True),
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "f"}}, True),
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool"}}, False),
+    ({**BASE, "tool_choice": {"type": "any"}}, False),  # nothing to call
     ({**BASE, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, False),
     ({**BASE, "tools": [{"name": "f", "input_schema": {}, "strict": True}]}, False),
     ({**BASE, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, False),
@@ -406,8 +408,8 @@ SDK_REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("an image", {"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
      "messages.0.content.0: content blocks of type 'image' are not supported"),  # the path as the client wrote it
-    ("tool_choice any", {"tools": [TOOL], "tool_choice": {"type": "any"}}, "forcing a tool call"),
-    ("tool_choice tool", {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}, "forcing a tool call"),
+    ("tool_choice tool without a name", {"tools": [TOOL], "tool_choice": {"type": "tool"}}, "needs the tool's name"),
+    ("tool_choice naming no tool", {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_mail"}}, "not among the tools"),
     ("thinking", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "extended thinking"),
     ("top_k", {"extra_body": {"top_k": 5}}, "top_k"),
     ("a prefill", {"messages": [*USER, {"role": "assistant", "content": "Sure,"}]}, "prefill"),
@@ -425,6 +427,15 @@ def test_what_cannot_be_honoured_is_a_bad_request(client: anthropic.Anthropic, s
     assert raised.value.status_code == 400
     assert raised.value.body["error"]["type"] == "invalid_request_error" and says in raised.value.body["error"]["message"]
     assert recorded_turns(store) == before
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
+def test_a_forced_tool_call_is_a_tool_use_block(client: anthropic.Anthropic, choice: dict[str, Any]) -> None:
+    """`tool_choice` `any` and `tool` force a call (decoded under a grammar): the tiny model answers with one."""
+    message = client.messages.create(model=MODEL, max_tokens=60, messages=USER, tools=[TOOL], tool_choice=choice)
+    assert message.stop_reason == "tool_use"
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "get_weather" and isinstance(block.input, dict)
 
 
 def test_an_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:

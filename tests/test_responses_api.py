@@ -7,8 +7,10 @@ the server cannot honour is refused with a 400.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -124,9 +126,9 @@ def test_a_client_that_always_sends_store_false_can_opt_in_to_recording(client: 
 @pytest.mark.parametrize(
     ("options", "param"),
     [
-        ({"tool_choice": "required", "tools": [WEATHER_FUNCTION]}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "name": "get_weather"}, "tools": [WEATHER_FUNCTION]}, "tool_choice"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format.type"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tool to call
+        ({"tool_choice": {"type": "function", "name": "get_mail"}, "tools": [WEATHER_FUNCTION]}, "tool_choice"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
@@ -144,6 +146,24 @@ def test_what_cannot_be_honoured_is_refused_and_nothing_is_recorded(client: open
         client.responses.create(**body)
     assert refused.value.status_code == 400 and refused.value.body["param"] == param
     assert Store.for_run_dir(run_dir).turns.counts()["main_turns"] == 0
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}], ids=["required", "named"])
+def test_a_forced_tool_call_is_a_function_call_item(client: openai.OpenAI, choice: Any) -> None:
+    response = client.responses.create(model="agent", input="Name a tea.", max_output_tokens=60, tools=[WEATHER_FUNCTION],
+                                       tool_choice=choice)  # fmt: skip
+    (item,) = response.output
+    assert item.type == "function_call" and item.name == "get_weather"
+    assert isinstance(json.loads(item.arguments), dict)
+
+
+def test_a_json_schema_format_gives_json_that_validates(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"tea": {"enum": ["green", "black", "oolong"]}}, "required": ["tea"],
+              "additionalProperties": False}  # fmt: skip
+    response = client.responses.create(model="agent", input="Name a tea.", max_output_tokens=40,
+                                       text={"format": {"type": "json_schema", "name": "tea", "schema": schema}})  # fmt: skip
+    assert json.loads(response.output_text)["tea"] in ("green", "black", "oolong")
+    assert response.text.format.type == "json_schema"
 
 
 def test_the_key_model_and_previous_id_are_checked(server: ServerThread, client: openai.OpenAI) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from clawrl.model import prefix_attention
+from clawrl.model.constraints import unpack_bits
 from clawrl.model.prefix_attention import ATTENTION_NAME, TreePass, tree_attention
 from clawrl.model.scoring import (
     PrefixNode,
@@ -370,3 +371,47 @@ def test_a_model_with_attention_dropout_cannot_share_prefixes(tiny_model_dir: Pa
     assert not can_share_prefix(model)
     model.config.attention_dropout = 0.0
     assert can_share_prefix(model)
+
+
+def test_scores_under_a_grammar_are_the_masked_distributions_and_so_are_their_gradients(tiny_model_dir: Path) -> None:
+    """In float64: with a grammar's masks, log-probs and entropies are those of the model's distribution
+    restricted to the allowed tokens and renormalised, from the full logits masked by hand; their
+    gradients too; a position where the grammar allows one token scores 0 with no gradient; and rows
+    without a mask score as before."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+    prompts = [random_ids(length, seed) for length, seed in ((4, 50), (7, 51))]
+    responses = [random_ids(length, seed) for length, seed in ((6, 60), (3, 61))]
+    rows = pack_rows(prompts, responses, torch.device("cpu"))
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(7)
+    allowed = torch.rand(2, rows.response_ids.shape[1], vocab, generator=generator) < 0.3
+    allowed.scatter_(-1, rows.response_ids.unsqueeze(-1), True)  # the sampled token was allowed
+    allowed[0, 2] = False
+    allowed[0, 2, rows.response_ids[0, 2]] = True  # forced: the only token allowed
+    allowed[1] = True  # the second row was not constrained
+    words = (allowed.reshape(2, -1, vocab // 32, 32).int() << torch.arange(32, dtype=torch.int32)).sum(-1, dtype=torch.int32)
+    assert torch.equal(unpack_bits(words, vocab), allowed)
+
+    logits = response_logits(model, rows)
+    masked = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    expected = masked.gather(-1, rows.response_ids.unsqueeze(-1)).squeeze(-1)
+    expected_entropy = -(masked.exp() * masked.masked_fill(~allowed, 0.0)).sum(-1)
+    mixing = torch.randn(2, *rows.response_ids.shape, generator=generator, dtype=torch.float64) * rows.mask
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    expected_grads = torch.autograd.grad((mixing[0] * expected).sum() + (mixing[1] * expected_entropy).sum(), trainable)
+    for chunk_tokens in (1, 4, 1000):
+        scores = response_scores(model, rows, chunk_tokens=chunk_tokens, allowed_bits=words)
+        torch.testing.assert_close(scores.logprobs, expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(scores.entropy, expected_entropy, rtol=1e-10, atol=1e-12)
+        grads = torch.autograd.grad((mixing[0] * scores.logprobs).sum() + (mixing[1] * scores.entropy).sum(), trainable)
+        for got, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    forced = response_scores(model, rows, allowed_bits=words)
+    assert forced.logprobs[0, 2].item() == 0.0 and forced.entropy[0, 2].item() == 0.0
+    (gradient,) = torch.autograd.grad(forced.logprobs[0, 2], [model.lm_head.weight], allow_unused=True)
+    assert gradient is None or not gradient.any()
+    free = response_scores(model, rows)
+    torch.testing.assert_close(forced.logprobs[1], free.logprobs[1], rtol=0, atol=0)
+    assert (forced.logprobs[0] >= free.logprobs[0] - 1e-12).all()  # a mask only ever raises a kept token's share
+    scored = score_response(model, prompts[0], responses[0], top_k=0, allowed_bits=words[0, :6])
+    torch.testing.assert_close(torch.tensor(scored.logprobs, dtype=torch.float64), expected[0, :6], rtol=0, atol=1e-12)

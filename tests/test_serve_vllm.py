@@ -25,7 +25,7 @@ from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
-from tests.helpers import LoadClients, healthz, require_vllm, teach, turn, user, wait_until
+from tests.helpers import BorrowedEngine, LoadClients, healthz, require_vllm, start_server, teach, turn, user, wait_until
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 
@@ -114,6 +114,18 @@ def test_the_openai_judge_runs_against_a_real_vllm_server(vllm_tool_engine: VLLM
     judge = OpenAIJudge(vllm_tool_engine.servers[0].base_url, SERVED_NAME, votes=3, max_tokens=48, call_timeout_s=120, attempts=1)
     verdict = asyncio.run(judge.judge(case))
     assert verdict.source == "prm" and verdict.votes == [None, None, None] and verdict.score == 0
+
+
+def test_a_contract_vllm_is_not_asked_to_hold_is_refused_not_ignored(vllm_tool_engine: VLLMEngine, run_dir: Path) -> None:
+    """The vllm engine has no constrained decoding through clawrl (yet): a JSON output or a forced call is a
+    400 naming the engine, and nothing is recorded (issue 31: honoured or refused, never ignored)."""
+    with start_server(Path("unused"), run_dir, engine=BorrowedEngine(vllm_tool_engine)) as server:
+        model = httpx.get(f"{server.base_url}/models").json()["data"][0]["id"]
+        body = {"model": model, "messages": [user("Name a city.")], "max_tokens": 8, "response_format": {"type": "json_object"}}
+        refused = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_constraint"
+        assert "--engine hf" in refused.json()["error"]["message"]
+        assert server.app.state.service.store.turns.counts()["main_turns"] == 0
 
 
 @pytest.mark.parametrize(

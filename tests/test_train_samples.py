@@ -28,7 +28,7 @@ def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
 
 def builder(store: Store, tokenizer: Any, model: Any, method: str = "combine", topk: int = 0) -> SampleBuilder:
     return SampleBuilder(
-        store.training, tokenizer, method, lambda p, r, k: score_response(model, p, r, k), lambda: "base", topk=topk
+        store.training, tokenizer, method, lambda p, r, k, _grammar: score_response(model, p, r, k), lambda: "base", topk=topk
     )
 
 
@@ -97,7 +97,7 @@ def test_the_reward_baseline_centres_each_reward_on_the_judges_earlier_scores(tm
         previous = turn_id
 
     def centring_builder() -> SampleBuilder:  # a new one each time: as a restarted trainer
-        return SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k),
+        return SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k, _grammar: score_response(model, p, r, k),
                              lambda: "base", reward_baseline_samples=3)  # fmt: skip
 
     for turn_id in ["b1", "b2", "b3", "b4"]:
@@ -133,7 +133,7 @@ def test_a_turn_longer_than_the_trainers_context_is_dropped_never_truncated(tmp_
     talk.judge("t1", 1)
     turn = store.turns.turn("t1")
     length = len(turn.prompt_token_ids) + len(turn.response_token_ids)
-    short = SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k: score_response(model, p, r, k), lambda: "base",
+    short = SampleBuilder(store.training, tokenizer, "rl", lambda p, r, k, _grammar: score_response(model, p, r, k), lambda: "base",
                           max_context_tokens=length - 1)  # fmt: skip
     short.build()
     sample = store.training.sample("t1")

@@ -517,3 +517,28 @@ def test_each_mini_batch_steps_as_a_batch_of_its_own(tiny_model_dir: Path, loss_
     for name, gradient in independent_gradient(policy, first, config).items():
         assert gradient.abs().max() > 0, name
         torch.testing.assert_close(optimizer.after[0][name] - before[name], -gradient, rtol=1e-4, atol=1e-7)
+
+
+def test_a_response_decoded_under_a_grammar_is_trained_under_its_masks(tiny_model_dir: Path) -> None:
+    """The behaviour log-probs of a constrained turn are the masked distribution's; scored under the same
+    masks the drift is 0 and the importance weights 1 (unmasked they would not be), and a position the
+    grammar forced moves nothing."""
+    model = load_policy(tiny_model_dir)
+    prompt, response = encode(tiny_model_dir, *CONVERSATIONS[1])
+    vocab = model.config.vocab_size
+    allowed = torch.rand(len(response), vocab, generator=torch.Generator().manual_seed(3)) < 0.2
+    allowed[torch.arange(len(response)), torch.tensor(response)] = True
+    words = (allowed.reshape(len(response), vocab // 32, 32).int() << torch.arange(32, dtype=torch.int32)).sum(-1, dtype=torch.int32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    masked = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    constrained = training_example("turn-g", prompt, response, masked.tolist(), 1.0)
+    constrained.allowed_bits = words
+    (metrics,) = train(model, [constrained], LossConfig(method="rl"), steps=1, lr=0.0)
+    assert metrics.logprob_drift == pytest.approx(0.0, abs=1e-5) and metrics.mean_is_weight == pytest.approx(1.0, abs=1e-5)
+    unmasked = training_example("turn-g", prompt, response, masked.tolist(), 1.0)
+    (drifted,) = train(model, [unmasked], LossConfig(method="rl"), steps=1, lr=0.0)
+    assert drifted.logprob_drift > 0.1  # scored without the masks, the same turn looks off-policy
+    batch = pack_examples([constrained, on_policy_sample(model, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), torch.device("cpu"))
+    assert batch.allowed_bits is not None and batch.allowed_bits.shape[:2] == batch.response_ids.shape
+    assert (batch.allowed_bits[1] == -1).all()  # the unconstrained row: every token allowed

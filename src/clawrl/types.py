@@ -230,6 +230,9 @@ class TrainingExample:
 
     turn: Turn
     sample: Sample
+    # for a turn decoded under a grammar: [R, W] int32 masks of the tokens each position could be sampled
+    # from (`model.constraints.allowed_bits`, a torch tensor), set by the trainer; None: unconstrained
+    allowed_bits: Any = None
 
 
 @dataclass

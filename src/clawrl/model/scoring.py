@@ -41,6 +41,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
+from clawrl.model.constraints import masked_logits
 from clawrl.model.prefix_attention import KeysValues, TreePass, tree_attention
 from clawrl.types import ScoredResponse
 
@@ -312,9 +313,14 @@ class ResponseScores:
 
 
 def response_scores(
-    model: torch.nn.Module, rows: PackedRows, extra_ids: Tensor | None = None, chunk_tokens: int = 1024
+    model: torch.nn.Module, rows: PackedRows, extra_ids: Tensor | None = None, chunk_tokens: int = 1024,
+    allowed_bits: Tensor | None = None,
 ) -> ResponseScores:
     """Log-probs, entropies and log-probs at `extra_ids` of the response tokens, `chunk_tokens` positions at a time.
+
+    `allowed_bits` ([B, R, W] int32, `model.constraints`): for responses decoded under a grammar, the
+    tokens each position could have been sampled from; the distribution is masked to them and
+    renormalised (the one the engine sampled from), everywhere it is used here.
 
     The same numbers as `response_logits` followed by a log-softmax, but the vocabulary-sized
     logits exist for one chunk of positions at a time, forward and backward: the decoder's hidden
@@ -333,7 +339,7 @@ def response_scores(
     if rows.shares_prefix and not can_share_prefix(model):
         raise ValueError("this model cannot share prompt prefixes between rows (see can_share_prefix): pack them unshared")
     if not logits_are_the_output_layer(model):
-        logits = response_logits(model, rows)
+        logits = masked_logits(response_logits(model, rows), allowed_bits)
         return _scores_of_logits(logits, rows.response_ids, extra_ids)
     hidden = response_hidden_states(model, rows)
     output_layer = model.get_output_embeddings()
@@ -341,13 +347,16 @@ def response_scores(
     flat_hidden = hidden.reshape(batch * width, hidden.shape[-1])
     flat_ids = rows.response_ids.reshape(-1)
     flat_extra = extra_ids.reshape(batch * width, -1) if extra_ids is not None else None
+    flat_allowed = allowed_bits.reshape(batch * width, -1) if allowed_bits is not None else None
     parts = []
     for start in range(0, batch * width, chunk_tokens):
         stop = start + chunk_tokens
         extra = flat_extra[start:stop] if flat_extra is not None else None
+        allowed = flat_allowed[start:stop] if flat_allowed is not None else None
 
-        def chunk(states: Tensor, ids: Tensor, extra: Tensor | None = extra) -> tuple[Tensor, ...]:
-            scores = _scores_of_logits(_at_least_float32(output_layer(states)), ids, extra)
+        def chunk(states: Tensor, ids: Tensor, extra: Tensor | None = extra, allowed: Tensor | None = allowed) -> tuple[Tensor, ...]:
+            logits = masked_logits(_at_least_float32(output_layer(states)), allowed)
+            scores = _scores_of_logits(logits, ids, extra)
             return (scores.logprobs, scores.entropy) + ((scores.at_ids,) if scores.at_ids is not None else ())
 
         if torch.is_grad_enabled() and flat_hidden.requires_grad:
@@ -364,8 +373,10 @@ def _scores_of_logits(logits: Tensor, token_ids: Tensor, extra_ids: Tensor | Non
     """Log-prob of each token, entropy, and log-probs at `extra_ids`, from logits [..., V] (one logsumexp)."""
     normaliser = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1) - normaliser
-    # H = logsumexp(z) − Σ p·z: never evaluates log p, so finite where p underflows (losses.entropy_from_logits)
-    entropy = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    # H = logsumexp(z) − Σ p·z: never evaluates log p, so finite where p underflows (losses.entropy_from_logits);
+    # a token masked out by a grammar (z = −inf, p = 0) adds 0, not 0·(−inf)
+    finite = logits.masked_fill(logits == float("-inf"), 0.0)
+    entropy = normaliser - (torch.softmax(logits, dim=-1) * finite).sum(dim=-1)
     at_ids = logits.gather(-1, extra_ids) - normaliser.unsqueeze(-1) if extra_ids is not None else None
     return ResponseScores(chosen, entropy, at_ids)
 
@@ -389,16 +400,20 @@ def token_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
 
 @torch.no_grad()  # the result is Python lists: no gradient could flow through it
 def score_response(
-    model: torch.nn.Module, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int
+    model: torch.nn.Module, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int,
+    allowed_bits: Tensor | None = None,
 ) -> ScoredResponse:
     """The `Engine.score` contract for one row: each response token's log-prob, plus the top_k per position.
 
     top_k=0 gives empty lists per position; a top_k above the vocabulary size is clamped to it.
+    `allowed_bits` ([R, W]): score under a grammar's masks, as `response_scores` does.
     """
     if not response_token_ids:
         return ScoredResponse(logprobs=[], top_token_ids=[], top_logprobs=[])
     rows = pack_rows([prompt_token_ids], [response_token_ids], next(model.parameters()).device)
     logits = response_logits(model, rows)[0]
+    if allowed_bits is not None:
+        logits = masked_logits(logits, allowed_bits.to(logits.device))
     chosen = token_logprobs(logits, rows.response_ids[0]).tolist()
     if not top_k:
         return ScoredResponse(chosen, [[] for _ in chosen], [[] for _ in chosen])

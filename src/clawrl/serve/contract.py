@@ -2,6 +2,11 @@
 answer to it: `response_format` (a JSON object, or JSON valid under a schema) and `tool_choice`
 (`required`: some tool call; a named function: a call of it).
 
+What the wire schema can state it checks (a forced call needs tools; not both at once); what only
+the grammar can tell is refused here for what the request names, with its own codes (the OpenAPI
+fuzz lets these through, as it does a 404 for an unknown turn): a function that is not among the
+tools (`unknown_tool`), a schema the grammar library cannot enforce (`unsupported_schema`).
+
 Honoured or refused, never ignored: an engine without constrained decoding refuses such a request
 with a 400 rather than answer free text that breaks the client. The Responses and Messages routes
 translate their own fields (`text.format`, `tool_choice` `any`/`tool`) into these.
@@ -17,6 +22,9 @@ from clawrl.errors import APIError
 from clawrl.model.constraints import GrammarError, json_output_grammar, tool_call_grammar
 from clawrl.serve import schemas
 
+# the codes of the refusals for what a request names (see the module docstring)
+REFUSED_FOR_WHAT_IT_NAMES = ("unknown_tool", "unsupported_schema")
+
 
 def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str, Any]] | None,
                     tokenizer: PreTrainedTokenizerBase, engine_can: bool) -> str | None:  # fmt: skip
@@ -26,9 +34,6 @@ def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str
     if not forced and not structured:
         return None
     param = "tool_choice" if forced else "response_format"
-    if forced and structured:
-        raise APIError(400, "A forced tool call (tool_choice) and a JSON response_format cannot both hold one answer; "
-                       "drop one of them.", "invalid_request", "response_format")  # fmt: skip
     if not engine_can:
         raise APIError(400, f"This {param} needs constrained decoding, which this server's engine does not offer; "
                        "serve with --engine hf, or leave it out.", "unsupported_constraint", param)  # fmt: skip
@@ -38,12 +43,11 @@ def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str
             return tool_call_grammar(tokenizer, tools or [], name)
         return json_output_grammar(_schema_of(request.response_format))
     except GrammarError as error:
-        raise APIError(400, f"The {param} cannot be honoured: {error}.", f"invalid_{param}", param) from None
+        code = "unknown_tool" if forced else "unsupported_schema"
+        raise APIError(400, f"The {param} cannot be honoured: {error}.", code, param) from None
 
 
 def _schema_of(response_format: schemas.ResponseFormat | None) -> dict[str, Any] | None:
-    if response_format is None or response_format.type == "json_object":
+    if response_format is None or response_format.type == "json_object" or response_format.json_schema is None:
         return None
-    if response_format.json_schema is None:
-        raise GrammarError("a json_schema response_format needs its json_schema (a name and a schema)")
     return response_format.json_schema.schema_ or {}

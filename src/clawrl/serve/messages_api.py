@@ -58,15 +58,16 @@ from clawrl.serve.messages_schemas import (
     AnthropicMessage,
     AnthropicMessageDelta,
     AnthropicMessageDeltaEvent,
-    AnthropicMessagesRequest,
     AnthropicMessageStartEvent,
     AnthropicMessageStopEvent,
+    AnthropicMessagesRequest,
     AnthropicPingEvent,
     AnthropicSystemMessageParam,
     AnthropicTextBlock,
     AnthropicTextBlockParam,
     AnthropicTextDelta,
     AnthropicTokenCount,
+    AnthropicToolChoiceParam,
     AnthropicToolResultBlockParam,
     AnthropicToolUseBlock,
     AnthropicUsage,
@@ -259,8 +260,14 @@ def chat_body(request: AnthropicCountTokensRequest) -> dict[str, Any]:
             for tool in request.tools
         ]
     if request.tool_choice is not None:
-        body["tool_choice"] = request.tool_choice.type
+        body["tool_choice"] = _chat_tool_choice(request.tool_choice)
     return body
+
+
+def _chat_tool_choice(choice: AnthropicToolChoiceParam) -> str | dict[str, Any]:
+    if choice.type == "tool":
+        return {"type": "function", "function": {"name": choice.name}}
+    return "required" if choice.type == "any" else choice.type
 
 
 def messages_chat_body(request: AnthropicMessagesRequest) -> dict[str, Any]:
@@ -483,9 +490,9 @@ MESSAGES_DOC: dict[str, Any] = {
         "Anthropic's Messages API, answered through the chat path: recorded as a turn of a session for training, as "
         "`POST /v1/chat/completions` is. The session is the `X-Session-Id` header, else the body's `session_id`, else "
         "`metadata.user_id`, else inferred from the conversation. The last message must be the user's (no prefill). "
-        "Refused (400): image and document blocks, server tools, extended thinking, `top_k`; and what needs constrained "
-        "decoding, which this server does not have: `tool_choice` `any` or `tool` (forcing a tool call), strict tools and "
-        "structured outputs (`output_config.format`)."
+        "`tool_choice` `any` or `tool` forces a tool call, decoded under a grammar (with `--engine hf`; other engines "
+        "refuse it). Refused (400): image and document blocks, server tools, extended thinking, `top_k`, strict tools "
+        "and structured outputs (`output_config.format`)."
     ),
     "responses": {
         200: {

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from clawrl.wire import WireModel
 
@@ -133,23 +133,23 @@ class AnthropicToolParam(WireModel):
 
 
 class AnthropicToolChoiceParam(WireModel):
-    """`auto` or `none`. `any` and `tool` force a tool call, which needs constrained decoding that this
-    server does not have: they are refused rather than answered with a reply that may call no tool.
+    """`auto`, `none`, `any` (some tool call) or `tool` (a call of the one `name`d). The last two force a
+    call, decoded under a grammar with `--engine hf` (other engines refuse them with a 400).
     `disable_parallel_tool_use` is accepted but not enforced (as the chat API's `parallel_tool_calls`)."""
 
-    type: Literal["auto", "none"]
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"properties": {"type": {"enum": ["auto", "none", "any"]}}}, {"required": ["name"]}]}
+    )
+
+    type: Literal["auto", "none", "any", "tool"]
+    name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     disable_parallel_tool_use: bool | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _not_forced(cls, value: Any) -> Any:
-        kind = value.get("type") if isinstance(value, dict) else None
-        if kind in ("any", "tool"):
-            raise ValueError(
-                f"tool_choice '{kind}' (forcing a tool call) is not supported: this server has no constrained "
-                "decoding to force one; use 'auto'"
-            )
-        return value
+    @model_validator(mode="after")
+    def _tool_names_one(self) -> AnthropicToolChoiceParam:
+        if self.type == "tool" and self.name is None:
+            raise ValueError("tool_choice 'tool' needs the tool's name")
+        return self
 
 
 class AnthropicThinkingParam(WireModel):
@@ -210,8 +210,17 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     recording, sessions and judging as `/v1/chat/completions`).
 
     The last message must be the user's: an assistant message there asks Anthropic's API to continue
-    it (a prefill), which the chat path cannot do.
+    it (a prefill), which the chat path cannot do. A `tool_choice` that forces a call needs tools.
     """
+
+    # what `_forced_calls_need_tools` checks, stated in the OpenAPI document
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [
+            {"properties": {"tool_choice": {"not": {"type": "object", "required": ["type"],
+                                                    "properties": {"type": {"enum": ["any", "tool"]}}}}}},
+            {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        ]}
+    )  # fmt: skip
 
     max_tokens: Annotated[int, Field(ge=1)]
     stop_sequences: Annotated[
@@ -250,6 +259,13 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
                 "the last message must be the user's: continuing a final assistant message (a prefill) is not supported here"
             )
         return messages
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _forced_calls_need_tools(cls, choice: AnthropicToolChoiceParam | None, info: ValidationInfo) -> AnthropicToolChoiceParam | None:
+        if choice is not None and choice.type in ("any", "tool") and not info.data.get("tools"):
+            raise ValueError(f"tool_choice '{choice.type}' forces a tool call, but the request has no tools")
+        return choice
 
 
 # --- answers -----------------------------------------------------------------------------------------

@@ -18,11 +18,12 @@ same session inference, the same judging. The turn's id is the response's id (`r
   continued with `previous_response_id`, unless the request carries `X-Clawrl-Record: true`: Codex
   CLI sends `store: false` on every request whatever its user wants, and that header, set once in its
   provider configuration, is how its user opts in (`recorded`).
+- **Honoured under a grammar** (`clawrl.serve.contract`, with `--engine hf`; other engines refuse
+  them with a 400): `tool_choice` that forces a call (`required`, a named function) and `text.format`
+  JSON outputs (`json_object`, `json_schema`).
 - **Refused with a 400, not ignored** (the schema leaves them out, so the OpenAPI document says so):
-  `tool_choice` that forces a call (`required`, a named function) and `text.format` JSON outputs
-  (both need constrained decoding, which this server does not do yet), hosted tools (web or file
-  search, a computer), image, file and audio inputs, `background`, and `truncation: "auto"` (an
-  over-long conversation is refused, not cut).
+  hosted tools (web or file search, a computer), image, file and audio inputs, `background`, and
+  `truncation: "auto"` (an over-long conversation is refused, not cut).
 - **Accepted, changing nothing**: `reasoning` (no setting of these models), `include`,
   `parallel_tool_calls` (the model may write several calls either way), `metadata`, and a function
   tool's `strict` (its arguments are not constrained: they may not validate against the schema).
@@ -58,7 +59,9 @@ from clawrl.serve.responses_schemas import (
     FunctionCallOutputItem,
     FunctionTool,
     MessageItem,
+    NamedFunction,
     ResponsesRequest,
+    TextFormat,
 )
 from clawrl.serve.sessions import TRUE_WORDS
 from clawrl.types import Message, Turn
@@ -161,11 +164,24 @@ def chat_body(request: ResponsesRequest, previous: Turn | None) -> dict[str, Any
     messages += input_messages(request.input)
     body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": False}
     optional = {"max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p,
-                "user": request.user, "tool_choice": request.tool_choice}  # fmt: skip
+                "user": request.user, "tool_choice": _chat_tool_choice(request.tool_choice),
+                "response_format": _chat_response_format(request.text.format if request.text else None)}  # fmt: skip
     body.update({key: value for key, value in optional.items() if value is not None})
     if request.tools:
         body["tools"] = [_chat_tool(tool) for tool in request.tools]
     return body
+
+
+def _chat_tool_choice(choice: str | NamedFunction | None) -> str | dict[str, Any] | None:
+    if isinstance(choice, NamedFunction):
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice
+
+
+def _chat_response_format(format_: TextFormat | None) -> dict[str, Any] | None:
+    if format_ is None or format_.type != "json_schema":
+        return None if format_ is None else {"type": format_.type}
+    return {"type": "json_schema", "json_schema": {"name": format_.name or "output", "schema": format_.schema_}}
 
 
 def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
@@ -261,8 +277,8 @@ def response_object(request: ResponsesRequest, turn: Turn | None, created_at: in
         "reasoning": {"effort": None, "summary": None},
         "store": request.store,
         "temperature": request.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice or "auto",
+        "text": {"format": _echoed_format(request.text.format if request.text else None)},
+        "tool_choice": _echoed_tool_choice(request.tool_choice),
         "tools": [tool.model_dump(exclude_none=True) for tool in request.tools or []],
         "top_p": request.top_p,
         "truncation": "disabled",
@@ -270,6 +286,16 @@ def response_object(request: ResponsesRequest, turn: Turn | None, created_at: in
         "user": request.user,
         "metadata": request.metadata or {},
     }
+
+
+def _echoed_format(format_: TextFormat | None) -> dict[str, Any]:
+    if format_ is None:
+        return {"type": "text"}
+    return format_.model_dump(by_alias=True, exclude_none=True)
+
+
+def _echoed_tool_choice(choice: str | NamedFunction | None) -> str | dict[str, Any]:
+    return choice.model_dump(exclude_none=True) if isinstance(choice, NamedFunction) else (choice or "auto")
 
 
 async def response_events(service: ChatService, generation: Generation, request: ResponsesRequest, created_at: int) -> AsyncIterator[str]:

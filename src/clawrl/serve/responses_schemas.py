@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 
 class _Loose(BaseModel):
@@ -81,30 +81,57 @@ class FunctionTool(_Loose):
     name: Annotated[str, Field(min_length=1, max_length=128)]
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    # accepted, but the arguments are not constrained to `parameters` (no constrained decoding yet)
+    # accepted: a forced call's arguments are held to `parameters`; a call the model chose to make is not
     strict: bool | None = None
 
 
+class NamedFunction(_Loose):
+    """`tool_choice` naming one function: the answer is a call of it."""
+
+    type: Literal["function"]
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+
+
 class TextFormat(_Loose):
-    type: Literal["text"] = Field(description="Plain text only: JSON formats need constrained decoding, not done yet.")
+    """`text.format`: plain text, any JSON object, or JSON valid under `schema` (decoded under a grammar,
+    with `--engine hf`; refused with a 400 by engines without constrained decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 class TextOptions(_Loose):
     format: TextFormat | None = None
 
 
+_FORCING = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+_JSON_TEXT = {"type": "object", "required": ["format"], "properties": {"format": {
+    "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}  # fmt: skip
+
+
 class ResponsesRequest(BaseModel):
     """`POST /v1/responses`, as the openai SDK, Codex CLI and the Agents SDK send it."""
 
-    model_config = ConfigDict(extra="ignore")
+    # what `_forced_calls_need_tools` checks, stated in the OpenAPI document
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"allOf": [
+            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}},
+                       {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]},
+            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}}, {"properties": {"text": {"not": _JSON_TEXT}}}]},
+        ]},
+    )  # fmt: skip
 
     model: Annotated[str, Field(min_length=1)]
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     # function tools only: web and file search, a computer and the like run on OpenAI's service
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto"] | None = Field(
-        None, description="Forcing a call (`required`, a named function) needs constrained decoding, not done yet."
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = Field(
+        None, description="`required` or a named function forces a call (decoded under a grammar, with `--engine hf`)."
     )
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -120,3 +147,23 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
+
+    # field validators, so that the error names the field (`tools` and `tool_choice` are validated first)
+    @field_validator("tool_choice")
+    @classmethod
+    def _forced_calls_need_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        if _forces_a_call(choice) and not info.data.get("tools"):
+            raise ValueError("tool_choice forces a tool call, but the request has no tools")
+        return choice
+
+    @field_validator("text")
+    @classmethod
+    def _one_contract(cls, text: TextOptions | None, info: ValidationInfo) -> TextOptions | None:
+        structured = text is not None and text.format is not None and text.format.type != "text"
+        if structured and _forces_a_call(info.data.get("tool_choice")):
+            raise ValueError("a forced tool call (tool_choice) and a JSON text.format cannot both hold one answer; drop one")
+        return text
+
+
+def _forces_a_call(choice: Any) -> bool:
+    return choice == "required" or isinstance(choice, NamedFunction)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from clawrl.wire import ChatMessage, WireModel
 
@@ -50,8 +50,33 @@ class JsonSchemaFormat(WireModel):
 class ResponseFormat(WireModel):
     """`response_format`: free text, any JSON object, or JSON valid under a schema (decoded under a grammar)."""
 
+    # what `_schema_with_json_schema` checks: the `json_schema` type names its schema
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"properties": {"type": {"enum": ["text", "json_object"]}}},
+                                     {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}}]}
+    )  # fmt: skip
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_json_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a json_schema response_format needs its json_schema (a name and a schema)")
+        return self
+
+
+# A `tool_choice` that forces a call, and a `response_format` that asks for JSON, as JSON Schema: the
+# rules `ChatCompletionRequest._forced_calls_need_tools` checks, stated in the OpenAPI document.
+_FORCING = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+_STRUCTURED = {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}}, "required": ["type"]}
+FORCED_CALL_RULES = [
+    # a forced call needs a tool to call
+    {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}},
+               {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]},
+    # one answer cannot be both a tool call and a JSON document
+    {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}}, {"properties": {"response_format": {"not": _STRUCTURED}}}]},
+]  # fmt: skip
 
 
 class FunctionName(WireModel):
@@ -76,12 +101,15 @@ class ChatCompletionRequest(WireModel):
         extra="ignore",
         # what `_check_logprobs` checks: a positive `top_logprobs` needs `logprobs: true`
         json_schema_extra={
-            "anyOf": [
-                {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
-                {"properties": {"top_logprobs": {"enum": [0, None]}}},
+            "allOf": [
+                {"anyOf": [
+                    {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+                    {"properties": {"top_logprobs": {"enum": [0, None]}}},
+                ]},
+                *FORCED_CALL_RULES,
             ]
         },
-    )
+    )  # fmt: skip
 
     model: Annotated[str, Field(min_length=1)]
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -124,6 +152,25 @@ class ChatCompletionRequest(WireModel):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
+
+    # field validators, so that the error names the field (`tools` and `tool_choice` are validated first)
+    @field_validator("tool_choice")
+    @classmethod
+    def _forced_calls_need_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        if _forces_a_call(choice) and not info.data.get("tools"):
+            raise ValueError("tool_choice forces a tool call, but the request has no tools")
+        return choice
+
+    @field_validator("response_format")
+    @classmethod
+    def _one_contract(cls, response_format: ResponseFormat | None, info: ValidationInfo) -> ResponseFormat | None:
+        if response_format is not None and response_format.type != "text" and _forces_a_call(info.data.get("tool_choice")):
+            raise ValueError("a forced tool call (tool_choice) and a JSON response_format cannot both hold one answer; drop one")
+        return response_format
+
+
+def _forces_a_call(choice: Any) -> bool:
+    return choice == "required" or isinstance(choice, NamedToolChoice)
 
 
 class FeedbackRequest(WireModel):

@@ -44,8 +44,9 @@ from clawrl.types import DropReason, Method, Sample, SampleKind, ScoredResponse,
 
 log = logging.getLogger(__name__)
 
-# (prompt ids, response ids, top_k) -> teacher-forced log-probs, as Engine.score returns them
-TeacherScorer = Callable[[list[int], list[int], int], ScoredResponse]
+# (prompt ids, response ids, top_k, the grammar the response was decoded under or None) -> teacher-forced
+# log-probs, as Engine.score returns them (under the grammar's masks when there is one)
+TeacherScorer = Callable[[list[int], list[int], int, str | None], ScoredResponse]
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class SampleBuilder:
                 return _dropped(base, "teacher_too_long")
             base.teacher = self.teacher_name()
             base.teacher_logprobs = scored.logprobs
-            if self.topk:
+            if self.topk and not turn.sampling.grammar:
                 base.teacher_topk_ids, base.teacher_topk_logprobs = scored.top_token_ids, scored.top_logprobs
         return base
 
@@ -149,7 +150,10 @@ class SampleBuilder:
         prompt = teacher_prompt_ids(self.tokenizer, turn, hint)
         if self.max_context_tokens is not None and len(prompt) + len(turn.response_token_ids) > self.max_context_tokens:
             return None
-        return self.teacher(prompt, list(turn.response_token_ids), self.topk)
+        # under a grammar the teacher scores within its masks too, and gives no top-K: the term would
+        # compare the student at tokens the grammar forbade (log 0), so such turns take the token-level term
+        grammar = turn.sampling.grammar
+        return self.teacher(prompt, list(turn.response_token_ids), 0 if grammar else self.topk, grammar)
 
     def _settle_held(self) -> None:
         held = self.training.held_samples()

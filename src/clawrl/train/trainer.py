@@ -40,6 +40,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
+from clawrl.model.constraints import GrammarVocabulary, allowed_bits, end_of_turn_ids
 from clawrl.model.cuda_share import build_from_tensors, import_weights, wait_for_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
@@ -217,7 +218,7 @@ class Trainer:
         metrics = update_step(
             self.model,
             self.optimizer,
-            batch,
+            self._with_grammar_masks(batch),
             self.loss_config,
             micro_batch_size=self.config.micro_batch_size,
             grad_clip=self.config.grad_clip,
@@ -337,9 +338,23 @@ class Trainer:
         return torch.optim.AdamW(parameters, lr=self.config.learning_rate())
 
     # --- the OPD teacher --------------------------------------------------------------------------
-    def _teacher_score(self, prompt: list[int], response: list[int], top_k: int) -> ScoredResponse:
+    def _teacher_score(self, prompt: list[int], response: list[int], top_k: int, grammar: str | None = None) -> ScoredResponse:
+        masks = allowed_bits(grammar, self._grammar_vocabulary(), response) if grammar is not None else None
         with self._teacher() as teacher:
-            return score_response(teacher, prompt, response, top_k)
+            return score_response(teacher, prompt, response, top_k, masks)
+
+    def _grammar_vocabulary(self) -> GrammarVocabulary:
+        """The tokens as the serving engine's grammar saw them: the same tokenizer, logits width and end ids."""
+        config = self.model.config.get_text_config()
+        return GrammarVocabulary.of(self.tokenizer, config.vocab_size, end_of_turn_ids(self.tokenizer, self.model.generation_config))
+
+    def _with_grammar_masks(self, batch: list[TrainingExample]) -> list[TrainingExample]:
+        """`batch`, each turn decoded under a grammar given the masks it was sampled under (replayed)."""
+        for example in batch:
+            if example.turn.sampling.grammar is not None and example.allowed_bits is None:
+                example.allowed_bits = allowed_bits(example.turn.sampling.grammar, self._grammar_vocabulary(),
+                                                    example.turn.response_token_ids)  # fmt: skip
+        return batch
 
     @contextmanager
     def _teacher(self) -> Iterator[PreTrainedModel]:

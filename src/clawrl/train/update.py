@@ -87,6 +87,8 @@ class MicroBatch:
     # None: π_old is the micro-batch's own forward pass detached, π_ref computed with it
     old_logprobs: Tensor | None = None
     reference_logprobs: Tensor | None = None
+    # [B, R, W] int32 grammar masks (`model.constraints`); None when no response was decoded under one
+    allowed_bits: Tensor | None = None
 
     @property
     def response_ids(self) -> Tensor:
@@ -172,7 +174,21 @@ def pack_examples(
         agg_weights=torch.where(
             rows.mask, torch.tensor(list(weights), dtype=torch.float32, device=device).unsqueeze(1), 0.0
         ),
+        allowed_bits=_pack_allowed(examples, response_width, device),
     )
+
+
+def _pack_allowed(examples: list[TrainingExample], width: int, device: torch.device) -> Tensor | None:
+    """[B, R, W] the examples' grammar masks, every token allowed where a row has none (or is padding)."""
+    masks = [example.allowed_bits for example in examples]
+    if all(mask is None for mask in masks):
+        return None
+    words = next(mask for mask in masks if mask is not None).shape[-1]
+    packed = torch.full((len(examples), width, words), -1, dtype=torch.int32)
+    for row, mask in enumerate(masks):
+        if mask is not None:
+            packed[row, : mask.shape[0]] = mask
+    return packed.to(device)
 
 
 def _pack_topk(
@@ -202,7 +218,7 @@ def _reference_logprobs(
     else:
         raise ValueError("kl_beta > 0 needs a reference: a PEFT model, or reference_model for full fine-tuning")
     with torch.no_grad(), context:
-        return response_scores(reference, batch.rows, chunk_tokens=chunk_tokens).logprobs
+        return response_scores(reference, batch.rows, chunk_tokens=chunk_tokens, allowed_bits=batch.allowed_bits).logprobs
 
 
 def advantages(batch: MicroBatch, old_logprobs: Tensor, config: LossConfig) -> Tensor:
@@ -329,7 +345,7 @@ def proximal_scores(
             if batch.response_ids.shape[1] == 0:
                 continue
             reference = _reference_logprobs(model, reference_model, batch, chunk_tokens) if config.kl_beta > 0 else None
-            old = response_scores(model, batch.rows, chunk_tokens=chunk_tokens).logprobs
+            old = response_scores(model, batch.rows, chunk_tokens=chunk_tokens, allowed_bits=batch.allowed_bits).logprobs
             for row, example in enumerate(chunk):
                 length = len(example.turn.response_token_ids)
                 scores[id(example)] = (old[row, :length], reference[row, :length] if reference is not None else None)
@@ -512,7 +528,7 @@ def _accumulate(
     reference = batch.reference_logprobs
     if reference is None and config.kl_beta > 0:
         reference = _reference_logprobs(model, reference_model, batch, chunk_tokens)
-    scores = response_scores(model, batch.rows, batch.topk_ids, chunk_tokens)
+    scores = response_scores(model, batch.rows, batch.topk_ids, chunk_tokens, batch.allowed_bits)
     logprobs = scores.logprobs
     # π_old: held from before the batch's first step, or, with one step, the current weights (module docstring)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
