@@ -12,12 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packages="pydantic pydantic_core pydantic-settings python-dotenv annotated-types typing-inspection fastapi starlette
 uvicorn sqlalchemy opentelemetry-api peft transformers tokenizers annotated-doc typing_extensions threadpoolctl
-prometheus-client"
+prometheus-client llguidance"
 mkdir -p .whl
 for package in $packages; do
     version=$(.venv/bin/python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$package")
     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl "$package==$version"
 done
 ls .whl
