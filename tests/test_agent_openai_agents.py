@@ -191,3 +191,39 @@ def test_the_documented_script_runs_as_written(poet_model_dir: Path, run_dir: Pa
     turns = [store.turns.turn(response_id) for response_id in response_ids]
     assert len({turn.session_id for turn in turns}) == 1  # input list, then previous_response_id: one session
     assert store.judging.turn_context(response_ids[0]).next_messages == [{"role": "user", "content": LINES[1]}]
+
+
+def test_an_agent_with_an_output_type_gets_an_instance_of_it(server: ServerThread, run_dir: Path) -> None:
+    """The SDK's structured outputs: an `output_type` becomes a strict `json_schema` text format, which
+    the server decodes under a grammar, so even the tiny model's answer parses into the type. (Its
+    fields are bounded, and the budget is roomy: under greedy decoding this tiny model writes a free
+    string until the token limit, and a line break with the most indentation the grammar allows
+    between every two tokens.)"""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Poem(BaseModel):
+        topic: Literal["tea", "rain", "morning"]
+        lines: int = Field(ge=1, le=8)
+
+    sent: list[dict[str, Any]] = []
+
+    async def keep(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    async def run() -> RunResult:
+        async with httpx.AsyncClient(event_hooks={"request": [keep]}) as http:
+            client = AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, http_client=http)
+            agent = Agent(name="Poet", instructions=INSTRUCTIONS, output_type=Poem,
+                          model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                          model_settings=ModelSettings(max_tokens=256, temperature=0))  # fmt: skip
+            return await Runner.run(agent, LINES[0])
+
+    result = asyncio.run(run())
+    assert isinstance(result.final_output, Poem)
+    (body,) = sent
+    assert body["text"]["format"]["type"] == "json_schema" and body["text"]["format"]["strict"] is True
+    turn = Store.for_run_dir(run_dir).turns.turn(result.last_response_id)
+    assert turn is not None and turn.sampling.grammar is not None
+    assert Poem.model_validate_json(turn.response_text) == result.final_output

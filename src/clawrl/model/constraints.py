@@ -34,11 +34,13 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-# Whitespace between JSON tokens: bounded, so that a model cannot spend its whole budget on it
-# (a free JSON grammar lets any run of spaces through), and loose enough for pretty-printed JSON.
-OUTPUT_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
-# A tool call's JSON is written compactly, one optional space after ':' and ','.
-CALL_WHITESPACE = r"\x20?"
+# Whitespace between two JSON tokens, when there is any: one space, or one line break and its
+# indentation (pretty-printed JSON). Bounded, so that a model cannot spend its budget on it: a free
+# JSON grammar lets any run through, and a model fond of line breaks wrote sixteen between every two
+# tokens when sixteen characters of any whitespace were allowed.
+OUTPUT_WHITESPACE = r"\x20|\x0A[\x20\x09]{0,32}"
+# A tool call's JSON is written compactly: at most one space between tokens.
+CALL_WHITESPACE = r"\x20"
 
 
 class GrammarError(ValueError):
