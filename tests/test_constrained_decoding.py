@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import torch
 
-from clawrl.model.constraints import GrammarVocabulary, allowed_bits, end_of_turn_ids, json_output_grammar, masked_logits
+from clawrl.model.constraints import GrammarVocabulary, allowed_bits, json_output_grammar, masked_logits
 from clawrl.serve.runner import ServerThread
 from tests.helpers import start_server
 
@@ -119,7 +119,7 @@ def test_the_turn_records_its_grammar_and_the_log_probs_it_was_sampled_from(serv
     # the log-probs reported are those of the masked distribution: recompute it from the model
     engine = server.app.state.service.engine
     model = engine.base_model
-    vocabulary = GrammarVocabulary.of(engine.tokenizer, model.config.vocab_size, end_of_turn_ids(engine.tokenizer, model.generation_config))
+    vocabulary = GrammarVocabulary.of(engine.tokenizer, model.config.vocab_size)
     masks = allowed_bits(turn.sampling.grammar, vocabulary, turn.response_token_ids)
     ids = torch.tensor([turn.prompt_token_ids + turn.response_token_ids])
     with torch.no_grad():
@@ -131,3 +131,24 @@ def test_the_turn_records_its_grammar_and_the_log_probs_it_was_sampled_from(serv
     assert torch.allclose(torch.tensor(turn.response_logprobs, dtype=torch.float64), expected, atol=1e-4)
     assert not torch.allclose(expected, unmasked, atol=1e-2)  # the mask mattered
     assert all(math.isfinite(value) for value in turn.response_logprobs)
+
+
+def test_an_engine_without_constrained_decoding_refuses_the_contract(tiny_model_dir: Path) -> None:
+    """`--engine openai` (a server clawrl did not start, whose grammar backend it cannot know) refuses
+    with a 400 naming the way out, rather than answer free text."""
+    from transformers import AutoTokenizer
+
+    from clawrl.engines.remote import RemoteEngine
+    from clawrl.errors import APIError
+    from clawrl.serve.contract import request_grammar
+    from clawrl.serve.schemas import ChatCompletionRequest
+
+    assert RemoteEngine.constrained_decoding is False
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                   "response_format": {"type": "json_object"}})  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(APIError) as refused:
+        request_grammar(request, None, tokenizer, engine_can=False)
+    assert refused.value.status == 400 and refused.value.code == "unsupported_constraint"
+    assert "--engine hf" in refused.value.message
+    assert request_grammar(request, None, tokenizer, engine_can=True) == json_output_grammar(None)

@@ -7,6 +7,7 @@ SIGTERM no vLLM process is left.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -20,12 +21,24 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from clawrl.engines.vllm import SERVED_NAME, VLLMEngine
+from clawrl.model.constraints import GrammarVocabulary, allowed_bits, masked_logits
 from clawrl.judge.openai_backend import OpenAIJudge
 from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
-from tests.helpers import BorrowedEngine, LoadClients, healthz, require_vllm, start_server, teach, turn, user, wait_until
+from tests.helpers import (
+    WEATHER_TOOL,
+    BorrowedEngine,
+    LoadClients,
+    healthz,
+    require_vllm,
+    start_server,
+    teach,
+    turn,
+    user,
+    wait_until,
+)
 
 FIXED_PROMPT = [{"role": "user", "content": "Write a short note to my team about Friday."}]
 
@@ -116,16 +129,39 @@ def test_the_openai_judge_runs_against_a_real_vllm_server(vllm_tool_engine: VLLM
     assert verdict.source == "prm" and verdict.votes == [None, None, None] and verdict.score == 0
 
 
-def test_a_contract_vllm_is_not_asked_to_hold_is_refused_not_ignored(vllm_tool_engine: VLLMEngine, run_dir: Path) -> None:
-    """The vllm engine has no constrained decoding through clawrl (yet): a JSON output or a forced call is a
-    400 naming the engine, and nothing is recorded (issue 31: honoured or refused, never ignored)."""
+def test_vllm_holds_json_outputs_and_forced_calls_with_the_masked_log_probs(vllm_tool_engine: VLLMEngine, run_dir: Path,
+                                                                          tool_model_dir: Path) -> None:  # fmt: skip
+    """The request contract on vLLM (its guidance backend, given clawrl's grammar text): a json_schema
+    answer validates, a forced call is a call, and the recorded log-probs are those of the masked
+    distribution, the same the trainer replays (checked against the fp32 model in transformers)."""
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}, "days": {"type": "integer",
+              "minimum": 1, "maximum": 9}}, "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
     with start_server(Path("unused"), run_dir, engine=BorrowedEngine(vllm_tool_engine)) as server:
         model = httpx.get(f"{server.base_url}/models").json()["data"][0]["id"]
-        body = {"model": model, "messages": [user("Name a city.")], "max_tokens": 8, "response_format": {"type": "json_object"}}
-        refused = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
-        assert refused.status_code == 400 and refused.json()["error"]["code"] == "unsupported_constraint"
-        assert "--engine hf" in refused.json()["error"]["message"]
-        assert server.app.state.service.store.turns.counts()["main_turns"] == 0
+        # a roomy budget: this model likes a line break and the most indentation the grammar allows
+        body = {"model": model, "messages": [user("Plan a trip.")], "max_tokens": 400, "seed": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "trip", "schema": schema}}}  # fmt: skip
+        answer = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] == "stop", answer.text
+        trip = json.loads(answer.json()["choices"][0]["message"]["content"])
+        assert trip["city"] in ("Paris", "Lima") and 1 <= trip["days"] <= 9
+        forced = {"model": model, "messages": [user("Say hello.")], "max_tokens": 80, "seed": 1, "tools": [WEATHER_TOOL],
+                  "tool_choice": "required"}  # fmt: skip
+        call = httpx.post(f"{server.base_url}/chat/completions", json=forced, timeout=120).json()["choices"][0]
+        assert call["finish_reason"] == "tool_calls" and call["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+        turn = server.app.state.service.store.turns.turn(answer.headers["X-Clawrl-Turn"])
+    reference = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
+    tokenizer = vllm_tool_engine.tokenizer
+    masks = allowed_bits(turn.sampling.grammar, GrammarVocabulary.of(tokenizer, reference.config.vocab_size), turn.response_token_ids)
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([turn.prompt_token_ids + turn.response_token_ids])).logits[0]
+    logits = logits[len(turn.prompt_token_ids) - 1 : -1]
+    chosen = torch.tensor(turn.response_token_ids)[:, None]
+    masked = torch.log_softmax(masked_logits(logits, masks), -1).gather(1, chosen)[:, 0]
+    raw = torch.log_softmax(logits, -1).gather(1, chosen)[:, 0]
+    recorded = torch.tensor(turn.response_logprobs)
+    assert torch.allclose(recorded, masked, atol=2e-3), (recorded - masked).abs().max()
+    assert not torch.allclose(recorded, raw, atol=2e-2)  # the mask mattered
 
 
 @pytest.mark.parametrize(

@@ -259,8 +259,7 @@ class HFEngine(Engine):
         room = self.max_context_tokens - len(prompt)
         constraint = None
         if sampling.grammar is not None:  # built here: a grammar that cannot be used fails the caller, not the batch
-            vocabulary = GrammarVocabulary.of(self.tokenizer, self._vocab_size, sorted(self._end_ids))
-            constraint = Constraint(sampling.grammar, vocabulary)
+            constraint = Constraint(sampling.grammar, GrammarVocabulary.of(self.tokenizer, self._vocab_size))
         with self._cond:
             stream = GenerationStream(self._versions.current)
             self._pending.append(Request(prompt, sampling, stream, min(sampling.max_tokens, room), constraint))

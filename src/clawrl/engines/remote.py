@@ -310,6 +310,8 @@ class RemoteEngine(Engine):
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if sampling.grammar is not None:  # only an engine that says `constrained_decoding` is sent one
+            body["structured_outputs"] = {"grammar": sampling.grammar}
         return body
 
     async def _relay(self, version: int, body: dict[str, Any], top_logprobs: int, stream: GenerationStream) -> None:

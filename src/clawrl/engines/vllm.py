@@ -122,6 +122,9 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--seed", str(self.config.seed),
             "--enable-lora", "--max-lora-rank", str(self.config.max_lora_rank), "--max-loras", str(self.lora_slots),
             "--max-num-seqs", str(self.config.max_batch_size), "--logprobs-mode", "raw_logprobs",
+            # clawrl's grammars are llguidance's Lark (model/constraints.py); vLLM applies the mask to the
+            # logits before its sampler, so its raw log-probs are the masked distribution's, as hf's are
+            "--structured-outputs-config", '{"backend": "guidance"}',
         ]  # fmt: skip
         if self.config.max_context_tokens:
             command += ["--max-model-len", str(self.config.max_context_tokens)]
@@ -204,6 +207,8 @@ def _has_cuda() -> bool:
 
 class VLLMEngine(RemoteEngine):
     """vLLM run by clawrl; see the module docstring."""
+
+    constrained_decoding = True  # the server runs the guidance backend (`VLLMServer.command`)
 
     def __init__(self, config: EngineConfig, model_path: str | Path | None = None) -> None:
         super().__init__(config, model_path)

@@ -4,8 +4,10 @@ A request may ask for more than text: `response_format` a JSON object or one tha
 against a schema, `tool_choice` a tool call (any, or a named one). A model asked politely complies
 sometimes; decoding under a grammar complies always: before each token, every token that cannot
 continue a valid answer gets probability 0, and the model's distribution is renormalised over the
-rest. The grammar is llguidance's (a Rust library made for this, one small wheel with no
-dependencies), built from the request here and recorded with the turn as text.
+rest. The grammar is a Lark grammar as llguidance reads it (a Rust library made for this, one small
+wheel with no dependencies; JSON Schemas embedded with `%json`), built from the request here and
+recorded with the turn as text: the hf engine compiles it itself, and vLLM (run with its guidance
+backend) takes the same text, so both mask the same tokens.
 
 Three parties use it, and must agree token for token:
 
@@ -34,13 +36,14 @@ from torch import Tensor
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-# Whitespace between two JSON tokens, when there is any: one space, or one line break and its
-# indentation (pretty-printed JSON). Bounded, so that a model cannot spend its budget on it: a free
-# JSON grammar lets any run through, and a model fond of line breaks wrote sixteen between every two
-# tokens when sixteen characters of any whitespace were allowed.
-OUTPUT_WHITESPACE = r"\x20|\x0A[\x20\x09]{0,32}"
-# A tool call's JSON is written compactly: at most one space between tokens.
-CALL_WHITESPACE = r"\x20"
+# JSON is written in one style, the one `json.dumps` writes and Qwen-style models write their calls in:
+# `{"a": 1, "b": [2, 3]}`, ", " between items and ": " after keys, no other whitespace. A free JSON
+# grammar lets any run of whitespace through (a model fond of line breaks spent its budget on them);
+# llguidance 1.9 bounds a whitespace pattern but 1.7 (vLLM's) repeats it, so a turn served by vLLM
+# would have masks the trainer's replay does not reproduce; and no whitespace at all masks the
+# space a trained model writes after every colon (a model fitted to calls with it then wrote ": "
+# as its argument). Fixed separators are read alike by both versions.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class GrammarError(ValueError):
@@ -52,7 +55,8 @@ def json_output_grammar(schema: dict[str, Any] | None) -> str:
     schema = {"type": "object"} if schema is None else schema
     if not isinstance(schema, dict):
         raise GrammarError("the JSON schema must be an object")
-    return _checked(llguidance.LLMatcher.grammar_from_json_schema(schema, overrides={"whitespace_pattern": OUTPUT_WHITESPACE}))
+    guided = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_STYLE}}
+    return _checked(f"start: %json {json.dumps(guided)}\n")
 
 
 def tool_call_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], name: str | None = None) -> str:
@@ -68,10 +72,9 @@ def tool_call_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, 
               "properties": {"name": {"const": function["name"]}, "arguments": _closed(function.get("parameters"))}}
              for function in functions]  # fmt: skip
     call = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    call["x-guidance"] = {"whitespace_pattern": CALL_WHITESPACE}
+    call["x-guidance"] = JSON_STYLE
     opening, closing = _marker(tokenizer, TOOL_CALL_OPEN), _marker(tokenizer, TOOL_CALL_CLOSE)
-    lark = f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(call)}\n'
-    return _checked(llguidance.LLMatcher.grammar_from_lark(lark))
+    return _checked(f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(call)}\n')
 
 
 def _closed(parameters: dict[str, Any] | None) -> dict[str, Any]:
@@ -93,37 +96,38 @@ def _marker(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
     return json.dumps(text)
 
 
-def _checked(grammar: str) -> str:
-    error = llguidance.LLMatcher.validate_grammar(grammar)
+def _checked(lark: str) -> str:
+    """`lark` once llguidance has compiled it without error (the grammar text recorded with a turn)."""
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
     if error and not error.startswith("WARNING"):
         raise GrammarError(f"the schema cannot be enforced: {error}")
-    return grammar
+    return lark
 
 
 class GrammarVocabulary:
-    """A tokenizer as llguidance sees it, for one model: its vocabulary size (the logits' width) and
-    the tokens that end a turn (allowed once the grammar is complete). Built once per tokenizer."""
+    """A tokenizer as llguidance sees it, for one model: its vocabulary size (the logits' width) and the
+    token that ends an answer once the grammar is complete: the tokenizer's eos, as vLLM's guidance
+    backend has it too (the engines stop on it; a turn's masks replay the same whoever served it).
+    Built once per tokenizer and size."""
 
-    _cache: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, dict[tuple, GrammarVocabulary]] = weakref.WeakKeyDictionary()
+    _cache: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, dict[int, GrammarVocabulary]] = weakref.WeakKeyDictionary()
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: list[int]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.llg = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
+        self.llg = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
 
     @classmethod
-    def of(cls, tokenizer: PreTrainedTokenizerBase, vocab_size: int, end_ids: list[int]) -> GrammarVocabulary:
+    def of(cls, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> GrammarVocabulary:
         built = cls._cache.setdefault(tokenizer, {})
-        key = (vocab_size, tuple(sorted(end_ids)))
-        if key not in built:
-            built[key] = cls(tokenizer, vocab_size, end_ids)
-        return built[key]
+        if vocab_size not in built:
+            built[vocab_size] = cls(tokenizer, vocab_size)
+        return built[vocab_size]
 
 
 def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None) -> list[int]:
-    """The tokens that end an answer (the engine stops on them; a constrained answer may end with one once
-    its grammar is complete): the tokenizer's eos and every eos id of the generation config
-    (e.g. <|im_end|>, <|endoftext|>)."""
+    """The tokens that end an answer (the engines stop on them): the tokenizer's eos and every eos id of
+    the generation config (e.g. <|im_end|>, <|endoftext|>)."""
     ids = {tokenizer.eos_token_id}
     configured = generation_config.eos_token_id if generation_config is not None else None
     ids.update(configured if isinstance(configured, list) else [configured])
@@ -135,7 +139,7 @@ class Constraint:
 
     def __init__(self, grammar: str, vocabulary: GrammarVocabulary) -> None:
         self.vocabulary = vocabulary
-        self.matcher = llguidance.LLMatcher(vocabulary.llg, grammar)
+        self.matcher = llguidance.LLMatcher(vocabulary.llg, llguidance.LLMatcher.grammar_from_lark(grammar))
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
 

@@ -7,8 +7,9 @@ the grammar can tell is refused here for what the request names, with its own co
 fuzz lets these through, as it does a 404 for an unknown turn): a function that is not among the
 tools (`unknown_tool`), a schema the grammar library cannot enforce (`unsupported_schema`).
 
-Honoured or refused, never ignored: an engine without constrained decoding refuses such a request
-with a 400 rather than answer free text that breaks the client. The Responses and Messages routes
+Honoured or refused, never ignored: the hf engine and the vLLM server clawrl runs decode under the
+grammar; an engine without constrained decoding (`--engine openai`: a server whose grammar backend
+clawrl cannot know) refuses such a request with a 400 rather than answer free text that breaks the client. The Responses and Messages routes
 translate their own fields (`text.format`, `tool_choice` `any`/`tool`) into these.
 """
 
@@ -36,7 +37,7 @@ def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str
     param = "tool_choice" if forced else "response_format"
     if not engine_can:
         raise APIError(400, f"This {param} needs constrained decoding, which this server's engine does not offer; "
-                       "serve with --engine hf, or leave it out.", "unsupported_constraint", param)  # fmt: skip
+                       "serve with --engine hf or --engine vllm, or leave it out.", "unsupported_constraint", param)  # fmt: skip
     try:
         if forced:
             name = request.tool_choice.function.name if isinstance(request.tool_choice, schemas.NamedToolChoice) else None

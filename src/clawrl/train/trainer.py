@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
-from clawrl.model.constraints import GrammarVocabulary, allowed_bits, end_of_turn_ids
+from clawrl.model.constraints import GrammarVocabulary, allowed_bits
 from clawrl.model.cuda_share import build_from_tensors, import_weights, wait_for_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
@@ -344,9 +344,8 @@ class Trainer:
             return score_response(teacher, prompt, response, top_k, masks)
 
     def _grammar_vocabulary(self) -> GrammarVocabulary:
-        """The tokens as the serving engine's grammar saw them: the same tokenizer, logits width and end ids."""
-        config = self.model.config.get_text_config()
-        return GrammarVocabulary.of(self.tokenizer, config.vocab_size, end_of_turn_ids(self.tokenizer, self.model.generation_config))
+        """The tokens as the serving engine's grammar saw them: the same tokenizer and logits width."""
+        return GrammarVocabulary.of(self.tokenizer, self.model.config.get_text_config().vocab_size)
 
     def _with_grammar_masks(self, batch: list[TrainingExample]) -> list[TrainingExample]:
         """`batch`, each turn decoded under a grammar given the masks it was sampled under (replayed)."""
