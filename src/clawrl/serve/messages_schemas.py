@@ -134,7 +134,7 @@ class AnthropicToolParam(WireModel):
 
 class AnthropicToolChoiceParam(WireModel):
     """`auto`, `none`, `any` (some tool call) or `tool` (a call of the one `name`d). The last two force a
-    call, decoded under a grammar with `--engine hf` (other engines refuse them with a 400).
+    call, decoded under a grammar with `--engine hf` or `vllm` (`openai` refuses them with a 400).
     `disable_parallel_tool_use` is accepted but not enforced (as the chat API's `parallel_tool_calls`)."""
 
     model_config = ConfigDict(

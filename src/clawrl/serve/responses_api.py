@@ -18,7 +18,7 @@ same session inference, the same judging. The turn's id is the response's id (`r
   continued with `previous_response_id`, unless the request carries `X-Clawrl-Record: true`: Codex
   CLI sends `store: false` on every request whatever its user wants, and that header, set once in its
   provider configuration, is how its user opts in (`recorded`).
-- **Honoured under a grammar** (`clawrl.serve.contract`, with `--engine hf`; other engines refuse
+- **Honoured under a grammar** (`clawrl.serve.contract`, with `--engine hf` or `vllm`; `openai` refuses
   them with a 400): `tool_choice` that forces a call (`required`, a named function) and `text.format`
   JSON outputs (`json_object`, `json_schema`).
 - **Refused with a 400, not ignored** (the schema leaves them out, so the OpenAPI document says so):

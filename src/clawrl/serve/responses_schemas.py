@@ -94,7 +94,7 @@ class NamedFunction(_Loose):
 
 class TextFormat(_Loose):
     """`text.format`: plain text, any JSON object, or JSON valid under `schema` (decoded under a grammar,
-    with `--engine hf`; refused with a 400 by engines without constrained decoding)."""
+    with `--engine hf` or `vllm`; refused with a 400 by `--engine openai`)."""
 
     type: Literal["text", "json_object", "json_schema"]
     name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -131,7 +131,7 @@ class ResponsesRequest(BaseModel):
     # function tools only: web and file search, a computer and the like run on OpenAI's service
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = Field(
-        None, description="`required` or a named function forces a call (decoded under a grammar, with `--engine hf`)."
+        None, description="`required` or a named function forces a call (decoded under a grammar, with `--engine hf` or `vllm`)."
     )
     parallel_tool_calls: bool | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
