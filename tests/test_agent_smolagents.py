@@ -383,8 +383,10 @@ def test_the_judge_reads_only_what_the_user_typed_after_a_final_answer(final_ans
 
 @pytest.fixture(scope="module")
 def stuck_talk(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Talk:
-    """A ToolCallingAgent on the untrained tiny model: its text is no tool call, so every run is a step
-    that fails to parse, then the call for an answer after max_steps=1. It samples, as smolagents asks
+    """A ToolCallingAgent on the untrained tiny model: its step is held to a call of final_answer (the
+    agent sends `tool_choice: "required"`), but its random answer runs past max_tokens before the call
+    closes, so no call parses and every run is a step that fails, then the call for an answer after
+    max_steps=1. It samples, as smolagents asks
     by default (greedy, the untrained model writes newlines; with a fixed seed, the same text whatever
     the prompt, so that two answers would be one)."""
     return hold(tiny_model_dir, tmp_path_factory.mktemp("smolagents-stuck") / "run", default_agent, max_tokens=RANDOM_TOKENS)

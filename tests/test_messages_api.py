@@ -429,6 +429,15 @@ def test_what_cannot_be_honoured_is_a_bad_request(client: anthropic.Anthropic, s
     assert recorded_turns(store) == before
 
 
+def test_a_forced_call_needs_tools_to_answer_but_not_to_count(client: anthropic.Anthropic) -> None:
+    """Found by the OpenAPI fuzz: the tool choice renders no token, so counting ignores it."""
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=MODEL, max_tokens=4, messages=USER, tool_choice={"type": "any"})
+    assert "no tools" in refused.value.body["error"]["message"]
+    counted = client.messages.count_tokens(model=MODEL, messages=USER, tool_choice={"type": "any"})
+    assert counted.input_tokens == client.messages.count_tokens(model=MODEL, messages=USER).input_tokens
+
+
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}], ids=["any", "tool"])
 def test_a_forced_tool_call_is_a_tool_use_block(client: anthropic.Anthropic, choice: dict[str, Any]) -> None:
     """`tool_choice` `any` and `tool` force a call (decoded under a grammar): the tiny model answers with one."""

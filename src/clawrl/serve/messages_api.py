@@ -153,7 +153,9 @@ async def _count_tokens(request: Request, service: ChatService, config: ServeCon
     item = _parse(AnthropicCountTokensRequest, await read_json(request, config.max_body_bytes))
     if item.model not in service.model_names:
         raise APIError(404, f"The model '{item.model}' does not exist; this server serves {served_name!r}.", "model_not_found", "model")
-    messages, tools = _chat_prompt(chat_body(item))
+    body = chat_body(item)
+    body.pop("tool_choice", None)  # renders no token of the prompt (and a forced call with no tools counts alike)
+    messages, tools = _chat_prompt(body)
     try:
         prompt = await asyncio.to_thread(render_prompt, service.engine.tokenizer, messages, tools)
     except TemplateError as error:  # as `ChatService.prepare` refuses them

@@ -138,7 +138,8 @@ class AnthropicToolChoiceParam(WireModel):
     `disable_parallel_tool_use` is accepted but not enforced (as the chat API's `parallel_tool_calls`)."""
 
     model_config = ConfigDict(
-        json_schema_extra={"anyOf": [{"properties": {"type": {"enum": ["auto", "none", "any"]}}}, {"required": ["name"]}]}
+        json_schema_extra={"anyOf": [{"properties": {"type": {"enum": ["auto", "none", "any"]}}},
+                                     {"required": ["name"], "properties": {"name": {"type": "string"}}}]}  # fmt: skip
     )
 
     type: Literal["auto", "none", "any", "tool"]
