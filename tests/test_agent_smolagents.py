@@ -345,8 +345,7 @@ def test_a_tool_calling_agents_requests_are_recorded_as_sent(final_answer_talk: 
     "call as assistant text, \"Calling tools:\\n[{'id': ..., 'type': 'function', 'function': {'name': "
     "'final_answer', 'arguments': {'answer': ...}}}]\" (Python's repr, arguments parsed), not as `tool_calls`, so its "
     "fingerprint never equals the recorded answer's: each run starts a new session and no turn gets a next "
-    "state or a judgment. Behind that, `user_typed` leaves smolagents' wrapping in the user's next message "
-    "(\"Observation:\\n<the answer>\\nNew task:\\n<reply>\"), so the judge would read the answer as the user's words.",
+    "state or a judgment (the judge half, reading only what the user typed, is tested apart below).",
 )
 def test_a_tool_calling_agents_conversation_is_one_session_judged_from_what_the_user_typed(final_answer_talk: Talk) -> None:
     talk = final_answer_talk
@@ -361,12 +360,6 @@ def test_a_tool_calling_agents_conversation_is_one_session_judged_from_what_the_
     assert thanks is not None and (thanks.score, thanks.hint) == (1, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`user_typed` knows no smolagents wrapping: the reply \"Observation:\\n<the answer>\\nNew task:\\n"
-    "no, make it rhyme ...\" is read whole, so the judge reads the answer the user saw as the user's words "
-    "and offers it as a hint (\"Observation. Steam curls from the cup. ... Make it rhyme and keep it short.\").",
-)
 def test_the_judge_reads_only_what_the_user_typed_after_a_final_answer(final_answer_talk: Talk) -> None:
     """The judge half alone, on the recorded requests: each run's answer judged by what the next run's
     request adds after it, as session inference should give it (see the test above)."""
@@ -460,10 +453,10 @@ def test_a_stuck_conversation_is_judged_from_what_the_user_typed(stuck_talk: Tal
 
 @pytest.mark.xfail(
     strict=True,
-    reason="`user_typed` knows no smolagents wrapping: the parse error, \"Reached max steps.\", \"New task:\" and "
-    "\"Based on the above, please provide an answer to the following user task:\\n<task>\" are read as the user's "
-    "words, so they become hints (\"Please provide an answer to the following user task.\", \"Reached max steps. New "
-    "task. Make it rhyme and keep it short.\").",
+    reason="`user_typed` reads smolagents' own words in a stuck run's step as the user's: the parse error and "
+    "\"Based on the above, please provide an answer to the following user task:\\n<task>\" (a message with no "
+    "\"New task:\" line) become hints (\"Let's retry: take care not to repeat previous errors.\", \"Please provide "
+    "an answer to the following user task.\").",
 )
 def test_the_judge_reads_only_what_the_user_typed_in_a_stuck_conversation(stuck_talk: Talk) -> None:
     """The judge half alone, on the recorded requests: the step by smolagents' error, the answer the user

@@ -94,3 +94,18 @@ def test_a_context_block_sent_as_a_message_of_its_own_is_neither_request_nor_rep
     for reply, bare in zip(REPLIES, [1, -1, 1, -1, 0], strict=True):
         stamped = {"role": "user", "content": f"[Tue 2026-11-24 09:06 UTC] {reply}"}
         assert judge_by_rules(request, [stamped, context])[0] == bare, reply
+
+
+@pytest.mark.parametrize(
+    ("sent", "typed"),
+    [
+        ("New task:\nno, make it rhyme", "no, make it rhyme"),
+        ("Observation:\nSteam curls from the cup.\nNew task:\nno, make it rhyme", "no, make it rhyme"),
+        ("Error:\nReached max steps.\nNew task:\nthanks, that's perfect", "thanks, that's perfect"),
+        ("New task:\nfirst\nNew task:\nsecond, on two\nlines", "second, on two\nlines"),
+        # not smolagents' framing: the words "New task:" inside a line are the user's own
+        ("My list has a line called New task:\nbuy milk", "My list has a line called New task:\nbuy milk"),
+    ],
+)
+def test_smolagents_new_task_framing_comes_off(sent: str, typed: str) -> None:
+    assert user_typed({"role": "user", "content": sent}) == typed

@@ -85,6 +85,12 @@ _WRAPPER_BLOCKS = re.compile(
 )
 
 
+# smolagents sends the user's words as "New task:\n<words>" at the end of a user message, after what
+# its agent put there (the last tool's "Observation:\n...", an "Error:\n..."): the words are what
+# follows the last such line.
+_SMOLAGENTS_TASK = re.compile(r"(?:\A|\n)New task:\n(?P<words>(?:(?!\nNew task:\n).)*)\Z", re.DOTALL)
+
+
 # What an agent sends in the user's place when an answer showed the user nothing (the model
 # stopped at once, or wrote only reasoning or only tool calls): OpenClaw asks again with "The
 # previous attempt did not produce a user-visible answer. Continue from ..." (three variants). It
@@ -103,7 +109,8 @@ def is_agent_retry_note(text: str) -> bool:
 def user_typed(message: Message, previous: Message | None = None) -> str:
     """The text the user authored in `message`, without the wrapping their agent added.
 
-    Known wrappings (a timestamp prefix, context, reminder and memory blocks) are removed; for
+    Known wrappings (a timestamp prefix, context, reminder and memory blocks, smolagents' "New
+    task:" framing) are removed; for
     shapes not known here, lines that `previous` (the session's previous user message) carries
     identically are left out as boilerplate, unless that would leave nothing: a message repeated
     word for word is a restatement, which judges must see.
@@ -118,7 +125,9 @@ def user_typed(message: Message, previous: Message | None = None) -> str:
 
 
 def _unwrapped(text: str) -> str:
-    return _TIMESTAMP_PREFIX.sub("", _WRAPPER_BLOCKS.sub("", text), count=1).strip()
+    text = _TIMESTAMP_PREFIX.sub("", _WRAPPER_BLOCKS.sub("", text), count=1).strip()
+    task = _SMOLAGENTS_TASK.search(text)
+    return task.group("words").strip() if task else text
 
 
 # --- identity: how a later request is matched to the turn it continues -------------------------
