@@ -87,7 +87,7 @@ from clawrl.engines.hf_adapters import Adapters, Policy
 from clawrl.engines.hf_batch import Batch, Request, Row
 from clawrl.engines.hf_sampling import new_generator, sample_steps
 from clawrl.engines.prefix_cache import PrefixCache
-from clawrl.model.constraints import Constraint, GrammarVocabulary, end_of_turn_ids
+from clawrl.model.constraints import Constraint, GrammarVocabulary
 from clawrl.model.cuda_share import export_weights, withdraw_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
@@ -193,7 +193,7 @@ class HFEngine(Engine):
             await asyncio.to_thread(export_weights, base, self._cache_dir, self._quantize != "none")
         self._adapters = Adapters(base, self.device)
         self._versions.install(0, Policy(base))
-        self._end_ids = frozenset(end_of_turn_ids(self.tokenizer, base.generation_config))
+        self._end_ids = self._end_of_turn_ids(base)
         self._thread = threading.Thread(target=self._run, name="clawrl-hf-engine", daemon=True)
         self._thread.start()
 
@@ -217,6 +217,12 @@ class HFEngine(Engine):
         # explicitly (masks, RoPE, norms), so `load_causal_lm`'s brief default dtype does not reach it
         return load_causal_lm(source, self.dtype, self.device, self._quantize).eval()
 
+    def _end_of_turn_ids(self, model: PreTrainedModel) -> frozenset[int]:
+        """The tokenizer's eos plus every eos id of the generation config (e.g. <|im_end|>, <|endoftext|>)."""
+        ids = {self.tokenizer.eos_token_id}
+        configured = model.generation_config.eos_token_id if model.generation_config is not None else None
+        ids.update(configured if isinstance(configured, list) else [configured])
+        return frozenset(i for i in ids if i is not None)
 
     def _check_running(self) -> None:
         if self._thread is None or self._stopping:

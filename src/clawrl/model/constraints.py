@@ -33,7 +33,7 @@ import llguidance
 import llguidance.hf
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 # JSON is written in one style, the one `json.dumps` writes and Qwen-style models write their calls in:
@@ -125,15 +125,6 @@ class GrammarVocabulary:
         return built[vocab_size]
 
 
-def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, generation_config: GenerationConfig | None) -> list[int]:
-    """The tokens that end an answer (the engines stop on them): the tokenizer's eos and every eos id of
-    the generation config (e.g. <|im_end|>, <|endoftext|>)."""
-    ids = {tokenizer.eos_token_id}
-    configured = generation_config.eos_token_id if generation_config is not None else None
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(token for token in ids if token is not None)
-
-
 class Constraint:
     """One response's grammar while it is decoded: which tokens may come next, and the one that came."""
 
@@ -176,7 +167,7 @@ def unpack_bits(words: Tensor, vocab_size: int) -> Tensor:
 
 
 def masked_logits(logits: Tensor, words: Tensor | None) -> Tensor:
-    """`logits` [..., V] with the tokens `words` ([..., W], None: no mask) disallow at -inf."""
+    """`logits` [..., V] with the tokens that `words` ([..., W], None: no mask) disallow at -inf."""
     if words is None:
         return logits
     return logits.masked_fill(~unpack_bits(words, logits.shape[-1]), float("-inf"))

@@ -9,8 +9,9 @@ tools (`unknown_tool`), a schema the grammar library cannot enforce (`unsupporte
 
 Honoured or refused, never ignored: the hf engine and the vLLM server clawrl runs decode under the
 grammar; an engine without constrained decoding (`--engine openai`: a server whose grammar backend
-clawrl cannot know) refuses such a request with a 400 rather than answer free text that breaks the client. The Responses and Messages routes
-translate their own fields (`text.format`, `tool_choice` `any`/`tool`) into these.
+clawrl cannot know) refuses such a request with a 400 rather than answer free text that breaks the
+client. The Responses and Messages routes translate their own fields (`text.format`, `tool_choice`
+`any`/`tool`) into these.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ REFUSED_FOR_WHAT_IT_NAMES = ("unknown_tool", "unsupported_schema")
 def request_grammar(request: schemas.ChatCompletionRequest, tools: list[dict[str, Any]] | None,
                     tokenizer: PreTrainedTokenizerBase, engine_can: bool) -> str | None:  # fmt: skip
     """The grammar the answer must follow, or None; APIError 400 when it cannot be honoured."""
-    forced = request.tool_choice == "required" or isinstance(request.tool_choice, schemas.NamedToolChoice)
+    forced = schemas.forces_a_call(request.tool_choice)
     structured = request.response_format is not None and request.response_format.type != "text"
     if not forced and not structured:
         return None

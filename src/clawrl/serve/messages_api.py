@@ -447,8 +447,6 @@ def _tool_use_events(block: AnthropicToolUseBlock, index: int) -> list[str]:
     ]
 
 
-
-
 # --- the OpenAPI document ----------------------------------------------------------------------------------
 
 _ERRORS = {
@@ -493,7 +491,7 @@ MESSAGES_DOC: dict[str, Any] = {
         "`POST /v1/chat/completions` is. The session is the `X-Session-Id` header, else the body's `session_id`, else "
         "`metadata.user_id`, else inferred from the conversation. The last message must be the user's (no prefill). "
         "`tool_choice` `any` or `tool` forces a tool call, decoded under a grammar (with `--engine hf` or `vllm`; `openai` "
-        "refuse it). Refused (400): image and document blocks, server tools, extended thinking, `top_k`, strict tools "
+        "refuses it). Refused (400): image and document blocks, server tools, extended thinking, `top_k`, strict tools "
         "and structured outputs (`output_config.format`)."
     ),
     "responses": {

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
+from clawrl.serve.schemas import FORCING_CHOICE, checked_forced_call, forces_a_call
+
 
 class _Loose(BaseModel):
     # agents send fields this server has no use for (an item's `id` and `status` from an earlier
@@ -107,7 +109,6 @@ class TextOptions(_Loose):
     format: TextFormat | None = None
 
 
-_FORCING = {"anyOf": [{"const": "required"}, {"type": "object"}]}
 _JSON_TEXT = {"type": "object", "required": ["format"], "properties": {"format": {
     "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}  # fmt: skip
 
@@ -119,9 +120,10 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(
         extra="ignore",
         json_schema_extra={"allOf": [
-            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}},
+            {"anyOf": [{"properties": {"tool_choice": {"not": FORCING_CHOICE}}},
                        {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]},
-            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}}, {"properties": {"text": {"not": _JSON_TEXT}}}]},
+            {"anyOf": [{"properties": {"tool_choice": {"not": FORCING_CHOICE}}},
+                       {"properties": {"text": {"not": _JSON_TEXT}}}]},
         ]},
     )  # fmt: skip
 
@@ -152,18 +154,12 @@ class ResponsesRequest(BaseModel):
     @field_validator("tool_choice")
     @classmethod
     def _forced_calls_need_tools(cls, choice: Any, info: ValidationInfo) -> Any:
-        if _forces_a_call(choice) and not info.data.get("tools"):
-            raise ValueError("tool_choice forces a tool call, but the request has no tools")
-        return choice
+        return checked_forced_call(choice, info)
 
     @field_validator("text")
     @classmethod
     def _one_contract(cls, text: TextOptions | None, info: ValidationInfo) -> TextOptions | None:
         structured = text is not None and text.format is not None and text.format.type != "text"
-        if structured and _forces_a_call(info.data.get("tool_choice")):
+        if structured and forces_a_call(info.data.get("tool_choice")):
             raise ValueError("a forced tool call (tool_choice) and a JSON text.format cannot both hold one answer; drop one")
         return text
-
-
-def _forces_a_call(choice: Any) -> bool:
-    return choice == "required" or isinstance(choice, NamedFunction)

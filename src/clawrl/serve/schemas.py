@@ -68,14 +68,15 @@ class ResponseFormat(WireModel):
 
 # A `tool_choice` that forces a call, and a `response_format` that asks for JSON, as JSON Schema: the
 # rules `ChatCompletionRequest._forced_calls_need_tools` checks, stated in the OpenAPI document.
-_FORCING = {"anyOf": [{"const": "required"}, {"type": "object"}]}
+FORCING_CHOICE = {"anyOf": [{"const": "required"}, {"type": "object"}]}
 _STRUCTURED = {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}}, "required": ["type"]}
 FORCED_CALL_RULES = [
     # a forced call needs a tool to call
-    {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}},
+    {"anyOf": [{"properties": {"tool_choice": {"not": FORCING_CHOICE}}},
                {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]},
     # one answer cannot be both a tool call and a JSON document
-    {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING}}}, {"properties": {"response_format": {"not": _STRUCTURED}}}]},
+    {"anyOf": [{"properties": {"tool_choice": {"not": FORCING_CHOICE}}},
+               {"properties": {"response_format": {"not": _STRUCTURED}}}]},
 ]  # fmt: skip
 
 
@@ -157,20 +158,27 @@ class ChatCompletionRequest(WireModel):
     @field_validator("tool_choice")
     @classmethod
     def _forced_calls_need_tools(cls, choice: Any, info: ValidationInfo) -> Any:
-        if _forces_a_call(choice) and not info.data.get("tools"):
-            raise ValueError("tool_choice forces a tool call, but the request has no tools")
-        return choice
+        return checked_forced_call(choice, info)
 
     @field_validator("response_format")
     @classmethod
     def _one_contract(cls, response_format: ResponseFormat | None, info: ValidationInfo) -> ResponseFormat | None:
-        if response_format is not None and response_format.type != "text" and _forces_a_call(info.data.get("tool_choice")):
+        if response_format is not None and response_format.type != "text" and forces_a_call(info.data.get("tool_choice")):
             raise ValueError("a forced tool call (tool_choice) and a JSON response_format cannot both hold one answer; drop one")
         return response_format
 
 
-def _forces_a_call(choice: Any) -> bool:
-    return choice == "required" or isinstance(choice, NamedToolChoice)
+def forces_a_call(choice: Any) -> bool:
+    """Whether a validated `tool_choice` forces a call: `required`, or a named function (an object, in
+    the Chat Completions and the Responses shapes alike)."""
+    return choice == "required" or isinstance(choice, BaseModel)
+
+
+def checked_forced_call(choice: Any, info: ValidationInfo) -> Any:
+    """`tool_choice`, refused when it forces a call and the request (validated before it) has no tools."""
+    if forces_a_call(choice) and not info.data.get("tools"):
+        raise ValueError("tool_choice forces a tool call, but the request has no tools")
+    return choice
 
 
 class FeedbackRequest(WireModel):
