@@ -230,6 +230,27 @@ def test_an_agents_retry_note_is_a_failed_answer_without_a_hint(note: str) -> No
     assert judge_by_rules(request, retry) == (-1, [])
 
 
+# smolagents 1.26's notes in the user's place after a step failed (agents.py, memory.py): the error, its
+# retry line, and after max_steps its request for an answer, the task repeated.
+SMOLAGENTS_RETRY = "Now let's retry: take care not to repeat previous errors! If you have retried several times, try a completely different approach.\n"
+SMOLAGENTS_NOTES = [
+    "Error:\nError while parsing tool call from model output: The model output does not contain any JSON blob.\n" + SMOLAGENTS_RETRY,
+    "Error:\nError in code parsing:\nYour code snippet is invalid.\nMake sure to include code.\n" + SMOLAGENTS_RETRY
+    + "\nBased on the above, please provide an answer to the following user task:\nPlan a day in Lyon for me.",
+]
+
+
+@pytest.mark.parametrize("note", SMOLAGENTS_NOTES)
+def test_smolagents_note_after_a_failed_step_is_a_failed_answer_without_a_hint(note: str) -> None:
+    assert judge_by_rules(user("New task:\nPlan a day in Lyon for me."), user(note)) == (-1, [])
+
+
+def test_a_user_who_pastes_an_error_is_still_read() -> None:
+    """A user's own error report is no agent note, though it opens the same way."""
+    score, hints = judge_by_rules(user("Write the script."), user("Error:\nNameError: name 'x' is not defined\nplease fix it"))
+    assert score == -1 and hints
+
+
 def test_a_user_who_mentions_the_previous_attempt_is_still_read() -> None:
     request = user("Plan a day in Lyon for me.")
     score, hints = judge_by_rules(request, user("the previous attempt was better, go back to it"))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
+from clawrl.types import TurnSampling
 from tests.helpers import record, user
 
 
@@ -145,3 +148,78 @@ def test_only_a_recent_empty_answer_that_ended_its_session_is_retried(tmp_path: 
                     [user("a different question"), user("more")], [user("a question")]):  # fmt: skip
         assert resolve_session(store, None, request, "main").id_source == "new", request
     assert resolve_session(store, None, [user("a question"), user("hello?")], "main").continues_turn_id == "t4"
+
+
+# --------------------------------------------------------------------------- agents that echo answers their own way
+
+
+def tool_call_turn_fields(call_id: str, name: str, arguments: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A turn's fields when its answer was one tool call (arguments as JSON text, as the server writes them)."""
+    calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]
+    fingerprint = recorded_fingerprint("", calls, conversation_hashes(messages))
+    return {"tool_calls": calls, "finish_reason": "tool_calls", "answer_fingerprint": fingerprint}
+
+
+def test_a_tool_call_echoed_as_text_in_smolagents_way_continues_its_turn(tmp_path: Path) -> None:
+    """smolagents echoes a call as "Calling tools:\\n" and Python's repr, its arguments parsed."""
+    store = Store.for_run_dir(tmp_path)
+    asked = [user("New task:\nWrite a poem")]
+    record(store, "t1", "s1", asked, "", **tool_call_turn_fields("call_1", "final_answer", {"answer": "Tea, l'été"}, asked))
+    echo = "Calling tools:\n" + str([{"id": "call_1", "type": "function", "function": {"name": "final_answer", "arguments": {"answer": "Tea, l'été"}}}])
+    reply = user("Observation:\nTea, l'été\nNew task:\nshorter please")
+    identity = resolve_session(store, None, [*asked, assistant(echo), reply], "main")
+    assert (identity.session_id, identity.continues_turn_id, identity.next_state) == ("s1", "t1", [reply])
+    # other arguments, or text that only looks like it, are other answers
+    other = echo.replace("Tea, l'été", "Coffee")
+    for text in (other, "Calling tools:\n[{'function': {'name': 'final_answer'}}, {1, 2}]", "Calling tools:\n[not python"):
+        assert resolve_session(store, None, [*asked, assistant(text), reply], "main").id_source == "new", text
+
+
+def test_an_echo_that_kept_its_stop_string_continues_its_turn(tmp_path: Path) -> None:
+    """smolagents' CodeAgent stops at "</code>" and keeps it at the end of every answer it echoes,
+    also in a request that asks for no stop string."""
+    store = Store.for_run_dir(tmp_path)
+    asked = [user("New task:\nsum 2 and 2")]
+    record(store, "t1", "s1", asked, "Thought: add.\n<code>\nprint(2 + 2)\n", sampling=TurnSampling(stop=["Observation:", "</code>"]))
+    echoed = assistant("Thought: add.\n<code>\nprint(2 + 2)\n</code>")
+    reply = user("Observation:\n4\nNew task:\nthanks")
+    for stop in (None, ["</code>"]):
+        identity = resolve_session(store, None, [*asked, echoed, reply], "main", stop)
+        assert (identity.session_id, identity.continues_turn_id) == ("s1", "t1"), stop
+    # a tag that was no stop string of the turn: the echo is another answer
+    record(store, "t2", "s2", [user("q")], "Use <b>bold", sampling=TurnSampling(stop=["</code>"]))
+    assert resolve_session(store, None, [user("q"), assistant("Use <b>bold</b>"), user("ok")], "main").id_source == "new"
+    # a stop string of the request (no closing tag) is found the same way
+    record(store, "t3", "s3", [user("list")], "1. a\n2. b", sampling=TurnSampling(stop=["\nEND"]))
+    identity = resolve_session(store, None, [user("list"), assistant("1. a\n2. b\nEND"), user("ok")], "main", ["\nEND"])
+    assert identity.continues_turn_id == "t3"
+
+
+STUCK = "Error:\nError while parsing tool call from model output: no call\nNow let's retry: take care not to repeat previous errors! If you have retried several times, try a completely different approach.\n"
+
+
+def test_the_user_replies_to_an_agents_follow_up_it_never_echoes(tmp_path: Path) -> None:
+    """smolagents after max_steps: the step's answer failed, so it asks for an answer in one more
+    request and shows the user that answer, but keeps only the step in its memory. The user's reply
+    (after the step's echo) is the reply to the answer they saw."""
+    store = Store.for_run_dir(tmp_path)
+    task = [user("New task:\nWrite a poem")]
+    record(store, "step", "s1", task, "random words")
+    follow_up = user(STUCK + "\nBased on the above, please provide an answer to the following user task:\nWrite a poem")
+    stuck_request = [system("An agent tried to answer a user query but it got stuck"), *task, assistant("random words"), follow_up]
+    identity = resolve_session(store, None, stuck_request, "main")
+    assert (identity.continues_turn_id, identity.next_state) == ("step", [follow_up])
+    record(store, "stuck", "s1", stuck_request, "A poem.", continues_turn_id="step", next_state=[follow_up])
+    reply = user(STUCK.replace("Error while parsing tool call from model output: no call", "Reached max steps.") + "New task:\nmake it rhyme")
+    identity = resolve_session(store, None, [*task, assistant("random words"), reply], "main")
+    assert (identity.session_id, identity.continues_turn_id, identity.next_state) == ("s1", "stuck", [reply])
+
+
+def test_a_branch_after_the_users_own_words_does_not_move_to_the_newest_turn(tmp_path: Path) -> None:
+    """A user who edits their message after an answer branches the conversation: the newest turn's
+    request added words of the user, so the branch's message is no reply to that turn's answer."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "A.")
+    record(store, "t2", "s1", [user("q"), assistant("A."), user("shorter")], "B.", continues_turn_id="t1", next_state=[user("shorter")])
+    identity = resolve_session(store, None, [user("q"), assistant("A."), user("much shorter")], "main")
+    assert (identity.session_id, identity.continues_turn_id) == ("s1", "t1")  # t1 keeps its first next state

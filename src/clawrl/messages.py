@@ -8,6 +8,7 @@ with `teacher_messages`, so the three agree on its exact format.
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import json
@@ -99,11 +100,19 @@ _SMOLAGENTS_TASK = re.compile(r"(?:\A|\n)New task:\n(?P<words>(?:(?!\nNew task:\
 _AGENT_RETRY_NOTE = re.compile(
     r"^The previous (?:attempt|assistant turn)\b[^\n]{0,120}?\bdid not produce a user-visible answer\b", re.IGNORECASE
 )
+# smolagents, after a step that failed (no tool call parsed, no code block, a tool that raised) or a run
+# that reached max_steps, puts in the user's place "Error:\n<what failed>\nNow let's retry: take care
+# not to repeat previous errors! ...", and after max_steps asks for an answer outright ("Based on the
+# above, please provide an answer to the following user task:\n<the task again>"). A message that
+# opens so and holds no "New task:" line (that would be the user's next words) is the agent's.
+_SMOLAGENTS_STEP_ERROR = re.compile(r"\AError:\n.*^Now let's retry: take care not to repeat previous errors!", re.DOTALL | re.MULTILINE)
 
 
 def is_agent_retry_note(text: str) -> bool:
-    """Is `text` (as `user_typed` leaves it) an agent's note that the previous answer showed nothing?"""
-    return bool(_AGENT_RETRY_NOTE.match(text.strip()))
+    """Is `text` (as `user_typed` leaves it) an agent's note that the previous answer failed: it showed
+    the user nothing (OpenClaw), or the agent could not use it (smolagents' "Error: ... Now let's retry")?"""
+    text = text.strip()
+    return bool(_AGENT_RETRY_NOTE.match(text) or _SMOLAGENTS_STEP_ERROR.match(text))
 
 
 def user_typed(message: Message, previous: Message | None = None) -> str:
@@ -142,6 +151,30 @@ def _calls_key(tool_calls: list[dict[str, Any]] | None) -> list[list[Any]]:
         [call["function"]["name"], canonical_arguments(call["function"].get("arguments", "{}"))]
         for call in tool_calls or []
     ]
+
+
+# smolagents echoes a tool call it parsed not as `tool_calls` but as the assistant's text: "Calling
+# tools:\n" and Python's repr of the calls, their arguments parsed (`[{'id': 'call_..', 'type':
+# 'function', 'function': {'name': 'final_answer', 'arguments': {'answer': '...'}}}]`).
+_SMOLAGENTS_CALLS_PREFIX = "Calling tools:\n["
+
+
+def echoed_answer(content: str, tool_calls: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]] | None]:
+    """An assistant message as the answer it echoes: (text, tool calls). The same as given, except for a
+    message that is only a call written as text in a known agent's way (smolagents' "Calling tools:"),
+    which is that call, so that it is found by the fingerprint of the answer the server gave."""
+    if tool_calls or not content.startswith(_SMOLAGENTS_CALLS_PREFIX):
+        return content, tool_calls
+    try:
+        calls = ast.literal_eval(content[len(_SMOLAGENTS_CALLS_PREFIX) - 1 :])
+        json.dumps(calls)  # a literal of JSON values only (no set, bytes or complex number): fingerprints are JSON
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # text that is no such literal
+        return content, tool_calls
+    valid = isinstance(calls, list) and calls and all(
+        isinstance(call, dict) and isinstance(call.get("function"), dict) and isinstance(call["function"].get("name"), str)
+        for call in calls
+    )  # fmt: skip
+    return ("", calls) if valid else (content, tool_calls)
 
 
 def answer_fingerprint(content: str, tool_calls: list[dict[str, Any]] | None) -> str | None:

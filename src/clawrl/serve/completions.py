@@ -213,7 +213,7 @@ class ChatService:
         max_tokens = self._response_budget(request, len(prompt_token_ids))
         grammar = request_grammar(request, tools, self.engine.tokenizer, self.engine.constrained_decoding)
         # Store reads that generation does not need: they run while the engine works (`identify`)
-        resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind))
+        resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind, request.stop))
         resolving.add_done_callback(self._count_session)
         sampling = SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,

@@ -22,6 +22,7 @@ from clawrl.messages import (
     answer_fingerprint,
     content_text,
     conversation_hashes,
+    echoed_answer,
     is_agent_retry_note,
     message_hash,
     QUOTE_MIN_CHARS,
@@ -113,30 +114,38 @@ def session_done(headers: dict[str, str], body_done: bool) -> bool:
 
 
 def resolve_session(
-    store: Store, explicit: tuple[str, SessionIdSource] | None, messages: list[Message], kind: TurnKind
+    store: Store,
+    explicit: tuple[str, SessionIdSource] | None,
+    messages: list[Message],
+    kind: TurnKind,
+    stop: list[str] | None = None,
 ) -> SessionIdentity:
     """Find the session and, for a main turn, the earlier turn it continues and that turn's next state.
 
     Side turns (titles, summaries) often quote the whole conversation; they are grouped with
-    their session but never supply a next state.
+    their session but never supply a next state. `stop` is the request's stop strings: an agent
+    may echo an answer with the stop string it ended at (`_answer_positions`).
     """
     if explicit is not None:
         session_id, source = explicit
         identity = SessionIdentity(session_id, source)
         previous = store.turns.last_main_turn(session_id) if kind == "main" else None
         if previous is not None:
-            position = _answer_position(messages, previous.answer_fingerprint)
+            position = _answer_position(messages, previous, stop)
             next_state = messages[position + 1 :] if position is not None else _trailing_messages(messages)
             if next_state:
                 identity.continues_turn_id, identity.next_state = previous.id, next_state
         return identity
 
-    positions = _answer_positions(messages)
+    positions = _answer_positions(messages, stop)
     quotes = _RequestQuotes(messages)
     for candidate in store.turns.turns_with_answer(list(positions)):
-        position = positions[candidate.answer_fingerprint]
+        position, kept_stop = positions[candidate.answer_fingerprint]
+        if kept_stop is not None and kept_stop not in _stop_strings(candidate):
+            continue  # the echo's ending is no stop string of that turn: a different answer
         if _follows_conversation(messages[:position], candidate, quotes):
             candidate, position = _past_empty_answers(store, messages, candidate, position)
+            candidate = _past_agent_follow_up(store, candidate, positions)
             next_state = messages[position + 1 :] if kind == "main" else None
             return SessionIdentity(
                 candidate.session_id,
@@ -215,26 +224,81 @@ def _past_empty_answers(store: Store, messages: list[Message], candidate: Turn, 
     return candidate, position
 
 
-def _assistant_fingerprint(message: Message) -> str | None:
-    return answer_fingerprint(content_text(message.get("content")), message.get("tool_calls"))
+def _past_agent_follow_up(store: Store, candidate: Turn, positions: dict[str, tuple[int, str | None]]) -> Turn:
+    """Move on from the recognised answer to the agent's own follow-up of it, when the user saw that
+    one's answer but the agent never echoes it.
 
-
-def _answer_positions(messages: list[Message]) -> dict[str, int]:
-    """Fingerprint of every assistant message -> its last position in the request.
-
-    An empty one is known by the conversation before it, as the server recorded it: found when
-    the client echoes that conversation unchanged (else `_past_empty_answers` may still find it).
+    An agent that could not use an answer may ask the model again in the user's place and show the
+    user what that follow-up answered, keeping only the first answer in its memory (smolagents,
+    after `max_steps`: the last step's answer stays, then "Error: Reached max steps." where the
+    answer the user saw was). The user's next words then arrive after the first answer's echo, but
+    they reply to the follow-up's answer. So: when the recognised turn's next state came from the
+    session's newest main turn, holds no words of the user (only an agent's retry notes,
+    `is_agent_retry_note`), and that newest turn has no next state and is not echoed here, the
+    request continues the newest turn.
     """
-    positions = {}
+    newest = store.turns.last_main_turn(candidate.session_id)
+    if newest is None or newest.id == candidate.id or newest.answer_fingerprint in positions:
+        return candidate
+    next_states = store.turns.next_states([candidate.id, newest.id])
+    follow_up = next_states.get(candidate.id)
+    if follow_up is None or follow_up.source_turn_id != newest.id or newest.id in next_states:
+        return candidate
+    agents_only = all(
+        message["role"] == "user" and is_agent_retry_note(user_typed(message)) for message in follow_up.messages
+    )  # fmt: skip
+    return newest if agents_only and follow_up.messages else candidate
+
+
+def _assistant_fingerprint(message: Message) -> str | None:
+    return answer_fingerprint(*echoed_answer(content_text(message.get("content")), message.get("tool_calls")))
+
+
+def _answer_positions(messages: list[Message], stop: list[str] | None = None) -> dict[str, tuple[int, str | None]]:
+    """Fingerprint of every assistant message -> (its last position in the request, the stop string
+    its echo kept at its end, or None).
+
+    A message is known by the answer it echoes (`echoed_answer`: a call written as text is the
+    call). An empty one is known by the conversation before it, as the server recorded it: found
+    when the client echoes that conversation unchanged (else `_past_empty_answers` may still find
+    it). An agent that ended generation at a stop string may put that string back at the end of the
+    answer it keeps (smolagents' CodeAgent adds "</code>" to every answer, cut there or not), and
+    the request that echoes it need not carry that stop string (its call for a final answer has
+    none): an echo that ends with one of the request's stop strings, or with a closing tag
+    (`</code>`), is also known without it, if that is a stop string of the turn found so.
+    """
+    positions: dict[str, tuple[int, str | None]] = {}
     for position, message in enumerate(messages):
-        if message["role"] == "assistant":
-            text, calls = content_text(message.get("content")), message.get("tool_calls")
-            positions[recorded_fingerprint(text, calls, conversation_hashes(messages[:position]))] = position
+        if message["role"] != "assistant":
+            continue
+        text, calls = echoed_answer(content_text(message.get("content")), message.get("tool_calls"))
+        for kept_stop in _kept_stops(text.strip(), stop or []) if not calls else ():
+            fingerprint = answer_fingerprint(text.strip().removesuffix(kept_stop), None)
+            if fingerprint is not None:
+                positions.setdefault(fingerprint, (position, kept_stop))
+        positions[recorded_fingerprint(text, calls, conversation_hashes(messages[:position]))] = (position, None)
     return positions
 
 
-def _answer_position(messages: list[Message], fingerprint: str | None) -> int | None:
-    return _answer_positions(messages).get(fingerprint) if fingerprint else None
+_CLOSING_TAG = re.compile(r"</[A-Za-z][\w-]{0,30}>\Z")
+
+
+def _kept_stops(text: str, stop: list[str]) -> set[str]:
+    """The stop strings an echoed answer may have kept at its end: the request's, and a closing tag."""
+    kept = {string.strip() for string in stop if string.strip() and text.endswith(string.strip())}
+    tag = _CLOSING_TAG.search(text)
+    return kept | {tag.group()} if tag else kept
+
+
+def _stop_strings(turn: Turn) -> set[str]:
+    return {string.strip() for string in turn.sampling.stop}
+
+
+def _answer_position(messages: list[Message], turn: Turn, stop: list[str] | None) -> int | None:
+    found = _answer_positions(messages, stop).get(turn.answer_fingerprint) if turn.answer_fingerprint else None
+    if found is None or (found[1] is not None and found[1] not in _stop_strings(turn)):
+        return None
+    return found[0]
 
 
 def _trailing_messages(messages: list[Message]) -> list[Message]:

@@ -142,6 +142,11 @@ class TurnStore:
             row = db.scalars(query).first()
             return records.turn(row) if row is not None else None
 
+    def next_states(self, turn_ids: list[str]) -> dict[str, NextState]:
+        """The next states these turns have, by turn id (a turn without one is absent)."""
+        with self.database.read() as db:
+            return _next_states(db, turn_ids)
+
     def close_idle_sessions(self, idle_s: float, now: float | None = None) -> int:
         """Mark sessions with no request for `idle_s` seconds as done; returns how many."""
         cutoff = (time.time() if now is None else now) - idle_s
@@ -195,10 +200,7 @@ class TurnStore:
         with self.database.read() as db:
             turns = list(db.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.index)))
             ids = [turn.id for turn in turns]
-            next_states = {
-                row.turn_id: records.next_state(row)
-                for row in db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(ids)))
-            }
+            next_states = _next_states(db, ids)
             feedback: dict[str, list[Feedback]] = {}
             for row in db.scalars(select(FeedbackRow).where(FeedbackRow.turn_id.in_(ids)).order_by(FeedbackRow.id)):
                 feedback.setdefault(row.turn_id, []).append(records.feedback(row))
@@ -221,6 +223,11 @@ class TurnStore:
             for turn, next_state in rows:
                 yield records.turn(turn), (records.next_state(next_state) if next_state is not None else None)
             after = (rows[-1][0].created_at, rows[-1][0].id)
+
+
+def _next_states(db: DBSession, turn_ids: list[str]) -> dict[str, NextState]:
+    rows = db.scalars(select(NextStateRow).where(NextStateRow.turn_id.in_(turn_ids)))
+    return {row.turn_id: records.next_state(row) for row in rows}
 
 
 _TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any]] = {}
