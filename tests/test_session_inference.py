@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clawrl.messages import conversation_hashes, recorded_fingerprint
+from clawrl.messages import conversation_hashes, echoed_answer, recorded_fingerprint
 from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
 from clawrl.types import TurnSampling
@@ -223,3 +223,12 @@ def test_a_branch_after_the_users_own_words_does_not_move_to_the_newest_turn(tmp
     record(store, "t2", "s1", [user("q"), assistant("A."), user("shorter")], "B.", continues_turn_id="t1", next_state=[user("shorter")])
     identity = resolve_session(store, None, [user("q"), assistant("A."), user("much shorter")], "main")
     assert (identity.session_id, identity.continues_turn_id) == ("s1", "t1")  # t1 keeps its first next state
+
+
+def test_a_text_echo_too_large_to_parse_quickly_stays_text() -> None:
+    """Python's parser holds the GIL: a request's "Calling tools:\\n[1,1,1,...]" megabytes long must not
+    stall serving, so such text is never parsed (it is an answer of that text, known by it or not at all)."""
+    call = {"id": "c", "type": "function", "function": {"name": "final_answer", "arguments": {"answer": "and then there were some more words in the answer, " * 1150}}}
+    assert echoed_answer("Calling tools:\n" + str([call]), None) == ("", [call])  # 60K characters of prose still read
+    for hostile in ("[" + "1," * 500_000 + "]", "[" + "[" * 3000 + "]" * 3000 + "]"):
+        assert echoed_answer("Calling tools:\n" + hostile, None) == ("Calling tools:\n" + hostile, None)

@@ -157,6 +157,12 @@ def _calls_key(tool_calls: list[dict[str, Any]] | None) -> list[list[Any]]:
 # tools:\n" and Python's repr of the calls, their arguments parsed (`[{'id': 'call_..', 'type':
 # 'function', 'function': {'name': 'final_answer', 'arguments': {'answer': '...'}}}]`).
 _SMOLAGENTS_CALLS_PREFIX = "Calling tools:\n["
+# Python's parser holds the GIL and costs about a microsecond per node: a request's echo of "[1,1,1,...]"
+# a megabyte long stalled serving for a second. A call's repr is read only when it is at most this long
+# and holds at most this many of the characters that open or separate nodes (a few milliseconds' work;
+# an answer in prose has a comma every 50 characters or so, so one of about 64K characters still fits).
+_CALLS_MAX_CHARS, _CALLS_MAX_STRUCTURE = 65_536, 2_048
+_STRUCTURE = ",:[{("
 
 
 def echoed_answer(content: str, tool_calls: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]] | None]:
@@ -164,6 +170,8 @@ def echoed_answer(content: str, tool_calls: list[dict[str, Any]] | None) -> tupl
     message that is only a call written as text in a known agent's way (smolagents' "Calling tools:"),
     which is that call, so that it is found by the fingerprint of the answer the server gave."""
     if tool_calls or not content.startswith(_SMOLAGENTS_CALLS_PREFIX):
+        return content, tool_calls
+    if len(content) > _CALLS_MAX_CHARS or sum(map(content.count, _STRUCTURE)) > _CALLS_MAX_STRUCTURE:
         return content, tool_calls
     try:
         calls = ast.literal_eval(content[len(_SMOLAGENTS_CALLS_PREFIX) - 1 :])

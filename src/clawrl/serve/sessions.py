@@ -38,6 +38,9 @@ from clawrl.types import Message, SessionIdSource, Turn, TurnKind
 TRUE_WORDS = {"1", "true", "yes", "on"}
 # How recent an empty answer must be for a request without an echo to be taken as its retry
 RETRY_WINDOW_S = 600.0
+# How many of a request's last assistant messages are read for a call written as text (`echoed_answer`
+# parses it, a few milliseconds at most each; a request of thousands must not stall serving)
+ECHOES_READ = 8
 # How many of the most recently active open sessions a side request that echoes nothing is
 # compared with (`_quoted_session`)
 QUOTED_SESSIONS = 8
@@ -268,10 +271,13 @@ def _answer_positions(messages: list[Message], stop: list[str] | None = None) ->
     (`</code>`), is also known without it, if that is a stop string of the turn found so.
     """
     positions: dict[str, tuple[int, str | None]] = {}
-    for position, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        text, calls = echoed_answer(content_text(message.get("content")), message.get("tool_calls"))
+    assistant_positions = [position for position, message in enumerate(messages) if message["role"] == "assistant"]
+    read_as_echoes = set(assistant_positions[-ECHOES_READ:])
+    for position in assistant_positions:
+        message = messages[position]
+        text, calls = content_text(message.get("content")), message.get("tool_calls")
+        if position in read_as_echoes:
+            text, calls = echoed_answer(text, calls)
         for kept_stop in _kept_stops(text.strip(), stop or []) if not calls else ():
             fingerprint = answer_fingerprint(text.strip().removesuffix(kept_stop), None)
             if fingerprint is not None:
