@@ -1,9 +1,12 @@
-"""The request contract honoured (issue 31): JSON outputs and forced tool calls, decoded under a grammar.
+"""The request contract honoured (issue 31): JSON outputs, forced tool calls and strict tools, decoded
+under a grammar.
 
 Against a real server on the tiny model, which on its own writes neither JSON nor tool calls on
 these prompts: every answer parses, validates, or is a call, because every token was sampled from
 the model's distribution masked to the grammar; the turn records the grammar and the log-probs of
-that masked distribution.
+that masked distribution. Strict tools under `tool_choice` auto take a lazy grammar: free text, or
+text and then calls held to their schemas; the tiny model fitted to call get_weather shows a call
+it chooses to make held, where on its own it writes one that breaks the schema.
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ import jsonschema
 import pytest
 import torch
 
-from clawrl.model.constraints import GrammarVocabulary, allowed_bits, json_output_grammar, masked_logits
+from clawrl.model.constraints import (
+    Constraint,
+    GrammarVocabulary,
+    allowed_bits,
+    json_output_grammar,
+    masked_logits,
+    text_or_calls_grammar,
+    unpack_bits,
+)
 from clawrl.serve.runner import ServerThread
-from tests.helpers import start_server
+from tests.helpers import WEATHER_QUESTION, start_server
 
 PERSON = {
     "type": "object",
@@ -152,3 +163,175 @@ def test_an_engine_without_constrained_decoding_refuses_the_contract(tiny_model_
     assert refused.value.status == 400 and refused.value.code == "unsupported_constraint"
     assert "--engine hf" in refused.value.message
     assert request_grammar(request, None, tokenizer, engine_can=True) == json_output_grammar(None)
+
+
+# --- strict tools under tool_choice auto: a lazy grammar ----------------------------------------------
+
+# get_weather as the tool model was fitted to call it (`tests.helpers.weather_conversations`: Lyon),
+# but strict and with parameters its fitted call breaks: only the grammar makes its calls valid
+STRICT_WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["city", "days"]}}}  # fmt: skip
+FREE_TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A server on the tiny model fitted to call get_weather when asked about the weather."""
+    with start_server(tool_model_dir, tmp_path_factory.mktemp("strict"), served_model_name="tiny") as running:
+        yield running
+
+
+def weather_chat(server: ServerThread, tools: list[dict[str, Any]], seed: int, **fields: Any) -> dict[str, Any]:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": WEATHER_QUESTION}], "tools": tools, "seed": seed,
+            "temperature": 1.0, "max_tokens": 80, **fields}  # fmt: skip
+    answer = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return answer.json() | {"turn": server.app.state.service.store.turns.turn(answer.headers["X-Clawrl-Turn"])}
+
+
+def calls_of(choice: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [json.loads(call["function"]["arguments"]) for call in choice["message"].get("tool_calls") or []
+            if call["function"]["name"] == name]  # fmt: skip
+
+
+def test_a_call_the_model_chooses_to_make_is_held_to_its_strict_tools_schema(tool_server: ServerThread) -> None:
+    """`tool_choice` absent (auto): the model calls or not; every call of the strict tool validates (the
+    same requests with `strict: false` show the fitted model's calls on their own do not)."""
+    schema = STRICT_WEATHER["function"]["parameters"]
+    held = [weather_chat(tool_server, [STRICT_WEATHER, FREE_TIME], seed) for seed in range(5)]
+    calls = [arguments for answer in held for arguments in calls_of(answer["choices"][0], "get_weather")]
+    assert calls, [answer["choices"][0]["message"] for answer in held]
+    for arguments in calls:
+        jsonschema.validate(arguments, {**schema, "additionalProperties": False})
+    assert all(answer["turn"].sampling.grammar is not None for answer in held)
+    loose = {**STRICT_WEATHER, "function": {**STRICT_WEATHER["function"], "strict": False}}
+    free = [weather_chat(tool_server, [loose, FREE_TIME], seed) for seed in range(5)]
+    assert all(answer["turn"].sampling.grammar is None for answer in free)
+    unheld = [answer["choices"][0] for answer in free]
+    assert any("Lyon" in json.dumps(choice["message"]) for choice in unheld), unheld
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_untrained_model_under_strict_tools_writes_text_or_valid_calls(server: ServerThread, seed: int) -> None:
+    """The untrained model's random text, free until it opens a call: an answer is its text, or its
+    text and then calls that validate; no call markup is left in the text."""
+    answer = chat(server, tools=[STRICT_WEATHER, FREE_TIME], seed=seed, temperature=1.0, max_tokens=200)
+    assert answer.status_code == 200, answer.text
+    message = answer.json()["choices"][0]["message"]
+    assert "<tool_call>" not in (message.get("content") or "")
+    for arguments in calls_of(answer.json()["choices"][0], "get_weather"):
+        jsonschema.validate(arguments, STRICT_WEATHER["function"]["parameters"])
+
+
+def test_an_auto_request_without_strict_tools_records_no_grammar_and_none_never_calls(tool_server: ServerThread) -> None:
+    """Ordinary turns are decoded as before: no grammar. `tool_choice: "none"` with strict tools needs
+    none either: no call is parsed from its answer, whatever the model writes."""
+    plain = weather_chat(tool_server, WEATHER_TOOLS, seed=1)
+    assert plain["turn"].sampling.grammar is None
+    for seed in range(3):
+        answer = weather_chat(tool_server, [STRICT_WEATHER], seed, tool_choice="none")
+        assert answer["turn"].sampling.grammar is None
+        assert answer["choices"][0]["finish_reason"] != "tool_calls" and not answer["choices"][0]["message"].get("tool_calls")
+
+
+def test_a_json_answer_with_tools_is_json_or_calls(tool_server: ServerThread) -> None:
+    """An agent with a structured output and tools (the Agents SDK's `output_type`): the model may call
+    its tools before it answers; the answer is JSON valid under the format, or calls held to the
+    strict tool's schema. A forced JSON answer alone would leave it no way to call them."""
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    answers = [weather_chat(tool_server, [STRICT_WEATHER], seed, response_format=format_)["choices"][0] for seed in range(4)]
+    called = [choice for choice in answers if choice["message"].get("tool_calls")]
+    assert called, answers
+    for choice in answers:
+        if choice in called:
+            for arguments in calls_of(choice, "get_weather"):
+                jsonschema.validate(arguments, STRICT_WEATHER["function"]["parameters"])
+        elif choice["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+
+
+def test_free_text_cannot_open_a_call_the_grammar_does_not_see(tiny_model_dir: Path) -> None:
+    """The lazy grammar, token by token (llguidance, the tiny tokenizer): free text runs unmasked but
+    for the marker, spelled out in ordinary tokens or as its own token outside a call; the call after
+    it is held; the tokenizer's other added tokens are free text, its special ones are not."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    grammar = text_or_calls_grammar(tokenizer, [STRICT_WEATHER, FREE_TIME], {"get_weather"})
+    vocabulary = GrammarVocabulary.of(tokenizer, len(tokenizer))
+    opening, closing, tools_token, im_start = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>", "<tools>", "<|im_start|>"])
+
+    def ids_of(pieces: list[str | int]) -> list[int]:
+        return [token for piece in pieces for token in ([piece] if isinstance(piece, int) else tokenizer.encode(piece, add_special_tokens=False))]
+
+    def refused_at(pieces: list[str | int]) -> int | None:
+        """The index of the first token the grammar masks out, or None."""
+        ids = ids_of(pieces)
+        constraint = Constraint(grammar, vocabulary)
+        for index, token_id in enumerate(ids):
+            if not unpack_bits(constraint.allowed_words(), vocabulary.vocab_size)[token_id]:
+                return index
+            constraint.accept(token_id)
+        return None
+
+    spelled = ["Sure: <", "tool", "_call", ">"]
+    assert refused_at(spelled[:-1]) is None and refused_at(spelled) == len(ids_of(spelled[:-1]))
+    assert refused_at(["Hi ", tools_token, " there <b>"]) is None
+    assert refused_at(["Hi", im_start]) == len(ids_of(["Hi"]))
+    call = '\n{"name": "get_weather", "arguments": {"city": "Lima", "days": 3}}\n'
+    assert refused_at(["Checking. ", opening, call, closing, "\n", opening, '\n{"name": "get_time", "arguments": {"x": [1]}}\n', closing]) is None
+    assert refused_at([opening, call, closing, " and more"]) is not None  # after the calls, only the end
+    assert refused_at([opening, '\n{"name": "get_weather", "arguments": {"city": "Lyon"']) is not None
+    assert refused_at(["a ", closing]) == len(ids_of(["a "]))
+
+
+def test_a_tokenizer_without_the_markers_spells_them_out(tiny_model_dir: Path) -> None:
+    """Without `<tool_call>` in its vocabulary the markers are text: free text still ends at the first
+    one (a lazy lexeme), and the call after it is held."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tiny = AutoTokenizer.from_pretrained(tiny_model_dir)
+    spec = json.loads(tiny.backend_tokenizer.to_str())
+    spec["added_tokens"] = [token for token in spec["added_tokens"] if token["special"]]  # the tool tokens go
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|im_end|>")
+    assert "<tool_call>" not in tokenizer.get_added_vocab()
+    grammar = text_or_calls_grammar(tokenizer, [STRICT_WEATHER], {"get_weather"})
+    vocabulary = GrammarVocabulary.of(tokenizer, len(tokenizer))
+
+    def accepts(text: str) -> bool:
+        constraint = Constraint(grammar, vocabulary)
+        for token_id in tokenizer.encode(text, add_special_tokens=False):
+            if not unpack_bits(constraint.allowed_words(), vocabulary.vocab_size)[token_id]:
+                return False
+            constraint.accept(token_id)
+        return True
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    assert accepts("A <b>word</b> first. " + call) and accepts(call + "\n" + call)
+    assert not accepts('Then <tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"')
+    assert not accepts("Then <tool_call> more text")
+
+
+def test_strict_tools_are_refused_by_an_engine_without_constrained_decoding(tiny_model_dir: Path) -> None:
+    """`--engine openai` cannot hold a strict tool's calls: refused, naming the way out; an auto request
+    whose tools are not strict is served as ever."""
+    from transformers import AutoTokenizer
+
+    from clawrl.errors import APIError
+    from clawrl.serve.contract import request_grammar
+    from clawrl.serve.schemas import ChatCompletionRequest
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                   "tools": [STRICT_WEATHER, FREE_TIME]})  # fmt: skip
+    tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
+    assert all("strict" not in tool["function"] for tool in tools)  # the prompt renders the tools as before
+    with pytest.raises(APIError) as refused:
+        request_grammar(request, tools, tokenizer, engine_can=False)
+    assert refused.value.status == 400 and refused.value.code == "unsupported_constraint" and refused.value.param == "tools"
+    assert "strict to false" in refused.value.message
+    assert request_grammar(request, tools, tokenizer, engine_can=True) == text_or_calls_grammar(tokenizer, tools, {"get_weather"})
+    loose = request.model_copy(update={"tools": request.tools[1:]})
+    assert request_grammar(loose, tools[1:], tokenizer, engine_can=False) is None

@@ -44,6 +44,9 @@ TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 # space a trained model writes after every colon (a model fitted to calls with it then wrote ": "
 # as its argument). Fixed separators are read alike by both versions.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Free text next to tool calls: any valid UTF-8 without the opening marker (`(?s:.*)` on both sides of
+# the `&`: a bare `~` would take invalid byte runs too, as llguidance's syntax notes say)
+FREE_TEXT = f"TEXT: /(?s:.*)/ & ~/(?s:.*){TOOL_CALL_OPEN}(?s:.*)/"
 
 
 class GrammarError(ValueError):
@@ -52,11 +55,16 @@ class GrammarError(ValueError):
 
 def json_output_grammar(schema: dict[str, Any] | None) -> str:
     """Any JSON object (`schema` None: `response_format` `json_object`), or one valid under `schema`."""
+    return _checked(f"start: {_json_answer(schema)}\n")
+
+
+def _json_answer(schema: dict[str, Any] | None) -> str:
+    """The Lark of `json_output_grammar`'s answer."""
     schema = {"type": "object"} if schema is None else schema
     if not isinstance(schema, dict):
         raise GrammarError("the JSON schema must be an object")
     guided = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_STYLE}}
-    return _checked(f"start: %json {json.dumps(guided)}\n")
+    return f"%json {json.dumps(guided)}"
 
 
 def tool_call_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], name: str | None = None) -> str:
@@ -68,13 +76,100 @@ def tool_call_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, 
             raise GrammarError(f"tool_choice names the function {name!r}, which is not among the tools")
     if not functions:
         raise GrammarError("a tool call is required, but the request has no tools")
+    held = {function["name"] for function in functions}  # a forced call is held to its schema, strict or not
+    opening, closing = _marker(tokenizer, TOOL_CALL_OPEN), _marker(tokenizer, TOOL_CALL_CLOSE)
+    return _checked(f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(_call_schema(functions, held))}\n')
+
+
+def text_or_calls_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], held: set[str]) -> str:
+    """Free text, or free text and then one or more calls of `tools`, each written as `tool_call_grammar`
+    writes one and the next after a line break, then the end of the turn: the answer to a request whose
+    strict tools (those named in `held`) the model may call or not (`tool_choice` `auto`).
+
+    The grammar is lazy: nothing is masked until the model writes the opening marker, and from there
+    the call is held, its name to one of the tools, its arguments to the tool's schema when the tool
+    is in `held` (any JSON object otherwise, as a call of a tool that is not strict may have). Free
+    text cannot hold the opening marker, neither as the tokenizer's token nor spelled out in other
+    tokens: the answer's calls are parsed from its text (`model.chat.parse_tool_calls`), and a call
+    the grammar did not see would go out unchecked. It cannot hold the tokenizer's special tokens
+    either (llguidance's text is text; a decoded answer skips them, so they could hide a spelled-out
+    marker): the tokenizer's other added tokens (a thinking model's `<think>`) it can.
+    """
+    free_ids = _free_added_token_ids(tokenizer)
+    rules = [FREE_TEXT, "text: TEXT (added TEXT)*", f"added: <[{_id_ranges(free_ids)}]>"] if free_ids else [FREE_TEXT, "text: TEXT"]
+    opening = _marker(tokenizer, TOOL_CALL_OPEN)
+    if opening.startswith("<["):  # the tokenizer's token: text (a run of bytes) ends where it comes
+        return _calls_grammar(tokenizer, tools, held, "text", f"text {opening}", rules)
+    # spelled out, the marker ends a lazy lexeme: free text stops at its first marker (a greedy one
+    # would run on into the marker's first characters, and could then not end before it)
+    rules.append(f"opening[lazy]: TEXT {opening}")
+    return _calls_grammar(tokenizer, tools, held, "text", "(TEXT added)* opening" if free_ids else "opening", rules)
+
+
+def json_or_calls_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], held: set[str],
+                          schema: dict[str, Any] | None) -> str:  # fmt: skip
+    """A JSON answer, as `json_output_grammar(schema)` holds one, or one or more calls of `tools` as
+    `text_or_calls_grammar` writes them: the answer to a request for JSON whose tools the model may
+    call first (`tool_choice` `auto`; an agent with a structured output and tools)."""
+    rules = [f"answer: {_json_answer(schema)}"]
+    return _calls_grammar(tokenizer, tools, held, "answer", _marker(tokenizer, TOOL_CALL_OPEN), rules)
+
+
+def _calls_grammar(tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], held: set[str], answer: str,
+                   opened: str, rules: list[str]) -> str:  # fmt: skip
+    """`answer`, or `opened` (what comes up to the first call's opening marker, that marker included)
+    and then the calls of `tools` (`rules`: those `answer` and `opened` use)."""
+    functions = [tool.get("function", tool) for tool in tools]
+    if not functions:
+        raise GrammarError("the request has no tools")
+    opening, closing = _marker(tokenizer, TOOL_CALL_OPEN), _marker(tokenizer, TOOL_CALL_CLOSE)
+    lines = [
+        f'start: {answer} | {opened} "\\n" call_json "\\n" {closing} ("\\n" call)*',
+        f'call: {opening} "\\n" call_json "\\n" {closing}',
+        f"call_json: %json {json.dumps(_call_schema(functions, held))}",
+        *rules,
+    ]
+    return _checked("\n".join(lines) + "\n")
+
+
+def _free_added_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The added tokens free text may hold: not special (a decoded answer skips those, and the eos
+    is one), not a marker, and no piece of the opening marker (next to free text it could complete it)."""
+    special = set(tokenizer.all_special_ids)
+    return sorted(token_id for token_id, token in tokenizer.added_tokens_decoder.items()
+                  if not token.special and token_id not in special and token.content not in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+                  and not _may_complete(TOOL_CALL_OPEN, token.content))  # fmt: skip
+
+
+def _may_complete(marker: str, piece: str) -> bool:
+    """Whether `piece` between two runs of text (neither holding `marker`) could make `marker` appear:
+    it holds the marker or lies inside it, begins with the marker's end or ends with its beginning."""
+    if piece in marker or marker in piece:
+        return True
+    overlaps = range(1, min(len(marker), len(piece)) + 1)
+    return any(piece.startswith(marker[-size:]) or piece.endswith(marker[:size]) for size in overlaps)
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """Sorted token ids as llguidance's ranges: `3,7-9`."""
+    ranges: list[list[int]] = []
+    for token_id in ids:
+        if ranges and token_id == ranges[-1][1] + 1:
+            ranges[-1][1] = token_id
+        else:
+            ranges.append([token_id, token_id])
+    return ",".join(str(low) if low == high else f"{low}-{high}" for low, high in ranges)
+
+
+def _call_schema(functions: list[dict[str, Any]], held: set[str]) -> dict[str, Any]:
+    """The JSON of one call of one of `functions`: its name, and its arguments, held to the function's
+    (closed) parameters when it is in `held`, any JSON object otherwise."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": function["name"]}, "arguments": _closed(function.get("parameters"))}}
+              "properties": {"name": {"const": function["name"]},
+                             "arguments": _closed(function.get("parameters")) if function["name"] in held else {"type": "object"}}}
              for function in functions]  # fmt: skip
     call = {"anyOf": calls} if len(calls) > 1 else calls[0]
-    call["x-guidance"] = JSON_STYLE
-    opening, closing = _marker(tokenizer, TOOL_CALL_OPEN), _marker(tokenizer, TOOL_CALL_CLOSE)
-    return _checked(f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(call)}\n')
+    return {**call, "x-guidance": JSON_STYLE}
 
 
 def _closed(parameters: dict[str, Any] | None) -> dict[str, Any]:

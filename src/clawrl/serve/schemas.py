@@ -33,6 +33,11 @@ class FunctionDefinition(WireModel):
     name: Annotated[str, Field(min_length=1, max_length=128)]
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    # left out of a dump (the tools the chat template renders and the turn records): it is the
+    # contract's, held by a grammar (serve/contract.py), and the prompt stays the one it was without it
+    strict: bool | None = Field(
+        None, exclude=True, description="A call of this tool has arguments valid under `parameters` (decoded under a grammar)."
+    )
 
 
 class Tool(WireModel):

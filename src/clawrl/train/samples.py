@@ -151,7 +151,11 @@ class SampleBuilder:
         if self.max_context_tokens is not None and len(prompt) + len(turn.response_token_ids) > self.max_context_tokens:
             return None
         # under a grammar the teacher scores within its masks too, and gives no top-K: the term would
-        # compare the student at tokens the grammar forbade (log 0), so such turns take the token-level term
+        # compare the student at tokens the grammar forbade (log 0), so such turns take the token-level term.
+        # A lazy grammar (strict tools under `auto`) too: its free text is nearly unmasked, but a call it
+        # holds has positions with fewer allowed tokens than K (the name, the keys: often one), and the
+        # loss switches the top-K term per turn, not per position; its turns calling no tool could keep
+        # it, but which turn calls is known only from its tokens, and one rule for every grammar is simpler
         grammar = turn.sampling.grammar
         return self.teacher(prompt, list(turn.response_token_ids), 0 if grammar else self.topk, grammar)
 
