@@ -46,6 +46,9 @@ WeightsKind = Literal["lora", "full"]
 PointerReason = Literal["publish", "rollback"]
 # the lineage everyone's turns train (`--adapters shared`, today the only one); per-user lineages take the user's name
 SHARED_LINEAGE = "shared"
+# The user whose records are those of a server without users (and every record of a run from before
+# users existed): the admin's key, or no key where the server has none, speaks as this user.
+DEFAULT_USER = "default"
 EpisodeStatus = Literal["running", "finished", "failed"]
 # `NextState.source_turn_id` of an episode's final observation: no request carried it, the episode's result did
 EPISODE_RESULT_SOURCE = "episode"
@@ -76,6 +79,17 @@ class Session:
     done: bool = False
     done_reason: SessionDoneReason | None = None
     num_turns: int = 0
+    user_id: str = DEFAULT_USER  # whose conversation it is: their key's user, fixed when it starts
+
+
+@dataclass
+class User:
+    """Someone with a key of their own (DESIGN §12); the key itself is never stored, only its hash."""
+
+    id: str  # the name given to `clawrl users add`
+    key_hint: str  # the key's first characters, to tell keys apart in a listing
+    created_at: float
+    key_created_at: float
 
 
 @dataclass

@@ -11,6 +11,7 @@ from clawrl.cli.envs import cmd_envs_list, cmd_envs_serve, cmd_rollout
 from clawrl.cli.flags import _add_global_flags, add_config_flags
 from clawrl.cli.loops import cmd_judge, cmd_serve, cmd_train
 from clawrl.cli.models import cmd_build_random, cmd_build_tiny, cmd_plan
+from clawrl.cli.users import cmd_users_add, cmd_users_list, cmd_users_remove, cmd_users_rotate_key
 from clawrl.cli.records import (
     cmd_dashboard,
     cmd_export,
@@ -107,6 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(show, StoreConfig)
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=cmd_sessions_show)
+
+    users = commands.add_parser("users", help="the people who use this server, each with a key of their own")
+    user_commands = users.add_subparsers(dest="users_command", required=True)
+    for name, handler, help_text in (
+        ("add", cmd_users_add, "add a user and print their new key (shown once)"),
+        ("remove", cmd_users_remove, "remove a user: their key stops working, their records stay"),
+        ("rotate-key", cmd_users_rotate_key, "print a new key for a user; the old one stops working"),
+    ):
+        action = user_commands.add_parser(name, help=help_text)
+        action.add_argument("name", help="the user's name (lowercase letters, digits, '.', '_', '-')")
+        add_config_flags(action, StoreConfig)
+        action.set_defaults(handler=handler)
+    user_list = user_commands.add_parser("list", help="list users with the start of their key")
+    add_config_flags(user_list, StoreConfig)
+    user_list.add_argument("--json", action="store_true", help="print JSON")
+    user_list.set_defaults(handler=cmd_users_list)
 
     export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
     add_config_flags(export, StoreConfig)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -25,6 +24,7 @@ from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import messages_api, openapi, responses_api, schemas
+from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, scoped_session_id
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
@@ -72,13 +72,11 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     install_error_handlers(app)
     openapi.install(app, served_name, api_key=config.api_key is not None)
 
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {config.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise APIError(401, "Missing or invalid API key; send 'Authorization: Bearer <key>'.", "invalid_api_key")
+    keys = KeyChecker(config.api_key, store.users)
+    app.state.keys = keys
+
+    async def authorize(request: Request) -> Caller:
+        return await keys.caller({k.lower(): v for k, v in request.headers.items()})
 
     app.add_middleware(_CountRequests, metrics=metrics)
 
@@ -110,15 +108,15 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     @app.get("/v1/models", **openapi.MODELS)
     async def models(request: Request) -> schemas.ModelList:
-        authorize(request)
+        await authorize(request)
         return schemas.ModelList(data=[schemas.ModelCard(id=served_name, created=int(time.time()), owned_by="clawrl")])
 
     @app.post("/v1/chat/completions", **openapi.CHAT_COMPLETIONS)
     async def chat_completions(request: Request) -> Response:
-        authorize(request)
+        caller = await authorize(request)
         started = time.perf_counter()
         body = await read_json(request, config.max_body_bytes)
-        prepared = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()})
+        prepared = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()}, caller=caller)
         generation = service.start(prepared)  # the session lookup runs on beside it
         if prepared.request.stream:
             await service.identify(generation)  # the headers name the session
@@ -141,14 +139,14 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:
-        authorize(request)
+        caller = await authorize(request)
         body = await read_json(request, config.max_body_bytes)
         try:
             item = schemas.FeedbackRequest.model_validate(body)
         except ValidationError as error:
             message, param = describe_validation_error(error)
             raise APIError(400, message, "invalid_value", param) from None
-        turn_id = await asyncio.to_thread(_feedback_target, store, item)
+        turn_id = await asyncio.to_thread(_feedback_target, store, item, caller)
         feedback_id = await asyncio.to_thread(store.turns.add_feedback, turn_id, item.score, item.text)
         metrics.feedback.labels(str(item.score)).inc()
         return schemas.FeedbackResponse(id=feedback_id, turn=turn_id, score=item.score)
@@ -157,13 +155,13 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     @app.post("/v1/episodes", **openapi.EPISODE_START)
     async def episode_start(request: Request) -> schemas.EpisodeStartResponse:
-        authorize(request)
+        _admin_only(await authorize(request), "episodes")
         item = parse_body(schemas.EpisodeStartRequest, await read_json(request, config.max_body_bytes))
         return await asyncio.to_thread(start_episode, episodes, item)
 
     @app.post("/v1/episodes/{session_id}/result", **openapi.EPISODE_RESULT)
     async def episode_result(session_id: str, request: Request) -> schemas.EpisodeResultResponse:
-        authorize(request)
+        _admin_only(await authorize(request), "episodes")
         item = parse_body(schemas.EpisodeResultRequest, await read_json(request, config.max_body_bytes))
         return await asyncio.to_thread(end_episode, episodes, session_id, item)
 
@@ -200,20 +198,36 @@ class _CountRequests:
         await self.app(scope, receive, counting_send)
 
 
-def _feedback_target(store: Store, item: schemas.FeedbackRequest) -> str:
-    """The turn a piece of feedback is about: the named turn, else the session's last main turn."""
+def _feedback_target(store: Store, item: schemas.FeedbackRequest, caller: Caller) -> str:
+    """The turn a piece of feedback is about: the named turn, else the session's last main turn. A
+    user reaches only their own (another user's turn or session is not found, as one that does not
+    exist: a 404 tells nothing of what others hold); the admin reaches every one."""
     if item.turn is not None:
         turn = store.turns.turn(item.turn)
-        if turn is None:
+        if turn is None or not _reaches(store, caller, turn.session_id):
             raise APIError(404, f"No turn '{item.turn}' is recorded.", "turn_not_found", "turn")
-        if item.session_id is not None and turn.session_id != item.session_id:
+        if item.session_id is not None and turn.session_id not in (item.session_id, scoped_session_id(caller.user_id, item.session_id)):
             raise APIError(400, f"Turn '{item.turn}' does not belong to session '{item.session_id}'.", "invalid_value", "turn")
         return turn.id
     assert item.session_id is not None
-    last = store.turns.last_main_turn(item.session_id)
+    session_id = owned_session_id(store.turns, caller.user_id, item.session_id)
+    last = store.turns.last_main_turn(session_id) if _reaches(store, caller, session_id) else None
     if last is None:
         raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")
     return last.id
+
+
+def _reaches(store: Store, caller: Caller, session_id: str) -> bool:
+    """Whether the caller may see the session: the admin any, a user their own."""
+    if caller.admin:
+        return True
+    session = store.turns.session(session_id)
+    return session is not None and session.user_id == caller.user_id
+
+
+def _admin_only(caller: Caller, what: str) -> None:
+    if not caller.admin:
+        raise APIError(403, f"Only the admin key reaches {what} so far; a user's key does not.", "admin_only")
 
 
 async def _close_idle_sessions(store: Store, idle_s: float, episode_idle_s: float) -> None:

@@ -36,6 +36,7 @@ from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
 from clawrl.serve import schemas
+from clawrl.serve.auth import ADMIN, Caller
 from clawrl.serve.contract import request_grammar
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import (
@@ -47,7 +48,7 @@ from clawrl.serve.sessions import (
 )
 from clawrl.store import Store
 from clawrl.store.turns import TurnWrite
-from clawrl.types import FinishReason, NextState, Turn, TurnSampling
+from clawrl.types import DEFAULT_USER, FinishReason, NextState, Turn, TurnSampling
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class PreparedRequest:
     started_at: float = field(default_factory=time.perf_counter)
     identity: SessionIdentity | None = None
     recorded: bool = True  # False for a request that asked not to be stored (the Responses API's `store: false`)
+    user_id: str = DEFAULT_USER  # whose turn it is (the caller's): a session it starts is theirs
 
 
 @dataclass
@@ -189,11 +191,13 @@ class ChatService:
         self.commits = TurnCommits(store)
 
     # --- preparing ----------------------------------------------------------------------------
-    async def prepare(self, body: Any, headers: dict[str, str], id_prefix: str = "chatcmpl-", recorded: bool = True) -> PreparedRequest:
+    async def prepare(self, body: Any, headers: dict[str, str], id_prefix: str = "chatcmpl-", recorded: bool = True,
+                      caller: Caller = ADMIN) -> PreparedRequest:  # fmt: skip
         """Validate a Chat Completions body, render it and start its session lookup.
 
         The other wire APIs (Responses, Messages) translate their bodies into this one; `id_prefix`
-        names the turn as their ids do, and `recorded=False` answers without storing anything.
+        names the turn as their ids do, and `recorded=False` answers without storing anything. The
+        turn is `caller`'s, in one of their sessions.
         """
         try:
             request = schemas.ChatCompletionRequest.model_validate(body)
@@ -205,7 +209,7 @@ class ChatService:
         messages = [message.model_dump(exclude_none=True) for message in request.messages]
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
-        explicit = explicit_session(headers, request.session_id, request.user)
+        explicit = explicit_session(headers, request.session_id, request.user, caller)
         try:
             prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
@@ -213,7 +217,7 @@ class ChatService:
         max_tokens = self._response_budget(request, len(prompt_token_ids))
         grammar = request_grammar(request, tools, self.engine.tokenizer, self.engine.constrained_decoding)
         # Store reads that generation does not need: they run while the engine works (`identify`)
-        resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind, request.stop))
+        resolving = asyncio.ensure_future(asyncio.to_thread(resolve_session, self.store, explicit, messages, kind, request.stop, caller.user_id))
         resolving.add_done_callback(self._count_session)
         sampling = SamplingParams(
             temperature=1.0 if request.temperature is None else request.temperature,
@@ -242,7 +246,7 @@ class ChatService:
             message_hashes=conversation_hashes(messages),
         )
         return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop,
-                               recorded=recorded)
+                               recorded=recorded, user_id=caller.user_id)
 
     async def identify(self, generation: Generation) -> SessionIdentity:
         """The request's session, once its lookup (started by `prepare`) has answered; the turn
@@ -332,7 +336,8 @@ class ChatService:
         continues = None
         if identity.continues_turn_id is not None and identity.next_state is not None:
             continues = NextState(identity.continues_turn_id, identity.next_state, source_turn_id=turn.id)
-        await self.commits.record(TurnWrite(turn, identity.id_source, continues, generation.prepared.session_done))
+        prepared = generation.prepared
+        await self.commits.record(TurnWrite(turn, identity.id_source, continues, prepared.session_done, user_id=prepared.user_id))
         self.metrics.turns.labels(turn.kind).inc()
         if continues is not None:
             self.metrics.next_states.inc()

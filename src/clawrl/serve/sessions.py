@@ -32,8 +32,9 @@ from clawrl.messages import (
     user_typed,
 )
 from clawrl.errors import APIError
+from clawrl.serve.auth import ADMIN, Caller, owned_session_id, scoped_session_id
 from clawrl.store import Store
-from clawrl.types import Message, SessionIdSource, Turn, TurnKind
+from clawrl.types import DEFAULT_USER, Message, SessionIdSource, Turn, TurnKind
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 # How recent an empty answer must be for a request without an echo to be taken as its retry
@@ -76,19 +77,24 @@ class SessionIdentity:
 
 
 def explicit_session(
-    headers: dict[str, str], body_session_id: str | None, user: str | None
+    headers: dict[str, str], body_session_id: str | None, user: str | None, caller: Caller = ADMIN
 ) -> tuple[str, SessionIdSource] | None:
-    """(session id, where it came from) when the client named the session."""
+    """(the session's name, where it came from) when the client named the session; `resolve_session`
+    finds the caller's own session of that name (`owned_session_id`). A name too long to store under
+    the caller's name is refused here, before the answer starts."""
     header = headers.get("x-session-id", "").strip()
     if len(header) > 256:
         raise APIError(400, "X-Session-Id is longer than 256 characters", "invalid_session_id")
+    named: tuple[str, SessionIdSource] | None = None
     if header:
-        return header, "header"
-    if body_session_id:
-        return body_session_id, "body"
-    if user:
-        return f"user:{user}", "user"
-    return None
+        named = header, "header"
+    elif body_session_id:
+        named = body_session_id, "body"
+    elif user:
+        named = f"user:{user}", "user"
+    if named is not None:
+        scoped_session_id(caller.user_id, named[0])
+    return named
 
 
 def turn_kind(
@@ -122,15 +128,17 @@ def resolve_session(
     messages: list[Message],
     kind: TurnKind,
     stop: list[str] | None = None,
+    user_id: str = DEFAULT_USER,
 ) -> SessionIdentity:
     """Find the session and, for a main turn, the earlier turn it continues and that turn's next state.
 
     Side turns (titles, summaries) often quote the whole conversation; they are grouped with
     their session but never supply a next state. `stop` is the request's stop strings: an agent
-    may echo an answer with the stop string it ended at (`_answer_positions`).
+    may echo an answer with the stop string it ended at (`_answer_positions`). Only `user_id`'s
+    sessions are searched: an answer another user was given, echoed, joins nothing of theirs.
     """
     if explicit is not None:
-        session_id, source = explicit
+        session_id, source = owned_session_id(store.turns, user_id, explicit[0]), explicit[1]
         identity = SessionIdentity(session_id, source)
         previous = store.turns.last_main_turn(session_id) if kind == "main" else None
         if previous is not None:
@@ -142,7 +150,7 @@ def resolve_session(
 
     positions = _answer_positions(messages, stop)
     quotes = _RequestQuotes(messages)
-    for candidate in store.turns.turns_with_answer(list(positions)):
+    for candidate in store.turns.turns_with_answer(list(positions), user_id):
         position, kept_stop = positions[candidate.answer_fingerprint]
         if kept_stop is not None and kept_stop not in _stop_strings(candidate):
             continue  # the echo's ending is no stop string of that turn: a different answer
@@ -156,11 +164,11 @@ def resolve_session(
                 continues_turn_id=candidate.id if next_state else None,
                 next_state=next_state or None,
             )
-    found = _retried_empty_answer(store, messages) if kind == "main" else _quoted_session(store, quotes)
+    found = _retried_empty_answer(store, messages, user_id) if kind == "main" else _quoted_session(store, quotes, user_id)
     return found or SessionIdentity(f"s_{uuid.uuid4().hex[:20]}", "new")
 
 
-def _quoted_session(store: Store, quotes: _RequestQuotes) -> SessionIdentity | None:
+def _quoted_session(store: Store, quotes: _RequestQuotes, user_id: str) -> SessionIdentity | None:
     """The session a side request that echoes no answer belongs to: the one of the QUOTED_SESSIONS
     most recently active open sessions whose conversation (its newest main turn's prompt and
     answer) the request quotes most, the more recent on a tie.
@@ -172,7 +180,7 @@ def _quoted_session(store: Store, quotes: _RequestQuotes) -> SessionIdentity | N
     continuation.
     """
     best: tuple[int, str] | None = None
-    open_sessions = [session for session in store.turns.list_sessions(limit=4 * QUOTED_SESSIONS) if not session.done]
+    open_sessions = [session for session in store.turns.list_sessions(4 * QUOTED_SESSIONS, user_id) if not session.done]
     for session in open_sessions[:QUOTED_SESSIONS]:
         newest = store.turns.last_main_turn(session.id)
         if newest is None:
@@ -183,7 +191,7 @@ def _quoted_session(store: Store, quotes: _RequestQuotes) -> SessionIdentity | N
     return SessionIdentity(best[1], "inferred") if best is not None else None
 
 
-def _retried_empty_answer(store: Store, messages: list[Message]) -> SessionIdentity | None:
+def _retried_empty_answer(store: Store, messages: list[Message], user_id: str) -> SessionIdentity | None:
     """A request that retries a turn which answered with nothing, without echoing the empty answer.
 
     An agent that got no visible answer may drop it and ask again, adding a message of its own
@@ -193,7 +201,7 @@ def _retried_empty_answer(store: Store, messages: list[Message]) -> SessionIdent
     turn of its session, whose conversation the request keeps up to its first new message; what
     the request adds is that turn's next state.
     """
-    for turn in store.turns.recent_empty_answers(time.time() - RETRY_WINDOW_S):
+    for turn in store.turns.recent_empty_answers(time.time() - RETRY_WINDOW_S, user_id):
         newest = store.turns.last_main_turn(turn.session_id)
         if newest is None or newest.id != turn.id:
             continue  # the session went on: a retry continues the latest turn only

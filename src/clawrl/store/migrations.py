@@ -12,9 +12,9 @@ from sqlalchemy import Connection, Engine, inspect, select, text
 
 from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
-from clawrl.types import SHARED_LINEAGE
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -57,6 +57,14 @@ def _empty_answers_index(connection: Connection) -> None:
     connection.execute(text(f"CREATE INDEX IF NOT EXISTS ix_turns_empty_answers ON turns (created_at) WHERE {EMPTY_ANSWER}"))
 
 
+def _session_owners(connection: Connection) -> None:
+    """v8 adds `users` (which `create_all` has made) and names the user of every session: what existed
+    is the default user's."""
+    if "user_id" not in _columns(connection, "sessions"):
+        connection.execute(text(f"ALTER TABLE sessions ADD COLUMN user_id VARCHAR(64) NOT NULL DEFAULT '{DEFAULT_USER}'"))
+        connection.execute(text("CREATE INDEX ix_sessions_user_id ON sessions (user_id)"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -68,6 +76,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: _work_queues,
     6: _lineages,
     7: _empty_answers_index,
+    8: _session_owners,
 }
 
 

@@ -24,6 +24,7 @@ from clawrl.store.schema import (
     SampleRow,
     SessionRow,
     TurnRow,
+    UserRow,
 )
 from clawrl.types import (
     Episode,
@@ -37,6 +38,7 @@ from clawrl.types import (
     StepMetrics,
     Turn,
     TurnSampling,
+    User,
 )
 
 Record = TypeVar("Record")
@@ -58,6 +60,10 @@ def _from_json(cls: type[Record], values: Mapping[str, Any] | None) -> Record:
 
 def session(row: SessionRow) -> Session:
     return _record(Session, row)
+
+
+def user(row: UserRow) -> User:
+    return _record(User, row)
 
 
 def turn(row: TurnRow) -> Turn:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from clawrl.types import SHARED_LINEAGE
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
 
 class Base(DeclarativeBase):
@@ -40,6 +40,21 @@ class SessionRow(Base):
     done: Mapped[bool] = mapped_column(Boolean, default=False)
     done_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)  # client | idle
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    # whose conversation it is (set when it starts): its turns, their judgments, samples and feedback
+    # and its episode are that user's through it, so no other table repeats it
+    user_id: Mapped[str] = mapped_column(String(64), default=DEFAULT_USER, server_default=DEFAULT_USER, index=True)
+
+
+class UserRow(Base):
+    """Someone with a key of their own. Only the key's SHA-256 is kept: keys are random (256 bits), so a
+    fast hash is as good as a slow one, and a request's key is found by it with one index lookup."""
+
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    key_hint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    key_created_at: Mapped[float] = mapped_column(Float)
 
 
 # A main turn whose answer is nothing: no text, no tool call. Written out once, as SQL, because a

@@ -22,7 +22,7 @@ import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
 from clawrl.store.schema import EMPTY_ANSWER, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
-from clawrl.types import Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
+from clawrl.types import DEFAULT_USER, Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
 
 RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
 
@@ -36,6 +36,7 @@ class TurnWrite:
     continues: NextState | None = None
     session_done: bool = False
     now: float | None = None
+    user_id: str = DEFAULT_USER  # whose request it was: a new session becomes theirs
 
 
 class TurnStore:
@@ -51,6 +52,7 @@ class TurnStore:
         continues: NextState | None = None,
         session_done: bool = False,
         now: float | None = None,
+        user_id: str = DEFAULT_USER,
     ) -> int:
         """Write a turn, attach the next state it carries to the turn it continues, and commit.
 
@@ -62,7 +64,7 @@ class TurnStore:
         and any other collision on a key fails the transaction, which is run again. SQLite never
         races here: its writers take turns (BEGIN IMMEDIATE).
         """
-        return self.record_turns([TurnWrite(turn, id_source, continues, session_done, now)])[0]
+        return self.record_turns([TurnWrite(turn, id_source, continues, session_done, now, user_id)])[0]
 
     def record_turns(self, writes: list[TurnWrite]) -> list[int]:
         """Write several turns in ONE transaction, so that one commit (one fsync) makes them all
@@ -97,6 +99,7 @@ class TurnStore:
         index = connection.execute(count_turn, {
             "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
             "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
+            "user_id": write.user_id,
         }).scalar_one() - 1  # fmt: skip
         connection.execute(insert_turn, _row_values(records.turn_row(dataclasses.replace(turn, index=index, created_at=now))))
         if continues is not None:
@@ -105,27 +108,29 @@ class TurnStore:
                 queue_for_judging(db, continues.turn_id)
         return index
 
-    def turns_with_answer(self, fingerprints: list[str]) -> list[Turn]:
-        """Main turns whose answer has one of these fingerprints, newest first, open sessions only."""
+    def turns_with_answer(self, fingerprints: list[str], user_id: str = DEFAULT_USER) -> list[Turn]:
+        """Main turns of `user_id`'s open sessions whose answer has one of these fingerprints, newest first."""
         if not fingerprints:
             return []
         with self.database.read() as db:
             query = (
                 select(TurnRow)
                 .join(SessionRow, SessionRow.id == TurnRow.session_id)
-                .where(TurnRow.answer_fingerprint.in_(fingerprints), TurnRow.kind == "main", ~SessionRow.done)
+                .where(TurnRow.answer_fingerprint.in_(fingerprints), TurnRow.kind == "main", ~SessionRow.done,
+                       SessionRow.user_id == user_id)  # fmt: skip
                 .order_by(TurnRow.created_at.desc())
                 .limit(64)
             )
             return [records.turn(row) for row in db.scalars(query)]
 
-    def recent_empty_answers(self, since: float, limit: int = 16) -> list[Turn]:
-        """Main turns of open sessions answered with nothing (no text, no tool call) since `since`, newest first."""
+    def recent_empty_answers(self, since: float, user_id: str = DEFAULT_USER, limit: int = 16) -> list[Turn]:
+        """Main turns of `user_id`'s open sessions answered with nothing (no text, no tool call) since
+        `since`, newest first."""
         with self.database.read() as db:
             query = (
                 select(TurnRow)
                 .join(SessionRow, SessionRow.id == TurnRow.session_id)
-                .where(text(EMPTY_ANSWER), ~SessionRow.done, TurnRow.created_at >= since)
+                .where(text(EMPTY_ANSWER), ~SessionRow.done, TurnRow.created_at >= since, SessionRow.user_id == user_id)
                 .order_by(TurnRow.created_at.desc())
                 .limit(limit)
             )  # fmt: skip
@@ -190,10 +195,13 @@ class TurnStore:
             row = db.get(SessionRow, session_id)
             return records.session(row) if row is not None else None
 
-    def list_sessions(self, limit: int = 100) -> list[Session]:
+    def list_sessions(self, limit: int = 100, user_id: str | None = None) -> list[Session]:
+        """The most recently active sessions, of `user_id` only or (None) of everyone."""
+        query = select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit)
+        if user_id is not None:
+            query = query.where(SessionRow.user_id == user_id)
         with self.database.read() as db:
-            rows = db.scalars(select(SessionRow).order_by(SessionRow.updated_at.desc()).limit(limit))
-            return [records.session(row) for row in rows]
+            return [records.session(row) for row in db.scalars(query)]
 
     def session_turns(self, session_id: str) -> list[TurnContext]:
         """A session's turns in order, each with its next state and feedback (see `judgments_for`)."""

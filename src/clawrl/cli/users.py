@@ -1,0 +1,61 @@
+"""`clawrl users`: add, list, remove and rotate the keys of the people who use a server (DESIGN §12).
+
+A key is printed once, when it is made, and never stored. The admin key stays `--api-key`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from clawrl.cli.common import _open_store, _print_json, _store
+from clawrl.cli.flags import config_from_args
+from clawrl.config import StoreConfig
+from clawrl.store.users import UserError
+
+
+def cmd_users_add(args: argparse.Namespace) -> int:
+    store = _open_store(config_from_args(StoreConfig, args))  # a run may start with its users
+    try:
+        user, key = store.users.add(args.name)
+    except UserError as error:
+        return _refused(error)
+    print(key)
+    print(f"added {user.id}: send 'Authorization: Bearer <key>' (or x-api-key); the key is not shown again", file=sys.stderr)
+    return 0
+
+
+def cmd_users_list(args: argparse.Namespace) -> int:
+    users = _store(args).users.list()
+    if args.json:
+        _print_json([{"user": user.id, "key_hint": user.key_hint, "created_at": user.created_at,
+                      "key_created_at": user.key_created_at} for user in users])  # fmt: skip
+        return 0
+    for user in users:
+        print(f"{user.id:<32} {user.key_hint}...")
+    return 0
+
+
+def cmd_users_remove(args: argparse.Namespace) -> int:
+    try:
+        _store(args).users.remove(args.name)
+    except UserError as error:
+        return _refused(error)
+    print(f"removed {args.name}: their key no longer works; their records stay (the admin sees them)", file=sys.stderr)
+    return 0
+
+
+def cmd_users_rotate_key(args: argparse.Namespace) -> int:
+    try:
+        key = _store(args).users.rotate_key(args.name)
+    except UserError as error:
+        return _refused(error)
+    print(key)
+    print(f"a new key for {args.name}; the old one no longer works", file=sys.stderr)
+    return 0
+
+
+def _refused(error: UserError) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return 1
+

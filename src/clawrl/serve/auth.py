@@ -1,0 +1,108 @@
+"""Who is calling: the admin (`--api-key`), a user with a key of their own (`clawrl users add`), or
+nobody where the server is open (DESIGN §3, §12). One check for every route and wire API.
+
+The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>`
+(Anthropic's); either is accepted everywhere. The admin key is compared in constant time; a user's
+key is hashed and its digest looked up (`store/users.py` says why that leaks nothing). A server is
+open (every request the default user's, with the admin's reach) only while it has neither an admin
+key nor users: once one user exists, a request without a valid key is refused, so adding a user
+never leaves an open door beside their key.
+
+The users' keys are read from the store at most once a second (`KEYS_FRESH_S`), not per request: a
+key added, rotated or removed with `clawrl users` takes effect within that second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from clawrl.errors import APIError
+from clawrl.store.turns import TurnStore
+from clawrl.store.users import UserStore, key_sha256
+from clawrl.types import DEFAULT_USER
+
+KEYS_FRESH_S = 1.0
+NO_KEY = "Missing or invalid API key; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
+# A session a user names is stored under their name (`scoped_session_id`): the column holds this much
+MAX_SESSION_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whose request it is: `user_id` owns what it records; `admin` reaches every user's records."""
+
+    user_id: str
+    admin: bool
+
+
+ADMIN = Caller(DEFAULT_USER, admin=True)
+
+
+class KeyChecker:
+    """Finds the caller of a request from its key."""
+
+    def __init__(self, admin_key: str | None, users: UserStore) -> None:
+        self.admin_key = admin_key
+        self.users = users
+        self._owners: dict[str, str] = {}
+        self._read_at = float("-inf")
+        self._reading: asyncio.Lock | None = None
+
+    async def caller(self, headers: Mapping[str, str]) -> Caller:
+        """The caller, or APIError 401. `headers` are the request's, names in lowercase."""
+        key = _given_key(headers)
+        if self.admin_key is not None and key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode()):
+            return ADMIN
+        owners = await self._key_owners()
+        user = owners.get(key_sha256(key)) if key is not None else None
+        if user is not None:
+            return Caller(user, admin=False)
+        if self.admin_key is None and not owners:
+            return ADMIN  # an open server: one person, no keys
+        raise APIError(401, NO_KEY, "invalid_api_key")
+
+    async def _key_owners(self) -> dict[str, str]:
+        if time.monotonic() - self._read_at < KEYS_FRESH_S:
+            return self._owners
+        self._reading = self._reading or asyncio.Lock()
+        async with self._reading:  # one read for all the requests that found the keys stale
+            if time.monotonic() - self._read_at >= KEYS_FRESH_S:
+                self._owners = await asyncio.to_thread(self.users.key_owners)
+                self._read_at = time.monotonic()
+        return self._owners
+
+
+def _given_key(headers: Mapping[str, str]) -> str | None:
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip() or None
+    return headers.get("x-api-key", "").strip() or None
+
+
+def scoped_session_id(user_id: str, name: str) -> str:
+    """The stored id of a new session a user names: the name itself for the default user (and the
+    admin), `USER/name` for a user, so two users who both name a session "work" hold two sessions and
+    no user can name their way into another's. A name that already carries the user's prefix (the
+    `X-Clawrl-Session` a response sent back) is kept as it is; so is the id of a session of theirs
+    that the server named (`s_...`), which `owned_session_id` finds."""
+    if user_id == DEFAULT_USER or name.startswith(f"{user_id}/"):
+        scoped = name
+    else:
+        scoped = f"{user_id}/{name}"
+    if len(scoped) > MAX_SESSION_ID_CHARS:
+        raise APIError(400, f"The session id is longer than {MAX_SESSION_ID_CHARS - len(user_id) - 1} characters", "invalid_session_id")
+    return scoped
+
+
+def owned_session_id(sessions: TurnStore, user_id: str, name: str) -> str:
+    """The id of `user_id`'s session called `name`: `name` itself when a session of that id is theirs
+    (one the server named, sent back to it), else `scoped_session_id` (a store read for a user only)."""
+    if user_id != DEFAULT_USER:
+        session = sessions.session(name)
+        if session is not None and session.user_id == user_id:
+            return name
+    return scoped_session_id(user_id, name)

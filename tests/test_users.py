@@ -1,0 +1,202 @@
+"""Users with keys of their own (issue 32, item 1; DESIGN §12): the `clawrl users` commands, the
+store's migration, and one real server where two users and the admin talk, each reaching only what
+is theirs. Every attack here is one a user with a key could try."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from clawrl.store import Store
+from clawrl.store.users import UserError
+from tests.helpers import ServerThread, record, start_server, user
+
+ADMIN_KEY = "sk-admin-test"
+MODEL = "tiny"
+
+
+def clawrl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clawrl", *args], capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- the commands and the store
+
+
+def test_users_add_prints_a_key_that_is_never_stored(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    added = clawrl("users", "add", "alice", "--run-dir", str(run))
+    assert added.returncode == 0, added.stderr
+    key = added.stdout.strip()
+    assert key.startswith("sk-clawrl-") and len(key) > 40 and "not shown again" in added.stderr
+    listed = clawrl("users", "list", "--run-dir", str(run))
+    assert listed.returncode == 0 and "alice" in listed.stdout and key[:14] in listed.stdout and key not in listed.stdout
+    assert key.encode() not in (run / "clawrl.db").read_bytes()  # only its hash
+    rotated = clawrl("users", "rotate-key", "alice", "--run-dir", str(run))
+    assert rotated.returncode == 0 and rotated.stdout.strip() not in ("", key)
+    for args, message in ((("add", "alice"), "already a user called 'alice'"), (("add", "Alice!"), "is not a user name"),
+                          (("add", "default"), "records made without a user's key"), (("remove", "carol"), "no user called 'carol'"),
+                          (("rotate-key", "carol"), "no user called 'carol'")):  # fmt: skip
+        refused = clawrl("users", *args, "--run-dir", str(run))
+        assert refused.returncode == 1 and message in refused.stderr and "Traceback" not in refused.stderr, args
+    assert clawrl("users", "remove", "alice", "--run-dir", str(run)).returncode == 0
+    assert "alice" not in clawrl("users", "list", "--run-dir", str(run)).stdout
+
+
+def test_a_version_7_store_keeps_its_sessions_as_the_default_users(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "a")
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what the store looked like before users
+        db.execute("DROP INDEX ix_sessions_user_id")
+        db.execute("ALTER TABLE sessions DROP COLUMN user_id")
+        db.execute("DROP TABLE users")
+        db.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+    store = Store.for_run_dir(tmp_path)
+    assert [(session.id, session.user_id) for session in store.turns.list_sessions()] == [("s1", "default")]
+    assert store.turns.list_sessions(user_id="alice") == []
+    added, _key = store.users.add("alice")
+    assert store.users.list() == [added]
+    with pytest.raises(UserError):
+        store.users.add("alice")
+
+
+# --------------------------------------------------------------------------- one server, two users
+
+
+@dataclass
+class Setup:
+    server: ServerThread
+    keys: dict[str, str]  # alice's, bob's and the admin's
+    store: Store  # the server's store, opened beside it (as `clawrl users` does)
+
+
+@pytest.fixture(scope="module")
+def users_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    run_dir = tmp_path_factory.mktemp("users") / "run"
+    store = Store.for_run_dir(run_dir)
+    keys = {name: store.users.add(name)[1] for name in ("alice", "bob")} | {"admin": ADMIN_KEY}
+    with start_server(tiny_model_dir, run_dir, api_key=ADMIN_KEY, served_model_name=MODEL) as server:
+        yield Setup(server, keys, store)
+
+
+def chat(server: ServerThread, key: str | None, messages: list[dict[str, Any]], **headers: str) -> httpx.Response:
+    sent = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+    return httpx.post(f"{server.base_url}/chat/completions", json=body, headers=sent | headers, timeout=60)
+
+
+def feedback(server: ServerThread, key: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{server.base_url}/feedback", json={"score": -1, **body}, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def answer_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    return {"role": "assistant", "content": message.get("content") or ""}
+
+
+def test_a_request_needs_a_key_once_the_server_has_users(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    asked = [user("hello")]
+    for key in (None, "sk-clawrl-not-a-key", keys["alice"] + "x", keys["alice"][:-1]):
+        refused = chat(server, key, asked)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", key
+    for name in ("alice", "bob", "admin"):
+        assert chat(server, keys[name], asked).status_code == 200, name
+    # Anthropic's header works on the chat path too
+    assert httpx.get(f"{server.base_url}/models", headers={"x-api-key": keys["bob"]}).status_code == 200
+
+
+def test_two_users_who_name_the_same_session_hold_two(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    sessions = {name: chat(server, keys[name], [user("plan my week")], **{"X-Session-Id": "week"}).headers["x-clawrl-session"]
+                for name in ("alice", "bob", "admin")}  # fmt: skip
+    assert sessions == {"alice": "alice/week", "bob": "bob/week", "admin": "week"}
+    owners = {session.id: session.user_id for session in store.turns.list_sessions()}
+    assert (owners["alice/week"], owners["bob/week"], owners["week"]) == ("alice", "bob", "default")
+    # the id a response sent back names the same session again, not a third one
+    again = chat(server, keys["alice"], [user("plan my week")], **{"X-Session-Id": "alice/week"})
+    assert again.headers["x-clawrl-session"] == "alice/week"
+    # a name that claims another user's session stays the caller's own
+    assert chat(server, keys["bob"], [user("hi")], **{"X-Session-Id": "alice/week"}).headers["x-clawrl-session"] == "bob/alice/week"
+
+
+def test_echoing_another_users_answer_joins_nothing_of_theirs(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    asked = [user("write a haiku about rain")]
+    first = chat(server, keys["alice"], asked)
+    alice_session = first.headers["x-clawrl-session"]
+    follow_up = [*asked, answer_of(first), user("shorter please")]
+    stolen = chat(server, keys["bob"], follow_up)
+    assert stolen.headers["x-clawrl-session"] != alice_session
+    assert chat(server, keys["admin"], follow_up).headers["x-clawrl-session"] != alice_session  # nor the admin's
+    own = chat(server, keys["alice"], follow_up)
+    assert own.headers["x-clawrl-session"] == alice_session
+    # the id the server gave her session, named back, is hers; named by bob, it is a session of his
+    assert chat(server, keys["alice"], [user("more")], **{"X-Session-Id": alice_session}).headers["x-clawrl-session"] == alice_session
+    assert chat(server, keys["bob"], [user("more")], **{"X-Session-Id": alice_session}).headers["x-clawrl-session"] == f"bob/{alice_session}"
+    entry = store.judging.turn_context(first.headers["x-clawrl-turn"])
+    assert entry.next_state is not None and entry.next_state.source_turn_id == own.headers["x-clawrl-turn"]
+
+
+def test_feedback_reaches_only_the_callers_own_turns(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    first = chat(server, keys["alice"], [user("name a color")])
+    turn, session = first.headers["x-clawrl-turn"], first.headers["x-clawrl-session"]
+    for attempt in ({"turn": turn}, {"session_id": session}, {"turn": turn, "session_id": session}):
+        refused = feedback(server, keys["bob"], **attempt)
+        assert refused.status_code == 404, (attempt, refused.text)
+        missing = feedback(server, keys["bob"], **{key: value + "-none" for key, value in attempt.items()})
+        assert missing.json()["error"]["code"] == refused.json()["error"]["code"]  # another's is as absent as none
+    assert feedback(server, keys["alice"], turn=turn).json()["turn"] == turn
+    assert feedback(server, keys["alice"], session_id=session).json()["turn"] == turn
+    assert feedback(server, keys["admin"], turn=turn).status_code == 200
+    assert feedback(server, keys["bob"], turn=turn, score=1).status_code == 404
+    assert [item.score for item in store.judging.turn_context(turn).feedback] == [-1, -1, -1]
+
+
+def test_episodes_are_the_admins(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    body = {"env": "toolcall", "task": "t", "seed": 0, "group": "g", "group_size": 1}
+    refused = httpx.post(f"{server.base_url}/episodes", json=body, headers={"Authorization": f"Bearer {keys['alice']}"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_only"
+
+
+def test_a_key_added_rotated_or_removed_takes_effect_within_a_second(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    _carol, key = store.users.add("carol")
+    assert wait_for_status(server, key, 200)
+    new_key = store.users.rotate_key("carol")
+    assert wait_for_status(server, key, 401) and chat(server, new_key, [user("hi")]).status_code == 200
+    store.users.remove("carol")
+    assert wait_for_status(server, new_key, 401)
+    assert chat(server, keys["alice"], [user("hi")]).status_code == 200
+
+
+def wait_for_status(server: ServerThread, key: str | None, status: int, timeout_s: float = 5.0) -> bool:
+    """Whether `GET /v1/models` with `key` answers `status` within `timeout_s` (the keys are read once a second)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{server.base_url}/models", headers={"Authorization": f"Bearer {key}"} if key else {}).status_code == status:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_open_server_closes_once_it_has_a_user(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """No --api-key and no users: one person, no keys. Add a user and a request without a key is refused."""
+    run_dir = tmp_path / "run"
+    with start_server(tiny_model_dir, run_dir, served_model_name=MODEL) as server:
+        assert chat(server, None, [user("hi")]).status_code == 200
+        _dora, key = Store.for_run_dir(run_dir).users.add("dora")
+        assert wait_for_status(server, None, 401)
+        assert chat(server, None, [user("hi")]).status_code == 401 and chat(server, key, [user("hi")]).status_code == 200
