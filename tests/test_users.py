@@ -200,3 +200,16 @@ def test_an_open_server_closes_once_it_has_a_user(tiny_model_dir: Path, tmp_path
         _dora, key = Store.for_run_dir(run_dir).users.add("dora")
         assert wait_for_status(server, None, 401)
         assert chat(server, None, [user("hi")]).status_code == 401 and chat(server, key, [user("hi")]).status_code == 200
+
+
+def test_the_dashboard_is_the_admins_once_a_run_has_users(users_server: Setup, tiny_model_dir: Path, tmp_path: Path) -> None:
+    server, keys = users_server.server, users_server.keys
+    root = server.base_url.removesuffix("/v1")
+    assert httpx.get(f"{root}/dashboard/api/overview", headers={"Authorization": f"Bearer {keys['alice']}"}).status_code == 401
+    assert httpx.get(f"{root}/dashboard/api/overview", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
+    run_dir = tmp_path / "run"  # a server without --api-key: its dashboard closes with the first user
+    with start_server(tiny_model_dir, run_dir, served_model_name=MODEL) as open_server:
+        overview = f"{open_server.base_url.removesuffix('/v1')}/dashboard/api/overview"
+        assert httpx.get(overview).status_code == 200
+        Store.for_run_dir(run_dir).users.add("erin")
+        assert httpx.get(overview).status_code == 401

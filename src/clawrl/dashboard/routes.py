@@ -3,7 +3,8 @@
 Every page is a few store reads, run in a worker thread so that serving's event loop never waits
 on them. The pages show users' conversations, so when an API key is configured they need it too:
 as `Authorization: Bearer <key>` (scripts) or as the password of HTTP Basic authentication, which
-is what a browser asks for (any user name).
+is what a browser asks for (any user name). They show every user's, so a run with users (`clawrl
+users`) shows them to the admin key only; a user's own pages are not built yet.
 """
 
 from __future__ import annotations
@@ -44,25 +45,29 @@ def dashboard_router(store: Store, api_key: str | None, title: str) -> APIRouter
     and `/dashboard/api/overview` (the overview as JSON)."""
     router = APIRouter(prefix="/dashboard")
 
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:
         if api_key is not None and not key_matches(request.headers.get("authorization", ""), api_key):
             raise APIError(401, "The dashboard needs the API key: as a Bearer token, or as the password of HTTP Basic "
                            "authentication (any user name).", "invalid_api_key", headers=BASIC_CHALLENGE)
+        # every user's conversations are on these pages: once a run has users they are the admin's alone
+        if api_key is None and await asyncio.to_thread(store.users.list):
+            raise APIError(401, "This run has users, so the dashboard is the admin's: start it with --api-key and "
+                           "give that key.", "invalid_api_key", headers=BASIC_CHALLENGE)
 
     @router.get("", response_class=HTMLResponse)
     async def overview_page(request: Request, refresh: float = Query(10.0, ge=0, le=3600)) -> HTMLResponse:
-        authorize(request)
+        await authorize(request)
         # reading and rendering both run off the event loop: serving shares it
         return HTMLResponse(await asyncio.to_thread(lambda: render_overview(overview(store), refresh, title)))
 
     @router.get("/api/overview")
     async def overview_json(request: Request) -> JSONResponse:
-        authorize(request)
+        await authorize(request)
         return JSONResponse(await asyncio.to_thread(overview, store))
 
     @router.get("/sessions/{session_id:path}", response_class=HTMLResponse)
     async def session(request: Request, session_id: str) -> HTMLResponse:
-        authorize(request)
+        await authorize(request)
         page = await asyncio.to_thread(_session_html, store, session_id, title)
         if page is None:
             return HTMLResponse(render_not_found(f"No session '{session_id}' is recorded.", title), status_code=404)
