@@ -24,7 +24,7 @@ from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import messages_api, openapi, responses_api, schemas
-from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, scoped_session_id
+from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, reaches, scoped_session_id
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
@@ -204,25 +204,17 @@ def _feedback_target(store: Store, item: schemas.FeedbackRequest, caller: Caller
     exist: a 404 tells nothing of what others hold); the admin reaches every one."""
     if item.turn is not None:
         turn = store.turns.turn(item.turn)
-        if turn is None or not _reaches(store, caller, turn.session_id):
+        if turn is None or not reaches(store.turns, caller, turn.session_id):
             raise APIError(404, f"No turn '{item.turn}' is recorded.", "turn_not_found", "turn")
         if item.session_id is not None and turn.session_id not in (item.session_id, scoped_session_id(caller.user_id, item.session_id)):
             raise APIError(400, f"Turn '{item.turn}' does not belong to session '{item.session_id}'.", "invalid_value", "turn")
         return turn.id
     assert item.session_id is not None
     session_id = owned_session_id(store.turns, caller.user_id, item.session_id)
-    last = store.turns.last_main_turn(session_id) if _reaches(store, caller, session_id) else None
+    last = store.turns.last_main_turn(session_id) if reaches(store.turns, caller, session_id) else None
     if last is None:
         raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")
     return last.id
-
-
-def _reaches(store: Store, caller: Caller, session_id: str) -> bool:
-    """Whether the caller may see the session: the admin any, a user their own."""
-    if caller.admin:
-        return True
-    session = store.turns.session(session_id)
-    return session is not None and session.user_id == caller.user_id
 
 
 def _admin_only(caller: Caller, what: str) -> None:

@@ -106,3 +106,12 @@ def owned_session_id(sessions: TurnStore, user_id: str, name: str) -> str:
         if session is not None and session.user_id == user_id:
             return name
     return scoped_session_id(user_id, name)
+
+
+def reaches(sessions: TurnStore, caller: Caller, session_id: str) -> bool:
+    """Whether the caller may see the session: the admin any, a user their own (another's is to be
+    answered as one that does not exist, so that ids tell nothing)."""
+    if caller.admin:
+        return True
+    session = sessions.session(session_id)
+    return session is not None and session.user_id == caller.user_id
