@@ -37,8 +37,10 @@ EVENT_MODELS: tuple[type[BaseModel], ...] = (schemas.ChatCompletionChunk, schema
 
 _ERRORS = {
     400: "The request is malformed or invalid (the message says which field, `param` names it).",
-    401: "Missing or invalid API key (when the server has one): send `Authorization: Bearer <key>`.",
-    404: "Not found.",
+    401: "Missing or invalid API key (when the server has one, or has users): send `Authorization: Bearer <key>` "
+         "(or `x-api-key: <key>`).",
+    403: "A user's key where the admin's is needed (episodes are the admin's).",
+    404: "Not found (a turn or session of another user is not found either).",
     409: "Conflicts with what is recorded.",
     413: "The body is over the server's size limit (`--max-body-bytes`).",
 }
@@ -135,7 +137,7 @@ FEEDBACK: dict[str, Any] = {
 EPISODE_START: dict[str, Any] = {
     "summary": "Register an episode",
     "description": "Registers an environment episode before its first step; its steps are chat turns of its session.",
-    "responses": errors(400, 401, 409, 413, why={409: "An episode with this `session_id` is already registered."}),
+    "responses": errors(400, 401, 403, 409, 413, why={409: "An episode with this `session_id` is already registered."}),
     "openapi_extra": request_body(schemas.EpisodeStartRequest),
 }
 
@@ -144,6 +146,7 @@ EPISODE_RESULT: dict[str, Any] = {
     "responses": errors(
         400,
         401,
+        403,
         404,
         409,
         413,
