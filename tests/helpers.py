@@ -48,7 +48,7 @@ from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.types import Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
+from clawrl.types import DEFAULT_USER, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
 
 # --------------------------------------------------------------------------- the weather tool round trip
 
@@ -210,12 +210,15 @@ def record(
     next_state: list[dict[str, Any]] | None = None,
     session_done: bool = False,
     id_source: SessionIdSource = "new",
+    user_id: str = DEFAULT_USER,
     **fields: Any,
 ) -> None:
-    """Record a main turn of `session_id` as serving would; with `continues_turn_id`, its request
-    carries `next_state` for that earlier turn. `fields` sets or overrides any other `Turn` field."""
+    """Record a main turn of `session_id` (a session of `user_id`'s) as serving would; with
+    `continues_turn_id`, its request carries `next_state` for that earlier turn. `fields` sets or
+    overrides any other `Turn` field."""
     continues = NextState(continues_turn_id, next_state or [], turn_id) if continues_turn_id is not None else None
-    store.turns.record_turn(turn(turn_id, session_id, messages, answer, **fields), id_source, continues, session_done)
+    written = turn(turn_id, session_id, messages, answer, **fields)
+    store.turns.record_turn(written, id_source, continues, session_done, user_id=user_id)
 
 
 def judgment(turn_id: str, score: int = 1, hint: str | None = None) -> Judgment:

@@ -232,3 +232,20 @@ def test_a_text_echo_too_large_to_parse_quickly_stays_text() -> None:
     assert echoed_answer("Calling tools:\n" + str([call]), None) == ("", [call])  # 60K characters of prose still read
     for hostile in ("[" + "1," * 500_000 + "]", "[" + "[" * 3000 + "]" * 3000 + "]"):
         assert echoed_answer("Calling tools:\n" + hostile, None) == ("Calling tools:\n" + hostile, None)
+
+
+def test_inference_never_crosses_users(tmp_path: Path) -> None:
+    """Another user's echoed answer, retried empty answer or quoted conversation joins nothing of theirs."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t-answer", "alice/a", [user("tell me about apples")], "Apples are pomes.", user_id="alice")
+    echo = [user("tell me about apples"), assistant("Apples are pomes."), user("more please")]
+    assert resolve_session(store, None, echo, "main", user_id="bob").id_source == "new"
+    assert resolve_session(store, None, echo, "main", user_id="alice").continues_turn_id == "t-answer"
+    asked = [user("Plan a day in Lyon for me.")]
+    record(store, "t-empty", "alice/b", asked, "", user_id="alice")
+    retry = [*asked, user("The previous attempt did not produce a user-visible answer. Reply to the user.")]
+    assert resolve_session(store, None, retry, "main", user_id="bob").id_source == "new"
+    assert resolve_session(store, None, retry, "main", user_id="alice").continues_turn_id == "t-empty"
+    summary = [system("You are a context summarization assistant."), user("[User]: tell me about apples\n[Assistant]: Apples are pomes.")]
+    assert resolve_session(store, None, summary, "side", user_id="bob").id_source == "new"
+    assert resolve_session(store, None, summary, "side", user_id="alice").session_id in ("alice/a", "alice/b")

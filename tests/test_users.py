@@ -4,6 +4,7 @@ is theirs. Every attack here is one a user with a key could try."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -47,6 +48,11 @@ def test_users_add_prints_a_key_that_is_never_stored(tmp_path: Path) -> None:
                           (("rotate-key", "carol"), "no user called 'carol'")):  # fmt: skip
         refused = clawrl("users", *args, "--run-dir", str(run))
         assert refused.returncode == 1 and message in refused.stderr and "Traceback" not in refused.stderr, args
+    store = Store.for_run_dir(run)
+    record(store, "t1", "alice/work", [user("q")], "a", user_id="alice")
+    record(store, "t2", "s2", [user("q")], "a")
+    listed = clawrl("sessions", "list", "--run-dir", str(run), "--user", "alice", "--json")
+    assert [(item["id"], item["user"]) for item in json.loads(listed.stdout)] == [("alice/work", "alice")]
     assert clawrl("users", "remove", "alice", "--run-dir", str(run)).returncode == 0
     assert "alice" not in clawrl("users", "list", "--run-dir", str(run)).stdout
 

@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(listing, StoreConfig)
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.add_argument("--limit", type=int, default=100, help="most sessions to list")
+    listing.add_argument("--user", default=None, help="only this user's sessions ('default': those made without a user's key)")
     listing.set_defaults(handler=cmd_sessions_list)
     show = sessions.add_parser("show", help="show one session's turns with their token ids and next states")
     show.add_argument("session_id")

@@ -64,13 +64,13 @@ def cmd_versions_rollback(args: argparse.Namespace) -> int:
 def cmd_sessions_list(args: argparse.Namespace) -> int:
     from clawrl.store.inspect import session_summary
 
-    sessions = [session_summary(s) for s in _store(args).turns.list_sessions(limit=args.limit)]
+    sessions = [session_summary(s) for s in _store(args).turns.list_sessions(args.limit, args.user)]
     if args.json:
         _print_json(sessions)
         return 0
-    print(f"{'session':<40} {'turns':>5} {'source':<9} {'done':<5} updated")
+    print(f"{'session':<40} {'user':<12} {'turns':>5} {'source':<9} {'done':<5} updated")
     for s in sessions:
-        print(f"{s['id']:<40} {s['turns']:>5} {s['id_source']:<9} {str(s['done']):<5} {s['updated_at']}")
+        print(f"{s['id']:<40} {s['user']:<12} {s['turns']:>5} {s['id_source']:<9} {str(s['done']):<5} {s['updated_at']}")
     return 0
 
 

@@ -53,6 +53,7 @@ def session_summary(session: Session) -> dict[str, Any]:
     return {
         "id": session.id,
         "id_source": session.id_source,
+        "user": session.user_id,
         "turns": session.num_turns,
         "done": session.done,
         "done_reason": session.done_reason,
