@@ -127,7 +127,15 @@ def test_the_turn_records_its_grammar_and_the_log_probs_it_was_sampled_from(serv
     turn_id = answer.headers["X-Clawrl-Turn"]
     turn = server.app.state.service.store.turns.turn(turn_id)
     assert turn.sampling.grammar == json_output_grammar(PERSON)
-    # the log-probs reported are those of the masked distribution: recompute it from the model
+    expected, unmasked = replayed_logprobs(server, turn)
+    assert torch.allclose(torch.tensor(turn.response_logprobs, dtype=torch.float64), expected, atol=1e-4)
+    assert not torch.allclose(expected, unmasked, atol=1e-2)  # the mask mattered
+    assert all(math.isfinite(value) for value in turn.response_logprobs)
+
+
+def replayed_logprobs(server: ServerThread, turn: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probs of `turn`'s response under the masks the trainer replays from its grammar
+    (`allowed_bits`), recomputed from the served model in float64; and without the masks."""
     engine = server.app.state.service.engine
     model = engine.base_model
     vocabulary = GrammarVocabulary.of(engine.tokenizer, model.config.vocab_size)
@@ -138,10 +146,7 @@ def test_the_turn_records_its_grammar_and_the_log_probs_it_was_sampled_from(serv
     masked = torch.log_softmax(masked_logits(logits, masks), dim=-1)
     raw = torch.log_softmax(logits, dim=-1)
     chosen = torch.tensor(turn.response_token_ids)
-    expected, unmasked = masked.gather(1, chosen[:, None])[:, 0], raw.gather(1, chosen[:, None])[:, 0]
-    assert torch.allclose(torch.tensor(turn.response_logprobs, dtype=torch.float64), expected, atol=1e-4)
-    assert not torch.allclose(expected, unmasked, atol=1e-2)  # the mask mattered
-    assert all(math.isfinite(value) for value in turn.response_logprobs)
+    return masked.gather(1, chosen[:, None])[:, 0], raw.gather(1, chosen[:, None])[:, 0]
 
 
 def test_an_engine_without_constrained_decoding_refuses_the_contract(tiny_model_dir: Path) -> None:
@@ -210,6 +215,21 @@ def test_a_call_the_model_chooses_to_make_is_held_to_its_strict_tools_schema(too
     assert all(answer["turn"].sampling.grammar is None for answer in free)
     unheld = [answer["choices"][0] for answer in free]
     assert any("Lyon" in json.dumps(choice["message"]) for choice in unheld), unheld
+
+
+def test_a_strict_tools_turn_records_the_log_probs_the_trainer_replays(tool_server: ServerThread) -> None:
+    """A turn decoded under the lazy grammar: its recorded log-probs are those of the distribution
+    masked as the trainer's replay of its grammar masks it, and in a call the masks matter."""
+    for seed in range(8):
+        answer = weather_chat(tool_server, [STRICT_WEATHER], seed)
+        if calls_of(answer["choices"][0], "get_weather"):
+            break
+    else:
+        pytest.fail("the fitted model made no call in 8 seeds")
+    turn = answer["turn"]
+    expected, unmasked = replayed_logprobs(tool_server, turn)
+    assert torch.allclose(torch.tensor(turn.response_logprobs, dtype=torch.float64), expected, atol=1e-4)
+    assert not torch.allclose(expected, unmasked, atol=1e-2)  # the call's masks mattered
 
 
 @pytest.mark.parametrize("seed", range(4))

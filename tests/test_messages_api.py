@@ -13,11 +13,13 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
+import jsonschema
 import jsonschema_rs
+import pydantic
 import pytest
 
 from clawrl.config import JudgeConfig
@@ -164,8 +166,14 @@ AGREEMENT = [
     ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "f"}}, True),
     ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool"}}, False),
     ({**BASE, "tool_choice": {"type": "any"}}, False),  # nothing to call
-    ({**BASE, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, False),
-    ({**BASE, "tools": [{"name": "f", "input_schema": {}, "strict": True}]}, False),
+    ({**BASE, "output_config": {"format": {"type": "json_schema", "schema": {}}}}, True),
+    ({**BASE, "output_config": {"format": {"type": "json_object"}}}, False),
+    ({**BASE, "output_config": {"format": {"type": "json_schema"}}}, False),  # no schema
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}, "strict": True}]}, True),
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"},
+      "output_config": {"format": {"type": "json_schema", "schema": {}}}}, False),  # a forced call leaves no text to hold
+    ({**BASE, "tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto"},
+      "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {}}}}, True),
     ({**BASE, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, False),
     ({**BASE, "stop_sequences": ["a", "b", "c", "d", "e"]}, False),
     ({**BASE, "temperature": 1.5}, False),
@@ -414,7 +422,10 @@ SDK_REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("top_k", {"extra_body": {"top_k": 5}}, "top_k"),
     ("a prefill", {"messages": [*USER, {"role": "assistant", "content": "Sure,"}]}, "prefill"),
     ("a server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
-    ("structured output", {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "structured outputs"),
+    ("a forced call with structured outputs", {"tools": [TOOL], "tool_choice": {"type": "any"},
+     "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "cannot both hold one answer"),
+    ("a schema no grammar can hold", {"output_config": {"format": {"type": "json_schema", "schema": {"type": "no-such-type"}}}},
+     "cannot be honoured"),
     ("too long a prompt", {"max_tokens": 40000, "timeout": 30}, "maximum context length"),
 ]
 
@@ -445,6 +456,47 @@ def test_a_forced_tool_call_is_a_tool_use_block(client: anthropic.Anthropic, cho
     assert message.stop_reason == "tool_use"
     (block,) = message.content
     assert block.type == "tool_use" and block.name == "get_weather" and isinstance(block.input, dict)
+
+
+# get_weather, strict, with an input its fitted call (Lyon) breaks: only the grammar makes its calls valid
+STRICT_TOOL = {**TOOL, "strict": True, "input_schema": {"type": "object", "required": ["city", "days"], "properties": {
+    "city": {"enum": ["Paris", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}}}}  # fmt: skip
+WEATHER = [{"role": "user", "content": WEATHER_QUESTION}]
+
+
+def test_a_strict_tools_calls_hold_its_input_schema(client: anthropic.Anthropic, store: Store) -> None:
+    """`strict: true` under `tool_choice` auto: the model calls the tool or not, and every `tool_use`
+    block's input validates (the turn records the grammar it was decoded under)."""
+    messages = [client.messages.create(model=MODEL, max_tokens=80, messages=WEATHER, tools=[STRICT_TOOL],
+                                       extra_body={"temperature": 1.0}) for _ in range(4)]  # fmt: skip
+    uses = [block for message in messages for block in message.content if block.type == "tool_use"]
+    assert uses, [message.content for message in messages]
+    for block in uses:
+        jsonschema.validate(block.input, {**STRICT_TOOL["input_schema"], "additionalProperties": False})
+    assert all(store.turns.turn(message.id).sampling.grammar for message in messages)
+    plain = client.messages.create(model=MODEL, max_tokens=8, messages=USER, tools=[TOOL])
+    assert store.turns.turn(plain.id).sampling.grammar is None  # not strict: decoded as ever
+
+
+# Every field bounded by an enum: the SDK's `parse` strips what Anthropic's structured outputs do not
+# take (`maxLength`, `minimum`, `maximum`, moved into descriptions), and an unbounded string or number
+# lets the random model write until max_tokens cuts the JSON short (stop_reason "max_tokens")
+class Person(pydantic.BaseModel):
+    name: Literal["Ada", "Bola", "Chen"]
+    age: Literal[30, 41, 52]
+    city: Literal["Paris", "Lagos", "Lima"]
+
+
+def test_structured_outputs_are_held_to_their_schema(client: anthropic.Anthropic) -> None:
+    """`output_config.format`, as the SDK's `messages.parse(output_format=...)` sends it from a pydantic
+    model: the answer's text is JSON the SDK parses into the model, whatever the tiny model would write."""
+    for seed in range(3):
+        parsed = client.messages.parse(model=MODEL, max_tokens=120, messages=USER, output_format=Person,
+                                       extra_body={"temperature": 1.0, "seed": seed})  # fmt: skip
+        assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, Person), parsed.content
+    raw = client.messages.create(model=MODEL, max_tokens=120, messages=USER,
+                                 output_config={"format": {"type": "json_schema", "schema": Person.model_json_schema()}})  # fmt: skip
+    Person.model_validate_json(raw.content[0].text)
 
 
 def test_an_unknown_model_is_not_found(client: anthropic.Anthropic) -> None:

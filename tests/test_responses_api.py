@@ -157,6 +157,26 @@ def test_a_forced_tool_call_is_a_function_call_item(client: openai.OpenAI, choic
     assert isinstance(json.loads(item.arguments), dict)
 
 
+def test_a_strict_function_tools_calls_hold_its_parameters(client: openai.OpenAI, run_dir: Path) -> None:
+    """`strict: true` (the Responses API's own default for function tools, and what the Agents SDK
+    sends) under `tool_choice` auto: every call the model chooses to make validates against the
+    tool's parameters, which the fitted model's own call (Lyon, no days) would break."""
+    # `days` bounded: an unbounded integer lets the random digits run until max_output_tokens cuts the call
+    days = {"type": "integer", "minimum": 1, "maximum": 9}
+    parameters = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}, "days": days},
+                  "required": ["city", "days"], "additionalProperties": False}  # fmt: skip
+    strict = {**WEATHER_FUNCTION, "strict": True, "parameters": parameters}
+    responses = [client.responses.create(model="agent", input=WEATHER_QUESTION, max_output_tokens=80, tools=[strict],
+                                         temperature=1.0) for _ in range(6)]  # fmt: skip (17 in 20 call, measured)
+    calls = [item for response in responses for item in response.output if item.type == "function_call"]
+    assert calls, [response.output for response in responses]
+    for item in calls:
+        arguments = json.loads(item.arguments)
+        assert arguments["city"] in ("Paris", "Lima") and arguments["days"] in range(1, 10) and set(arguments) == {"city", "days"}
+    store = Store.for_run_dir(run_dir)
+    assert all(store.turns.turn(response.id).sampling.grammar for response in responses)
+
+
 def test_a_json_schema_format_gives_json_that_validates(client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"tea": {"enum": ["green", "black", "oolong"]}}, "required": ["tea"],
               "additionalProperties": False}  # fmt: skip

@@ -8,8 +8,11 @@ only the wire format differs. The translation (`chat_body`):
   blank line into the chat message's content;
 * an assistant's `tool_use` blocks become its `tool_calls` (`input` as JSON text); a user's
   `tool_result` blocks become `tool` messages, in order, before that user message's own text;
-* `tools` become function tools, `tool_choice` `auto`/`none` the chat's; `metadata.user_id`
-  becomes the chat's `user`, which names the session (serve/sessions.py, `explicit_session`).
+* `tools` become function tools (`strict` kept), `tool_choice` `auto`/`none` the chat's, `any` its
+  `required` and `tool` a named function; `output_config.format` becomes a `json_schema`
+  `response_format`; `metadata.user_id` becomes the chat's `user`, which names the session
+  (serve/sessions.py, `explicit_session`). The contract these state is the chat path's, held by the
+  same grammars (serve/contract.py).
 
 What cannot be honoured is refused with a 400 rather than ignored (messages_schemas.py says
 which). Durability is the chat path's (completions.py): the turn is committed before the answer
@@ -61,6 +64,7 @@ from clawrl.serve.messages_schemas import (
     AnthropicMessageStartEvent,
     AnthropicMessageStopEvent,
     AnthropicMessagesRequest,
+    AnthropicOutputConfigParam,
     AnthropicPingEvent,
     AnthropicSystemMessageParam,
     AnthropicTextBlock,
@@ -68,6 +72,7 @@ from clawrl.serve.messages_schemas import (
     AnthropicTextDelta,
     AnthropicTokenCount,
     AnthropicToolChoiceParam,
+    AnthropicToolParam,
     AnthropicToolResultBlockParam,
     AnthropicToolUseBlock,
     AnthropicUsage,
@@ -257,13 +262,15 @@ def chat_body(request: AnthropicCountTokensRequest) -> dict[str, Any]:
             messages.append(_assistant_message(message))
     body: dict[str, Any] = {"model": request.model, "messages": messages}
     if request.tools:
-        body["tools"] = [
-            {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}}
-            for tool in request.tools
-        ]
+        body["tools"] = [_chat_tool(tool) for tool in request.tools]
     if request.tool_choice is not None:
         body["tool_choice"] = _chat_tool_choice(request.tool_choice)
     return body
+
+
+def _chat_tool(tool: AnthropicToolParam) -> dict[str, Any]:
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}
+    return {"type": "function", "function": function | ({"strict": True} if tool.strict else {})}
 
 
 def _chat_tool_choice(choice: AnthropicToolChoiceParam) -> str | dict[str, Any]:
@@ -273,8 +280,9 @@ def _chat_tool_choice(choice: AnthropicToolChoiceParam) -> str | dict[str, Any]:
 
 
 def messages_chat_body(request: AnthropicMessagesRequest) -> dict[str, Any]:
-    """`chat_body` with the sampling settings and the session fields of a `/v1/messages` request."""
+    """`chat_body` with the sampling settings, the answer's format and the session fields of a `/v1/messages` request."""
     optional = {
+        "response_format": _chat_response_format(request.output_config),
         "stop": request.stop_sequences,
         "temperature": request.temperature,
         "top_p": request.top_p,
@@ -284,6 +292,12 @@ def messages_chat_body(request: AnthropicMessagesRequest) -> dict[str, Any]:
     }
     body = chat_body(request) | {"max_tokens": request.max_tokens, "session_done": request.session_done}
     return body | {key: value for key, value in optional.items() if value is not None}
+
+
+def _chat_response_format(config: AnthropicOutputConfigParam | None) -> dict[str, Any] | None:
+    if config is None or config.format is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": config.format.schema_}}
 
 
 def _joined(blocks: list[AnthropicTextBlockParam]) -> str:
@@ -490,9 +504,9 @@ MESSAGES_DOC: dict[str, Any] = {
         "Anthropic's Messages API, answered through the chat path: recorded as a turn of a session for training, as "
         "`POST /v1/chat/completions` is. The session is the `X-Session-Id` header, else the body's `session_id`, else "
         "`metadata.user_id`, else inferred from the conversation. The last message must be the user's (no prefill). "
-        "`tool_choice` `any` or `tool` forces a tool call, decoded under a grammar (with `--engine hf` or `vllm`; `openai` "
-        "refuses it). Refused (400): image and document blocks, server tools, extended thinking, `top_k`, strict tools "
-        "and structured outputs (`output_config.format`)."
+        "`tool_choice` `any` or `tool` (a forced call), strict tools and structured outputs (`output_config.format`) are "
+        "decoded under a grammar (with `--engine hf` or `vllm`; `openai` refuses them). Refused (400): image and document "
+        "blocks, server tools, extended thinking, `top_k`, and a forced call with an `output_config.format`."
     ),
     "responses": {
         200: {

@@ -3,10 +3,11 @@ kept apart from the serving logic (serve/messages_api.py), as serve/schemas.py i
 
 A request is read as Anthropic documents it and then translated onto the chat path, so these
 models accept only what that translation can honour. What it cannot (image and document blocks,
-server tools, extended thinking, `top_k`, a forced tool call, strict tools, structured outputs, an
-assistant prefill) is refused with a sentence that says so, never silently dropped. Fields this
-version does not know (`cache_control`, `service_tier`, ...) are ignored, as the chat schema
-ignores OpenAI's.
+server tools, extended thinking, `top_k`, an assistant prefill, a forced tool call together with
+structured outputs) is refused with a sentence that says so, never silently dropped. A forced tool
+call, strict tools and structured outputs (`output_config.format`) are held by a grammar
+(serve/contract.py). Fields this version does not know (`cache_control`, `service_tier`, ...) are
+ignored, as the chat schema ignores OpenAI's.
 
 Every class is named `Anthropic...`: the OpenAPI document names its component schemas by class
 name, in one namespace with the chat API's (`Tool`, `Usage`, `ErrorResponse`, ...).
@@ -119,7 +120,10 @@ class AnthropicToolParam(WireModel):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
-    strict: Literal[False] | None = Field(None, description="`true` (calls guaranteed to match the schema) is not supported.")
+    strict: bool | None = Field(
+        None, description="`true`: a call of it has an `input` valid under `input_schema` (decoded under a grammar, with "
+        "`--engine hf` or `vllm`; `openai` refuses it with a 400)."
+    )  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod
@@ -127,8 +131,6 @@ class AnthropicToolParam(WireModel):
         kind = value.get("type") if isinstance(value, dict) else None
         if isinstance(kind, str) and kind != "custom":
             raise ValueError(f"server tools (type '{kind}') are not supported here; define a client tool with an input_schema")
-        if isinstance(value, dict) and value.get("strict") is True:
-            raise ValueError("strict tool use is not supported: this server has no constrained decoding to hold calls to the schema")
         return value
 
 
@@ -170,18 +172,20 @@ class AnthropicThinkingParam(WireModel):
         return value
 
 
+class AnthropicJSONOutputFormatParam(WireModel):
+    """Structured outputs: the answer's text is JSON valid under `schema` (the chat API's `json_schema`
+    response format)."""
+
+    type: Literal["json_schema"]
+    schema_: Annotated[dict[str, Any], Field(alias="schema")]
+
+
 class AnthropicOutputConfigParam(WireModel):
-    """`effort` is accepted and has no effect; a `format` (structured outputs) needs constrained
-    decoding, which this server does not have: it is refused."""
+    """`effort` is accepted and has no effect; a `format` holds the answer to a JSON schema (decoded under
+    a grammar, with `--engine hf` or `vllm`; `openai` refuses it with a 400)."""
 
     effort: str | None = None
-    format: None = Field(None, description="Not supported (structured outputs): must be left out or null.")
-
-    @field_validator("format", mode="before")
-    @classmethod
-    def _no_format(cls, value: Any) -> None:
-        if value is not None:
-            raise ValueError("structured outputs are not supported: this server has no constrained decoding to hold the answer to a schema")
+    format: AnthropicJSONOutputFormatParam | None = None
 
 
 class AnthropicMetadataParam(WireModel):
@@ -206,20 +210,27 @@ class AnthropicCountTokensRequest(WireModel):
     output_config: AnthropicOutputConfigParam | None = None
 
 
+# A `tool_choice` that forces a call, and an `output_config` with a format, as JSON Schema
+_FORCING_CHOICE = {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}}
+_WITH_FORMAT = {"type": "object", "required": ["format"], "properties": {"format": {"type": "object"}}}
+
+
 class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     """`POST /v1/messages`: Anthropic's Messages API, answered through the chat path (the same
     recording, sessions and judging as `/v1/chat/completions`).
 
     The last message must be the user's: an assistant message there asks Anthropic's API to continue
-    it (a prefill), which the chat path cannot do. A `tool_choice` that forces a call needs tools.
+    it (a prefill), which the chat path cannot do. A `tool_choice` that forces a call needs tools, and
+    leaves no text for an `output_config.format` to hold (refused, as the chat API refuses both).
     """
 
-    # what `_forced_calls_need_tools` checks, stated in the OpenAPI document
+    # what `_forced_calls_need_tools` and `_one_contract` check, stated in the OpenAPI document
     model_config = ConfigDict(
-        json_schema_extra={"anyOf": [
-            {"properties": {"tool_choice": {"not": {"type": "object", "required": ["type"],
-                                                    "properties": {"type": {"enum": ["any", "tool"]}}}}}},
-            {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+        json_schema_extra={"allOf": [
+            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING_CHOICE}}},
+                       {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}]},
+            {"anyOf": [{"properties": {"tool_choice": {"not": _FORCING_CHOICE}}},
+                       {"properties": {"output_config": {"not": _WITH_FORMAT}}}]},
         ]}
     )  # fmt: skip
 
@@ -267,6 +278,15 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
         if choice is not None and choice.type in ("any", "tool") and not info.data.get("tools"):
             raise ValueError(f"tool_choice '{choice.type}' forces a tool call, but the request has no tools")
         return choice
+
+    @field_validator("output_config")
+    @classmethod
+    def _one_contract(cls, config: AnthropicOutputConfigParam | None, info: ValidationInfo) -> AnthropicOutputConfigParam | None:
+        choice = info.data.get("tool_choice")
+        if config is not None and config.format is not None and choice is not None and choice.type in ("any", "tool"):
+            raise ValueError("a forced tool call (tool_choice) and structured outputs (output_config.format) cannot both "
+                             "hold one answer; drop one")  # fmt: skip
+        return config
 
 
 # --- answers -----------------------------------------------------------------------------------------

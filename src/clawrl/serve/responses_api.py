@@ -19,14 +19,14 @@ same session inference, the same judging. The turn's id is the response's id (`r
   CLI sends `store: false` on every request whatever its user wants, and that header, set once in its
   provider configuration, is how its user opts in (`recorded`).
 - **Honoured under a grammar** (`clawrl.serve.contract`, with `--engine hf` or `vllm`; `openai` refuses
-  them with a 400): `tool_choice` that forces a call (`required`, a named function) and `text.format`
-  JSON outputs (`json_object`, `json_schema`).
+  them with a 400): `tool_choice` that forces a call (`required`, a named function), `text.format`
+  JSON outputs (`json_object`, `json_schema`), and a function tool's `strict: true` (a call the
+  model chooses to make has arguments valid under the tool's `parameters`).
 - **Refused with a 400, not ignored** (the schema leaves them out, so the OpenAPI document says so):
   hosted tools (web or file search, a computer), image, file and audio inputs, `background`, and
   `truncation: "auto"` (an over-long conversation is refused, not cut).
 - **Accepted, changing nothing**: `reasoning` (no setting of these models), `include`,
-  `parallel_tool_calls` (the model may write several calls either way), `metadata`, and a function
-  tool's `strict` (its arguments are not constrained: they may not validate against the schema).
+  `parallel_tool_calls` (the model may write several calls either way), and `metadata`.
 
 A stream sends the Responses event types (`response.created` ... `response.completed`), each with a
 `sequence_number`; the turn is recorded before `response.completed` (or `response.incomplete`)
@@ -188,6 +188,8 @@ def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name, "parameters": tool.parameters or {"type": "object", "properties": {}}}
     if tool.description:
         function["description"] = tool.description
+    if tool.strict:
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 

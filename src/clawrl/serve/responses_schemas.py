@@ -2,10 +2,11 @@
 
 Only the request is validated here; `responses_api.py` translates it onto the chat path and builds
 the answer. What this server cannot honour is not dropped quietly: the schema leaves it out, so it
-is refused with a 400 and the OpenAPI document says so (an image, file or audio input, a forced tool
-call, a JSON output format, tools OpenAI's service runs, `background`, `truncation: "auto"`); a field
-that changes nothing a client can observe is accepted and documented (`reasoning`, `include`,
-`parallel_tool_calls`, `metadata`, a function tool's `strict`).
+is refused with a 400 and the OpenAPI document says so (an image, file or audio input, tools OpenAI's
+service runs, `background`, `truncation: "auto"`); a field that changes nothing a client can observe
+is accepted and documented (`reasoning`, `include`, `parallel_tool_calls`, `metadata`). A forced tool
+call, a JSON output format and a function tool's `strict` are honoured under a grammar
+(serve/contract.py), or refused by an engine that cannot decode under one.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ class FunctionTool(_Loose):
     name: Annotated[str, Field(min_length=1, max_length=128)]
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    # accepted: a forced call's arguments are held to `parameters`; a call the model chose to make is not
-    strict: bool | None = None
+    strict: bool | None = Field(
+        None, description="`true`: a call of it has arguments valid under `parameters` (decoded under a grammar, with "
+        "`--engine hf` or `vllm`; `openai` refuses it with a 400)."
+    )  # fmt: skip
 
 
 class NamedFunction(_Loose):
