@@ -219,3 +219,51 @@ def test_the_dashboard_is_the_admins_once_a_run_has_users(users_server: Setup, t
         assert httpx.get(overview).status_code == 200
         Store.for_run_dir(run_dir).users.add("erin")
         assert httpx.get(overview).status_code == 401
+
+
+# --------------------------------------------------------------------------- every wire API, every caller
+
+MESSAGES_BODY = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}
+ROUTES: list[tuple[str, str, dict[str, Any]]] = [
+    ("GET", "/models", {}),
+    ("POST", "/chat/completions", {"model": MODEL, "messages": [user("hello")], "max_tokens": 8}),
+    ("POST", "/responses", {"model": MODEL, "input": "hello", "max_output_tokens": 8}),
+    ("POST", "/messages", MESSAGES_BODY),
+    ("POST", "/messages/count_tokens", {"model": MODEL, "messages": MESSAGES_BODY["messages"]}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=[path for _method, path, _body in ROUTES])
+@pytest.mark.parametrize("header", ["authorization", "x-api-key"])
+def test_every_route_takes_a_users_key_in_either_header_and_refuses_none(users_server: Setup, method: str, path: str,
+                                                                          body: dict[str, Any], header: str) -> None:  # fmt: skip
+    server, keys = users_server.server, users_server.keys
+    sent = {"json": body} if method == "POST" else {}
+    for name in ("alice", "admin"):
+        value = f"Bearer {keys[name]}" if header == "authorization" else keys[name]
+        answered = httpx.request(method, server.base_url + path, headers={header: value}, timeout=60, **sent)
+        assert answered.status_code == 200, (name, answered.text)
+    for headers in ({}, {header: "Bearer sk-clawrl-forged" if header == "authorization" else "sk-clawrl-forged"}):
+        refused = httpx.request(method, server.base_url + path, headers=headers, timeout=60, **sent)
+        assert refused.status_code == 401, (headers, refused.text)
+    # a wrong bearer token beside a right x-api-key (Anthropic's SDK may send both): the valid one counts
+    both = {"authorization": "Bearer wrong", "x-api-key": keys["bob"]}
+    assert httpx.request(method, server.base_url + path, headers=both, timeout=60, **sent).status_code == 200
+
+
+def test_responses_and_messages_are_recorded_as_the_callers_and_reach_only_theirs(users_server: Setup) -> None:
+    server, keys, store = users_server.server, users_server.keys, users_server.store
+    mine = httpx.post(f"{server.base_url}/responses", json={"model": MODEL, "input": "a tea, please", "max_output_tokens": 8},
+                      headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60)  # fmt: skip
+    assert mine.status_code == 200
+    session = store.turns.session(store.turns.turn(mine.json()["id"]).session_id)
+    assert session is not None and session.user_id == "alice"
+    # bob cannot continue alice's response by its id: not found, as a response that does not exist
+    continued = {"model": MODEL, "input": "another", "previous_response_id": mine.json()["id"], "max_output_tokens": 8}
+    stolen = httpx.post(f"{server.base_url}/responses", json=continued, headers={"Authorization": f"Bearer {keys['bob']}"}, timeout=60)
+    assert stolen.status_code == 404 and stolen.json()["error"]["code"] == "previous_response_not_found"
+    assert httpx.post(f"{server.base_url}/responses", json=continued, headers={"Authorization": f"Bearer {keys['alice']}"},
+                      timeout=60).status_code == 200  # fmt: skip
+    message = httpx.post(f"{server.base_url}/messages", json=MESSAGES_BODY, headers={"x-api-key": keys["bob"]}, timeout=60)
+    owner = store.turns.session(store.turns.turn(message.json()["id"]).session_id)
+    assert owner is not None and owner.user_id == "bob"

@@ -134,8 +134,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         return JSONResponse(completion.model_dump(exclude_none=True), headers=service.headers(generation))
 
     # the other wire APIs agents speak, translated to the chat path above (same recording and sessions)
-    responses_api.add_routes(app, service, config, metrics)
-    messages_api.add_routes(app, service, config, metrics)
+    responses_api.add_routes(app, service, config, metrics, keys)
+    messages_api.add_routes(app, service, config, metrics, keys)
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:

@@ -53,14 +53,19 @@ class KeyChecker:
         self._reading: asyncio.Lock | None = None
 
     async def caller(self, headers: Mapping[str, str]) -> Caller:
-        """The caller, or APIError 401. `headers` are the request's, names in lowercase."""
-        key = _given_key(headers)
-        if self.admin_key is not None and key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode()):
-            return ADMIN
+        """The caller, or APIError 401. `headers` are the request's, names in lowercase. A client may
+        send both headers (Anthropic's SDK with a token and a key): either one that holds a valid key
+        names the caller, the admin's first."""
+        keys = _given_keys(headers)
+        if self.admin_key is not None:
+            # every key compared, always: how long the check takes says nothing about which was right
+            matches = [hmac.compare_digest(key.encode(), self.admin_key.encode()) for key in keys]
+            if any(matches):
+                return ADMIN
         owners = await self._key_owners()
-        user = owners.get(key_sha256(key)) if key is not None else None
-        if user is not None:
-            return Caller(user, admin=False)
+        for key in keys:
+            if (user := owners.get(key_sha256(key))) is not None:
+                return Caller(user, admin=False)
         if self.admin_key is None and not owners:
             return ADMIN  # an open server: one person, no keys
         raise APIError(401, NO_KEY, "invalid_api_key")
@@ -76,11 +81,11 @@ class KeyChecker:
         return self._owners
 
 
-def _given_key(headers: Mapping[str, str]) -> str | None:
+def _given_keys(headers: Mapping[str, str]) -> list[str]:
+    """The keys a request carries: its bearer token and its `x-api-key`, those it has."""
     authorization = headers.get("authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip() or None
-    return headers.get("x-api-key", "").strip() or None
+    bearer = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    return [key for key in (bearer, headers.get("x-api-key", "").strip()) if key]
 
 
 def scoped_session_id(user_id: str, name: str) -> str:

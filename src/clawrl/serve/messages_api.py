@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hmac
 import json
 import logging
 import time
@@ -44,6 +43,7 @@ from clawrl.config import ServeConfig
 from clawrl.errors import APIError, describe_validation_error
 from clawrl.model.chat import ResponseDecoder, render_prompt
 from clawrl.serve import openapi, schemas
+from clawrl.serve.auth import KeyChecker
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService, Generation
 from clawrl.serve.messages_schemas import (
@@ -90,14 +90,15 @@ COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics: ServeMetrics) -> None:
-    """`POST /v1/messages` and `POST /v1/messages/count_tokens`, documented in `GET /openapi.json`."""
+def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics: ServeMetrics, keys: KeyChecker) -> None:
+    """`POST /v1/messages` and `POST /v1/messages/count_tokens`, documented in `GET /openapi.json`;
+    `keys` says whose each request is."""
     served_name = config.served_model_name or service.engine.model_name
 
     @app.post(MESSAGES_PATH, **MESSAGES_DOC)
     async def create_message(request: Request) -> Response:
         try:
-            return await _create_message(request, service, config, metrics)
+            return await _create_message(request, service, config, metrics, keys)
         except APIError as error:
             return error_response(error)
         except Exception:  # noqa: BLE001 - answered in this API's error shape, not the app's OpenAI one
@@ -107,7 +108,7 @@ def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics:
     @app.post(COUNT_TOKENS_PATH, **COUNT_TOKENS_DOC)
     async def count_tokens(request: Request) -> Response:
         try:
-            return await _count_tokens(request, service, config, served_name)
+            return await _count_tokens(request, service, config, served_name, keys)
         except APIError as error:
             return error_response(error)
         except Exception:  # noqa: BLE001 - as above
@@ -120,12 +121,13 @@ def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics:
 # --- the routes --------------------------------------------------------------------------------------
 
 
-async def _create_message(request: Request, service: ChatService, config: ServeConfig, metrics: ServeMetrics) -> Response:
-    _authorize(request, config.api_key)
+async def _create_message(request: Request, service: ChatService, config: ServeConfig, metrics: ServeMetrics,
+                          keys: KeyChecker) -> Response:  # fmt: skip
+    headers = {key.lower(): value for key, value in request.headers.items()}
+    caller = await keys.caller(headers)
     started = time.perf_counter()
     item = _parse(AnthropicMessagesRequest, await read_json(request, config.max_body_bytes))
-    headers = {key.lower(): value for key, value in request.headers.items()}
-    prepared = await service.prepare(messages_chat_body(item), headers, id_prefix="msg_")
+    prepared = await service.prepare(messages_chat_body(item), headers, id_prefix="msg_", caller=caller)
     generation = service.start(prepared)  # the session lookup runs on beside it
     if item.stream:
         await service.identify(generation)  # the headers name the session
@@ -152,9 +154,10 @@ async def _create_message(request: Request, service: ChatService, config: ServeC
     return JSONResponse(answer.model_dump(), headers=service.headers(generation))
 
 
-async def _count_tokens(request: Request, service: ChatService, config: ServeConfig, served_name: str) -> Response:
+async def _count_tokens(request: Request, service: ChatService, config: ServeConfig, served_name: str,
+                       keys: KeyChecker) -> Response:  # fmt: skip
     """The prompt `/v1/messages` would render for this request, counted; nothing is generated or recorded."""
-    _authorize(request, config.api_key)
+    await keys.caller({key.lower(): value for key, value in request.headers.items()})
     item = _parse(AnthropicCountTokensRequest, await read_json(request, config.max_body_bytes))
     if item.model not in service.model_names:
         raise APIError(404, f"The model '{item.model}' does not exist; this server serves {served_name!r}.", "model_not_found", "model")
@@ -180,21 +183,7 @@ def _chat_prompt(body: dict[str, Any]) -> tuple[list[Message], list[dict[str, An
     return messages, tools
 
 
-# --- authentication, parsing and errors ---------------------------------------------------------------
-
-
-def _authorize(request: Request, api_key: str | None) -> None:
-    """Anthropic's SDKs send the key as `x-api-key`; OpenAI-style clients (and `auth_token`) as a bearer token."""
-    if api_key is None:
-        return
-    expected = api_key.encode()
-    given_key = request.headers.get("x-api-key", "").encode()
-    given_bearer = request.headers.get("authorization", "").encode()
-    # both compared, always: how long the check takes says nothing about which header was right
-    key_ok = hmac.compare_digest(given_key, expected)
-    bearer_ok = hmac.compare_digest(given_bearer, b"Bearer " + expected)
-    if not (key_ok or bearer_ok):
-        raise APIError(401, "Missing or invalid API key; send 'x-api-key: <key>' (or 'Authorization: Bearer <key>').", "invalid_api_key")
+# --- parsing and errors ---------------------------------------------------------------------------
 
 
 def _parse(model: type[Model], body: dict[str, Any]) -> Model:

@@ -36,7 +36,6 @@ goes out, the same durability rule as a chat stream's finish chunk.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import json
 import logging
@@ -51,6 +50,7 @@ from pydantic import ValidationError
 from clawrl.config import ServeConfig
 from clawrl.errors import APIError, describe_validation_error
 from clawrl.serve import openapi
+from clawrl.serve.auth import Caller, KeyChecker, reaches
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService, Generation
 from clawrl.serve.metrics import ServeMetrics
@@ -83,18 +83,18 @@ ROUTE: dict[str, Any] = {
 }
 
 
-def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics: ServeMetrics) -> None:
-    """`POST /v1/responses`."""
+def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics: ServeMetrics, keys: KeyChecker) -> None:
+    """`POST /v1/responses`; `keys` says whose each request is."""
 
     @app.post("/v1/responses", **ROUTE)
     async def create_response(request: Request) -> Response:
-        _authorize(request, config.api_key)
+        headers = {key.lower(): value for key, value in request.headers.items()}
+        caller = await keys.caller(headers)
         started = time.perf_counter()
         parsed = _parse(await read_json(request, config.max_body_bytes))
-        previous = await _previous_turn(service, parsed.previous_response_id)
-        headers = {key.lower(): value for key, value in request.headers.items()}
+        previous = await _previous_turn(service, parsed.previous_response_id, caller)
         prepared = await service.prepare(chat_body(parsed, previous), headers, id_prefix="resp_",
-                                         recorded=recorded(parsed, headers))  # fmt: skip
+                                         recorded=recorded(parsed, headers), caller=caller)  # fmt: skip
         generation = service.start(prepared)
         created_at = int(time.time())
         await service.identify(generation)  # the headers name the session
@@ -111,14 +111,6 @@ def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics:
             metrics.active.dec()
             metrics.latency.labels("false").observe(time.perf_counter() - started)
         return JSONResponse(response_object(parsed, turn, created_at), headers=service.headers(generation))
-
-
-def _authorize(request: Request, api_key: str | None) -> None:
-    if api_key is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise APIError(401, "Missing or invalid API key; send 'Authorization: Bearer <key>'.", "invalid_api_key")
 
 
 def _parse(body: dict[str, Any]) -> ResponsesRequest:
@@ -140,11 +132,13 @@ def recorded(request: ResponsesRequest, headers: dict[str, str]) -> bool:
     return request.store or headers.get("x-clawrl-record", "").strip().lower() in TRUE_WORDS
 
 
-async def _previous_turn(service: ChatService, response_id: str | None) -> Turn | None:
+async def _previous_turn(service: ChatService, response_id: str | None, caller: Caller) -> Turn | None:
+    """The stored turn `previous_response_id` names: the caller's own (another user's is not found)."""
     if response_id is None:
         return None
-    turn = await asyncio.to_thread(service.store.turns.turn, response_id)
-    if turn is None:
+    turns = service.store.turns
+    turn = await asyncio.to_thread(turns.turn, response_id)
+    if turn is None or not await asyncio.to_thread(reaches, turns, caller, turn.session_id):
         raise APIError(404, f"Previous response with id '{response_id}' not found (a response made with 'store': false "
                             "is never stored).", "previous_response_not_found", "previous_response_id")  # fmt: skip
     return turn
