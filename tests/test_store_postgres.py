@@ -206,3 +206,22 @@ def test_a_nul_in_sampled_text_or_a_message_is_recorded_not_refused(postgres_url
     recorded = store.turns.turn("nul")
     assert recorded is not None and recorded.response_text == "answer\ufffdtext"
     assert recorded.response_token_ids == [3]  # the ids, what trains, are kept as they were
+
+
+def test_users_and_their_sessions_on_postgres(postgres_url: str) -> None:
+    """Users' keys and whose sessions are whose, on a server store: a duplicate name refused by the
+    table's key, a rotated key found and the old one not, sessions listed per user."""
+    from clawrl.store.users import UserError, key_sha256
+
+    store = Store(postgres_url)
+    _user, key = store.users.add("pg-alice")
+    with pytest.raises(UserError):
+        store.users.add("pg-alice")
+    new_key = store.users.rotate_key("pg-alice")
+    owners = store.users.key_owners()
+    assert owners.get(key_sha256(new_key)) == "pg-alice" and key_sha256(key) not in owners
+    record(store, "pg-t1", "pg-alice/work", [user("q")], "a", user_id="pg-alice")
+    assert [session.id for session in store.turns.list_sessions(user_id="pg-alice")] == ["pg-alice/work"]
+    assert store.turns.turns_with_answer([store.turns.turn("pg-t1").answer_fingerprint], "someone-else") == []
+    store.users.remove("pg-alice")
+    assert key_sha256(new_key) not in store.users.key_owners()
