@@ -478,17 +478,16 @@ def test_a_strict_tools_calls_hold_its_input_schema(client: anthropic.Anthropic,
     assert store.turns.turn(plain.id).sampling.grammar is None  # not strict: decoded as ever
 
 
-# Every field bounded by an enum: the SDK's `parse` strips what Anthropic's structured outputs do not
-# take (`maxLength`, `minimum`, `maximum`, moved into descriptions), and an unbounded string or number
-# lets the random model write until max_tokens cuts the JSON short (stop_reason "max_tokens")
+# Every field bounded by an enum or a flag: the SDK's `parse` strips what Anthropic's structured outputs
+# do not take (`maxLength`, `minimum`, `maximum`, moved into descriptions), and an unbounded string or
+# number lets the random model write until max_tokens cuts the JSON short (stop_reason "max_tokens")
 class Forecast(pydantic.BaseModel):
-    # enums and a flag: the SDK moves a string's or a number's bounds into its description (Anthropic's
-    # structured outputs take none), and the untrained model's unbounded string would run to the limit
     city: Literal["Paris", "Lagos", "Lima"]
     days: Literal[1, 2, 3]
     sunny: bool
 
 
+# a raw format keeps its bounds, and the grammar holds them
 PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False, "properties": {
     "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}}  # fmt: skip
 
