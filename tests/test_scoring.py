@@ -8,6 +8,7 @@ code under test works in float32 on left-padded batches with `logits_to_keep`, s
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -415,3 +416,53 @@ def test_scores_under_a_grammar_are_the_masked_distributions_and_so_are_their_gr
     assert (forced.logprobs[0] >= free.logprobs[0] - 1e-12).all()  # a mask only ever raises a kept token's share
     scored = score_response(model, prompts[0], responses[0], top_k=0, allowed_bits=words[0, :6])
     torch.testing.assert_close(torch.tensor(scored.logprobs, dtype=torch.float64), expected[0, :6], rtol=0, atol=1e-12)
+
+
+def test_a_lazy_grammar_turn_is_replayed_to_the_masks_it_was_sampled_under(tool_model_dir: Path) -> None:
+    """A strict tool under `tool_choice` auto (`text_or_calls_grammar`), sampled by the hf engine (the
+    tool model, which calls get_weather): the trainer's replay of the grammar over the response ids
+    (`allowed_bits`) gives the masks the engine sampled under. Scored under them in float64, the
+    chunked scorer equals the full logits masked by hand, and both the log-probs the engine recorded
+    (float32); the masks leave free text nearly whole and narrow the call to few tokens, often one."""
+    from transformers import AutoTokenizer
+
+    from clawrl.engines.base import SamplingParams
+    from clawrl.model.chat import render_prompt
+    from clawrl.model.constraints import GrammarVocabulary, allowed_bits, text_or_calls_grammar
+    from tests.helpers import WEATHER_QUESTION, running_hf_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(tool_model_dir)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "required": ["city", "days"],
+              "properties": {"city": {"enum": ["Paris", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}}}}}]  # fmt: skip
+    grammar = text_or_calls_grammar(tokenizer, tools, {"get_weather"})
+    prompt = render_prompt(tokenizer, [{"role": "user", "content": WEATHER_QUESTION}], tools)
+    opening = tokenizer.convert_tokens_to_ids("<tool_call>")
+
+    async def sampled() -> list[tuple[int, float]]:
+        async with running_hf_engine(tool_model_dir) as engine:
+            for seed in range(8):
+                sampling = SamplingParams(temperature=1.0, max_tokens=60, seed=seed, grammar=grammar)
+                steps = [(step.token_id, step.logprob) async for step in engine.generate(prompt, sampling)]
+                if opening in [token_id for token_id, _ in steps]:
+                    return steps
+        raise AssertionError("the tool model made no call in 8 seeds")
+
+    steps = asyncio.run(sampled())
+    response, recorded = [token_id for token_id, _ in steps], torch.tensor([logprob for _, logprob in steps], dtype=torch.float64)
+    model64 = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float64).eval()
+    vocab = model64.config.vocab_size
+    masks = allowed_bits(grammar, GrammarVocabulary.of(tokenizer, vocab), response)
+    allowed = unpack_bits(masks, vocab)
+    by_hand = torch.log_softmax(reference(model64, prompt, response).masked_fill(~allowed, float("-inf")), dim=-1)
+    expected = chosen(by_hand, response)
+    rows = pack_rows([prompt], [response], torch.device("cpu"))
+    with torch.no_grad():
+        scored = response_scores(model64, rows, chunk_tokens=4, allowed_bits=masks.unsqueeze(0)).logprobs[0]
+    torch.testing.assert_close(scored, expected, rtol=0, atol=1e-10)
+    torch.testing.assert_close(recorded, expected, rtol=0, atol=1e-4)  # the engine's masks were these
+    counts = allowed.sum(-1)
+    call_starts = response.index(opening)
+    assert (counts[: call_starts + 1] > vocab - 100).all()  # free text, up to the marker: nearly whole
+    assert (counts[call_starts + 1 :] == 1).any() and (counts[call_starts + 1 :] < 100).all()
+    unmasked = chosen(reference(model64, prompt, response), response)
+    assert not torch.allclose(expected, unmasked, atol=1e-2)  # the call's masks mattered
