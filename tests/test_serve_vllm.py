@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -28,6 +29,7 @@ from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.types import NextState, TurnContext
 from tests.helpers import (
+    WEATHER_QUESTION,
     WEATHER_TOOL,
     BorrowedEngine,
     LoadClients,
@@ -150,18 +152,54 @@ def test_vllm_holds_json_outputs_and_forced_calls_with_the_masked_log_probs(vllm
         call = httpx.post(f"{server.base_url}/chat/completions", json=forced, timeout=120).json()["choices"][0]
         assert call["finish_reason"] == "tool_calls" and call["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
         turn = server.app.state.service.store.turns.turn(answer.headers["X-Clawrl-Turn"])
-    reference = AutoModelForCausalLM.from_pretrained(tool_model_dir, dtype=torch.float32).eval()
-    tokenizer = vllm_tool_engine.tokenizer
-    masks = allowed_bits(turn.sampling.grammar, GrammarVocabulary.of(tokenizer, reference.config.vocab_size), turn.response_token_ids)
+    recorded, masked, raw = _recorded_masked_and_raw(turn, tool_model_dir, vllm_tool_engine)
+    assert torch.allclose(recorded, masked, atol=2e-3), (recorded - masked).abs().max()
+    assert not torch.allclose(recorded, raw, atol=2e-2)  # the mask mattered
+
+
+def test_vllm_holds_a_strict_tools_calls_under_the_lazy_grammar(vllm_tool_engine: VLLMEngine, run_dir: Path,
+                                                                 tool_model_dir: Path) -> None:  # fmt: skip
+    """A strict tool under `tool_choice` auto on vLLM: the lazy grammar (free text, or text then calls),
+    sent as text to its guidance backend (llguidance 1.7 there, 1.9 in clawrl's venv), holds the call
+    the tool model chooses to make, and the recorded log-probs are those of the distribution masked
+    as the trainer's replay masks it."""
+    parameters = {"type": "object", "required": ["city", "days"], "properties": {
+        "city": {"enum": ["Paris", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}}}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": parameters}}
+    with start_server(Path("unused"), run_dir, engine=BorrowedEngine(vllm_tool_engine)) as server:
+        model = httpx.get(f"{server.base_url}/models").json()["data"][0]["id"]
+        for seed in range(6):
+            body = {"model": model, "messages": [user(WEATHER_QUESTION)], "max_tokens": 80, "seed": seed,
+                    "temperature": 1.0, "tools": [tool]}  # fmt: skip
+            answer = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+            calls = answer.json()["choices"][0]["message"].get("tool_calls") or []
+            if calls:
+                break
+        else:
+            pytest.fail("the tool model made no call in 6 seeds on vLLM")
+        arguments = json.loads(calls[0]["function"]["arguments"])
+        assert arguments["city"] in ("Paris", "Lima") and 1 <= arguments["days"] <= 9 and set(arguments) == {"city", "days"}
+        turn = server.app.state.service.store.turns.turn(answer.headers["X-Clawrl-Turn"])
+    assert turn.sampling.grammar is not None
+    recorded, masked, raw = _recorded_masked_and_raw(turn, tool_model_dir, vllm_tool_engine)
+    assert torch.allclose(recorded, masked, atol=2e-3), (recorded - masked).abs().max()
+    assert not torch.allclose(recorded, raw, atol=2e-2)  # the mask mattered
+
+
+def _recorded_masked_and_raw(turn: Any, model_dir: Path, engine: VLLMEngine) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A turn's recorded log-probs; the fp32 model's in transformers under the masks the trainer
+    replays from the turn's grammar; and the model's without them."""
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vocabulary = GrammarVocabulary.of(engine.tokenizer, reference.config.vocab_size)
+    masks = allowed_bits(turn.sampling.grammar, vocabulary, turn.response_token_ids)
     with torch.no_grad():
         logits = reference(input_ids=torch.tensor([turn.prompt_token_ids + turn.response_token_ids])).logits[0]
     logits = logits[len(turn.prompt_token_ids) - 1 : -1]
     chosen = torch.tensor(turn.response_token_ids)[:, None]
     masked = torch.log_softmax(masked_logits(logits, masks), -1).gather(1, chosen)[:, 0]
     raw = torch.log_softmax(logits, -1).gather(1, chosen)[:, 0]
-    recorded = torch.tensor(turn.response_logprobs)
-    assert torch.allclose(recorded, masked, atol=2e-3), (recorded - masked).abs().max()
-    assert not torch.allclose(recorded, raw, atol=2e-2)  # the mask mattered
+    return torch.tensor(turn.response_logprobs), masked, raw
 
 
 @pytest.mark.parametrize(
