@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import hmac
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -33,7 +32,7 @@ def key_matches(authorization: str, api_key: str) -> bool:
     elif scheme.lower() == "basic":
         try:
             given = base64.b64decode(credentials.strip(), validate=True).decode("utf-8").partition(":")[2]
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (binascii.Error; a non-ASCII byte is a plain ValueError), or not UTF-8
             return False
     else:
         return False

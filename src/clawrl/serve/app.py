@@ -210,7 +210,8 @@ def _feedback_target(store: Store, item: schemas.FeedbackRequest, caller: Caller
             raise APIError(400, f"Turn '{item.turn}' does not belong to session '{item.session_id}'.", "invalid_value", "turn")
         return turn.id
     assert item.session_id is not None
-    session_id = owned_session_id(store.turns, caller.user_id, item.session_id)
+    # the admin reaches any session by its id; a user their own session of that name
+    session_id = item.session_id if caller.admin else owned_session_id(store.turns, caller.user_id, item.session_id)
     last = store.turns.last_main_turn(session_id) if reaches(store.turns, caller, session_id) else None
     if last is None:
         raise APIError(404, f"Session '{item.session_id}' has no recorded main turn.", "session_not_found", "session_id")

@@ -29,6 +29,7 @@ KEYS_FRESH_S = 1.0
 NO_KEY = "Missing or invalid API key; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
 # A session a user names is stored under their name (`scoped_session_id`): the column holds this much
 MAX_SESSION_ID_CHARS = 256
+OWNED_NAME_ATTEMPTS = 8  # `~`-marked variants of a name tried when others hold it (`owned_session_id`)
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,25 @@ def scoped_session_id(user_id: str, name: str) -> str:
 
 def owned_session_id(sessions: TurnStore, user_id: str, name: str) -> str:
     """The id of `user_id`'s session called `name`: `name` itself when a session of that id is theirs
-    (one the server named, sent back to it), else `scoped_session_id` (a store read for a user only)."""
+    (one the server named, sent back to it), else `scoped_session_id`, unless that id is a session of
+    someone else's: the default user may hold any name (the admin names "alice/inbox", or a run from
+    before users did), and a user's may be the admin's choice too. Then the next of `~`-marked
+    variants that is free or the caller's ("alice/~inbox", "~alice/inbox" for the admin): naming a
+    session never joins another's, and the same name keeps finding the same session."""
     if user_id != DEFAULT_USER:
         session = sessions.session(name)
         if session is not None and session.user_id == user_id:
             return name
-    return scoped_session_id(user_id, name)
+    scoped = scoped_session_id(user_id, name)
+    head = "" if user_id == DEFAULT_USER else f"{user_id}/"
+    for _attempt in range(OWNED_NAME_ATTEMPTS):
+        session = sessions.session(scoped)
+        if session is None or session.user_id == user_id:
+            return scoped
+        scoped = head + "~" + scoped.removeprefix(head)
+        if len(scoped) > MAX_SESSION_ID_CHARS:
+            break
+    raise APIError(409, f"The session name {name!r} is taken; choose another.", "session_name_taken")
 
 
 def reaches(sessions: TurnStore, caller: Caller, session_id: str) -> bool:

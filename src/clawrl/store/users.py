@@ -4,7 +4,8 @@ A key is shown once, when it is made (`add`, `rotate_key`), and never stored: th
 SHA-256, and a request's key is found by hashing it and looking the digest up. Keys are 256 random
 bits, so a fast hash is as good as a slow one against a stolen table, and a lookup of a digest
 tells a timing attacker nothing about the key. A user's records are not removed with the user
-(that is forgetting, a separate act); they stay the removed user's, seen by the admin only.
+(that is forgetting, a separate act); they stay the removed user's, seen by the admin only, and
+their name is not given to anyone else while they do (a new "dave" would reach them).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
-from clawrl.store.schema import UserRow
+from clawrl.store.schema import SessionRow, UserRow
 from clawrl.types import DEFAULT_USER, User
 
 KEY_PREFIX = "sk-clawrl-"
@@ -53,6 +54,9 @@ class UserStore:
             raise UserError(f"{name!r} is not a user name: use up to 32 lowercase letters, digits, '.', '_' or '-'")
         if name == DEFAULT_USER:
             raise UserError(f"{DEFAULT_USER!r} is the name of the records made without a user's key; choose another")
+        if self._owns_records(name):
+            raise UserError(f"{name!r} was a user whose records are still stored; a new user of that name would get "
+                            "them: choose another name")  # fmt: skip
         key, now = new_key(), time.time()
         row = UserRow(id=name, key_sha256=key_sha256(key), key_hint=key[:KEY_HINT_CHARS], created_at=now, key_created_at=now)
         try:
@@ -61,6 +65,10 @@ class UserStore:
         except IntegrityError:
             raise UserError(f"there is already a user called {name!r}") from None
         return self.get(name), key
+
+    def _owns_records(self, name: str) -> bool:
+        with self.database.read() as db:
+            return db.scalars(select(SessionRow.id).where(SessionRow.user_id == name).limit(1)).first() is not None
 
     def get(self, name: str) -> User:
         with self.database.read() as db:
