@@ -8,7 +8,6 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from clawrl.store import Store
 from clawrl.store.users import UserError
-from tests.helpers import ServerThread, record, start_server, user
+from tests.helpers import ServerThread, record, start_server, user, wait_until
 
 ADMIN_KEY = "sk-admin-test"
 MODEL = "tiny"
@@ -189,13 +188,10 @@ def test_a_key_added_rotated_or_removed_takes_effect_within_a_second(users_serve
 
 
 def wait_for_status(server: ServerThread, key: str | None, status: int, timeout_s: float = 5.0) -> bool:
-    """Whether `GET /v1/models` with `key` answers `status` within `timeout_s` (the keys are read once a second)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if httpx.get(f"{server.base_url}/models", headers={"Authorization": f"Bearer {key}"} if key else {}).status_code == status:
-            return True
-        time.sleep(0.1)
-    return False
+    """That `GET /v1/models` with `key` answers `status` within `timeout_s` (the keys are read once a second)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return wait_until(lambda: httpx.get(f"{server.base_url}/models", headers=headers).status_code == status,
+                      timeout_s, f"GET /v1/models to answer {status}", every=0.1)  # fmt: skip
 
 
 def test_an_open_server_closes_once_it_has_a_user(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ import pytest
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from clawrl.store.users import UserError
-from tests.helpers import user
+from tests.helpers import healthz, user, wait_until
 
 ADMIN_KEY = "sk-admin-attacks-" + secrets.token_hex(16)  # random, so that a grep of the log finds only this
 MODEL = "tiny"
@@ -83,16 +83,11 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     root = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
+        def up() -> bool:
             assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{root}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+            return healthz(root) is not None
+
+        wait_until(up, 120, "the server to start", every=0.1)
         store = Store.for_run_dir(run_dir)
         yield Served(root, keys, store, run_dir, log, every_key=list(keys.values()))
     finally:
