@@ -232,14 +232,16 @@ class Conversation:
     def __init__(self, store: Store, tokenizer: Any) -> None:
         self.store, self.tokenizer = store, tokenizer
 
-    def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False) -> None:
-        """Record `answer` to `question` as a main turn; `after` names the turn it continues (whose
-        next state `question` becomes), `done` ends the session with it."""
+    def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False,
+             user_id: str = DEFAULT_USER) -> None:  # fmt: skip
+        """Record `answer` to `question` as a main turn (of a session of `user_id`'s); `after` names the
+        turn it continues (whose next state `question` becomes), `done` ends the session with it."""
         messages = [{"role": "user", "content": question}]
         response = self.tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
         record(
             self.store, turn_id, session, messages, answer, continues_turn_id=after, next_state=messages,
             session_done=done, id_source="header", model="tiny", prompt_token_ids=render_prompt(self.tokenizer, messages, None),
+            user_id=user_id,
             response_token_ids=response, response_logprobs=[-1.0] * len(response),
         )  # fmt: skip
 

@@ -20,6 +20,7 @@ from clawrl.serve.completions import ChatService
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
+from clawrl.versions.follower import PolicyFollower
 from clawrl.store.records import judgment_row, turn_row
 from clawrl.store.schema import SampleRow, SessionRow
 from tests.helpers import judgment, record, running_hf_engine, turn, user
@@ -60,12 +61,14 @@ def test_a_stream_hung_up_while_its_turn_waits_to_be_written_is_still_recorded(t
     async def scenario() -> tuple[str, Any]:
         async with running_hf_engine(tiny_model_dir, cpu_threads=1) as engine:
             store = Store.for_run_dir(tmp_path)
-            service = ChatService(engine, store, ServeConfig(), ServeMetrics(store), {engine.model_name})
+            metrics = ServeMetrics(store)
+            policy = PolicyFollower(engine, store, metrics.registry, poll_s=1.0)
+            service = ChatService(engine, store, ServeConfig(), metrics, {engine.model_name}, policy)
             loop = asyncio.get_running_loop()
             loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
             body = {"model": engine.model_name, "messages": [user("hi")], "max_tokens": 4, "stream": True}
             prepared = await service.prepare(body, {})
-            generation = service.start(prepared)
+            generation = await service.start(prepared)
             events = service.stream(generation)
             release = threading.Event()
             busy = loop.run_in_executor(None, release.wait)  # every worker thread is busy

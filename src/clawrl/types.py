@@ -44,6 +44,7 @@ Method = Literal["rl", "opd", "combine"]
 Teacher = Literal["base", "policy"]  # the OPD teacher: the frozen starting weights or the current ones
 WeightsKind = Literal["lora", "full"]
 PointerReason = Literal["publish", "rollback"]
+AdaptersMode = Literal["shared", "per-user"]  # one lineage for everyone, or one per user (DESIGN §12)
 # the lineage everyone's turns train (`--adapters shared`, today the only one); per-user lineages take the user's name
 SHARED_LINEAGE = "shared"
 # The user whose records are those of a server without users (and every record of a run from before

@@ -49,7 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     engine = build_engine(engine_config, _resolved_model(model))
     judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher)
     trainer = _trainer_process(settings)
-    app = create_app(engine, store, serve_config, judge, trainer)
+    app = create_app(engine, store, serve_config, judge, trainer, settings.train.adapters)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
         # uvicorn shuts down gracefully on SIGTERM (in-flight requests and streams finish, the judge

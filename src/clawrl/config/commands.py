@@ -46,6 +46,7 @@ class ServeSettings(CommandSettings):
             raise ValueError(f"--lora-rank {train.lora_rank} is above --max-lora-rank {engine.max_lora_rank}; "
                              "raise --max-lora-rank or lower --lora-rank")
         _check_quantized_base_is_frozen(engine, train)
+        _check_per_user_lineages(train)
         return self
 
 
@@ -60,6 +61,7 @@ class TrainSettings(CommandSettings):
     @model_validator(mode="after")
     def _a_quantized_base_cannot_train(self) -> Self:
         _check_quantized_base_is_frozen(self.engine, self.train)
+        _check_per_user_lineages(self.train)
         return self
 
 
@@ -68,6 +70,19 @@ def _check_quantized_base_is_frozen(engine: EngineConfig, train: TrainConfig) ->
     if engine.quantize != "none" and train.full:
         raise ValueError(f"--quantize {engine.quantize} keeps the base frozen in 4 bits; "
                          "--full would train every weight: drop one of them")
+
+
+def _check_per_user_lineages(train: TrainConfig) -> None:
+    if train.adapters != "per-user":
+        return
+    # a full model per user is a copy of the base per user: only adapters beside one base scale to many users
+    if train.full:
+        raise ValueError("--adapters per-user trains a LoRA adapter per user; --full would need a model copy per "
+                         "user: drop one of them")
+    # the teacher is scored when a sample is built, over every user's turns at once, before any lineage is chosen
+    if train.teacher == "policy":
+        raise ValueError("--adapters per-user takes the OPD teacher from the base (--teacher base); --teacher policy "
+                         "would need each user's own weights loaded to build each sample")
 
 
 class JudgeSettings(CommandSettings):

@@ -8,6 +8,7 @@ from pydantic import BeforeValidator, Field, PlainSerializer
 from pydantic_settings import NoDecode
 
 from clawrl.config.base import ComponentSettings, FlagList, Names, as_flag_list, flag_spelling, split_commas
+from clawrl.types import AdaptersMode
 
 # Where the trainer reports its metrics (`clawrl.train.trackers`): `--report-to tensorboard,mlflow`.
 Trackers = Annotated[list[Literal["tensorboard", "trackio", "wandb", "mlflow"]], NoDecode, BeforeValidator(split_commas),
@@ -81,6 +82,13 @@ class TrainConfig(LossConfig):
         None,
         description="Update: `rl` (binary reward, A = r), `opd` (on-policy distillation from the hinted teacher) or "
         "`combine` (both). On `clawrl serve`, unset means no trainer; `clawrl train` uses `combine` when unset.",
+    )
+    adapters: AdaptersMode = Field(
+        "shared",
+        description="Whose turns train which adapter: `shared` (one lineage trained on everyone's turns, served to "
+        "everyone) or `per-user` (each user's judged turns train their own LoRA lineage from the base, and each "
+        "user's requests are answered by their own current version; `clawrl users`). Give `clawrl serve` and "
+        "`clawrl train` the same value. LoRA only.",
     )
     batch_size: int = Field(16, ge=1, description="Samples per optimizer step; a step fires when this many are ready.")
     ppo_epochs: int = Field(

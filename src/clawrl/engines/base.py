@@ -55,6 +55,10 @@ def validated_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> list[
     return copied
 
 
+class LineageNotLoadedError(ValueError):
+    """The lineage's current version is not loaded in this engine (never loaded, or evicted): load it first."""
+
+
 class EngineClosedError(RuntimeError):
     """The engine was closed (or never started) while a request or task needed it."""
 

@@ -33,6 +33,7 @@ from clawrl.serve.metrics import ServeMetrics, timed_stream
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
 from clawrl.trainer_process import TrainerProcess
+from clawrl.types import AdaptersMode
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,14 @@ READY_STORE_TIMEOUT_S = 5.0  # /readyz waits this long for the store
 
 
 def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None,
-               trainer: TrainerProcess | None = None) -> FastAPI:
+               trainer: TrainerProcess | None = None, adapters: AdaptersMode = "shared") -> FastAPI:
     """The app; with `judge`, the judge loop runs as a background task of this process. `trainer`
-    (started and stopped by the caller) is reported on /healthz and /metrics."""
+    (started and stopped by the caller) is reported on /healthz and /metrics. `adapters`: whose
+    lineage answers a request (the trainer's `--adapters`)."""
     served_name = config.served_model_name or engine.model_name
     metrics = ServeMetrics(store, trainer)
-    service = ChatService(engine, store, config, metrics, {served_name, engine.model_name})
-    policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s)
+    policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s, per_user=adapters == "per-user")
+    service = ChatService(engine, store, config, metrics, {served_name, engine.model_name}, policy)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -117,7 +119,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         started = time.perf_counter()
         body = await read_json(request, config.max_body_bytes)
         prepared = await service.prepare(body, {k.lower(): v for k, v in request.headers.items()}, caller=caller)
-        generation = service.start(prepared)  # the session lookup runs on beside it
+        generation = await service.start(prepared)  # the session lookup runs on beside it
         if prepared.request.stream:
             await service.identify(generation)  # the headers name the session
             return StreamingResponse(

@@ -31,7 +31,7 @@ from jinja2 import TemplateError
 from pydantic import ValidationError
 
 from clawrl.config import ServeConfig
-from clawrl.engines.base import Engine, GenerationStream, SamplingParams, TokenStep
+from clawrl.engines.base import Engine, GenerationStream, LineageNotLoadedError, SamplingParams, TokenStep
 from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
@@ -49,11 +49,13 @@ from clawrl.serve.sessions import (
 from clawrl.store import Store
 from clawrl.store.turns import TurnWrite
 from clawrl.types import DEFAULT_USER, FinishReason, NextState, Turn, TurnSampling
+from clawrl.versions.follower import PolicyFollower
 
 log = logging.getLogger(__name__)
 
 
 # What a header value carries as is: printable ASCII but `%` (and space, which HTTP trims at the ends)
+_LINEAGE_LOAD_TRIES = 3  # loads of a user's adapter for one request before its eviction is an error
 _HEADER_SAFE = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) != "%")
 
 
@@ -183,8 +185,10 @@ class TurnCommits:
 
 
 class ChatService:
-    def __init__(self, engine: Engine, store: Store, config: ServeConfig, metrics: ServeMetrics, model_names: set[str]) -> None:
-        self.engine, self.store, self.config, self.metrics = engine, store, config, metrics
+    def __init__(self, engine: Engine, store: Store, config: ServeConfig, metrics: ServeMetrics, model_names: set[str],
+                 policy: PolicyFollower) -> None:  # fmt: skip
+        """`policy` says which lineage answers each caller and has the engine hold it."""
+        self.engine, self.store, self.config, self.metrics, self.policy = engine, store, config, metrics, policy
         self.model_names = model_names
         self.side_regex = re.compile(config.side_turn_system_regex) if config.side_turn_system_regex else None
         self._background: set[asyncio.Task[None]] = set()
@@ -286,13 +290,26 @@ class ChatService:
         return requested if requested is not None else min(self.config.default_max_tokens, room)
 
     # --- generating -----------------------------------------------------------------------------
-    def start(self, prepared: PreparedRequest) -> Generation:
-        """Hand the prompt to the engine; the policy version is fixed from here on."""
+    async def start(self, prepared: PreparedRequest) -> Generation:
+        """Hand the prompt to the engine, for the caller's lineage; the policy version is fixed from here on."""
         turn = prepared.turn
+        stream = await self._generate(turn.prompt_token_ids, prepared.sampling, self.policy.lineage_for(prepared.user_id))
         self.metrics.prompt_tokens.inc(len(turn.prompt_token_ids))
         parse_tools = bool(turn.tools) and prepared.request.tool_choice != "none"
         decoder = ResponseDecoder(self.engine.tokenizer, prepared.stop, parse_tools)
-        return Generation(prepared, self.engine.generate(turn.prompt_token_ids, prepared.sampling), decoder)
+        return Generation(prepared, stream, decoder)
+
+    async def _generate(self, prompt_token_ids: list[int], sampling: SamplingParams, lineage: str) -> GenerationStream:
+        """The engine's stream for `lineage`, loading its adapter first where the engine does not hold it.
+        Between the load and the submit, other users' loads may have evicted it again: then once more."""
+        for _ in range(_LINEAGE_LOAD_TRIES - 1):
+            await self.policy.ready(lineage)
+            try:
+                return self.engine.generate(prompt_token_ids, sampling, lineage)
+            except LineageNotLoadedError:
+                log.info("the adapter of %s was evicted before its request started; loading it again", lineage)
+        await self.policy.ready(lineage)
+        return self.engine.generate(prompt_token_ids, sampling, lineage)
 
     async def deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
         """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
@@ -370,6 +387,7 @@ class ChatService:
             "X-Clawrl-Turn": turn.id,
             "X-Clawrl-Session": header_value(turn.session_id),
             "X-Clawrl-Policy-Version": str(generation.stream.policy_version),
+            "X-Clawrl-Policy-Lineage": self.policy.lineage_for(generation.prepared.user_id),
             "X-Clawrl-Turn-Kind": turn.kind,
         }
 

@@ -128,7 +128,7 @@ async def _create_message(request: Request, service: ChatService, config: ServeC
     started = time.perf_counter()
     item = _parse(AnthropicMessagesRequest, await read_json(request, config.max_body_bytes))
     prepared = await service.prepare(messages_chat_body(item), headers, id_prefix="msg_", caller=caller)
-    generation = service.start(prepared)  # the session lookup runs on beside it
+    generation = await service.start(prepared)  # the session lookup runs on beside it
     if item.stream:
         await service.identify(generation)  # the headers name the session
         return StreamingResponse(

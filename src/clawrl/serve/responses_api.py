@@ -95,7 +95,7 @@ def add_routes(app: FastAPI, service: ChatService, config: ServeConfig, metrics:
         previous = await _previous_turn(service, parsed.previous_response_id, caller)
         prepared = await service.prepare(chat_body(parsed, previous), headers, id_prefix="resp_",
                                          recorded=recorded(parsed, headers), caller=caller)  # fmt: skip
-        generation = service.start(prepared)
+        generation = await service.start(prepared)
         created_at = int(time.time())
         await service.identify(generation)  # the headers name the session
         if parsed.stream:

@@ -18,6 +18,7 @@ from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve.app import create_app
 from clawrl.store import Store
+from clawrl.types import AdaptersMode
 
 
 def free_port() -> int:
@@ -30,13 +31,14 @@ class ServerThread:
     """`with ServerThread(engine, store, config) as server:` serves at `server.base_url` until exit."""
 
     def __init__(
-        self, engine: Engine, store: Store, config: ServeConfig | None = None, judge: JudgeWorker | None = None
+        self, engine: Engine, store: Store, config: ServeConfig | None = None, judge: JudgeWorker | None = None,
+        adapters: AdaptersMode = "shared",
     ) -> None:
         config = config or ServeConfig(port=free_port())
         if config.port == 0:
             config = config.model_copy(update={"port": free_port()})
         self.config = config
-        self.app = create_app(engine, store, config, judge)
+        self.app = create_app(engine, store, config, judge, adapters=adapters)
         self._server = uvicorn.Server(uvicorn.Config(self.app, host=config.host, port=config.port, log_level="warning",
                                                     timeout_keep_alive=config.keep_alive_s))
         self._thread = threading.Thread(target=self._server.run, name="clawrl-server", daemon=True)

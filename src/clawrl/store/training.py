@@ -154,8 +154,9 @@ class TrainingStore:
             )
 
     # --- training -------------------------------------------------------------------------------
-    def ready_samples(self, limit: int) -> list[TrainingExample]:
-        """The oldest `limit` ready samples with their turns, in arrival order."""
+    def ready_samples(self, limit: int, user_id: str | None = None) -> list[TrainingExample]:
+        """The oldest `limit` ready samples with their turns, in arrival order: of everyone (None),
+        or of the sessions of `user_id` (a per-user lineage trains on those alone)."""
         query = (
             select(SampleRow, TurnRow)
             .join(TurnRow, TurnRow.id == SampleRow.turn_id)
@@ -163,8 +164,23 @@ class TrainingStore:
             .order_by(SampleRow.id)
             .limit(limit)
         )
+        if user_id is not None:
+            query = query.join(SessionRow, SessionRow.id == TurnRow.session_id).where(SessionRow.user_id == user_id)
         with self.database.read() as db:
             return [TrainingExample(records.turn(turn), records.sample(sample)) for sample, turn in db.execute(query).all()]
+
+    def ready_by_user(self) -> dict[str, tuple[int, int]]:
+        """Per user with ready samples: how many, and the id of their oldest (its arrival order)."""
+        query = (
+            select(SessionRow.user_id, func.count(), func.min(SampleRow.id))
+            .select_from(SampleRow)
+            .join(TurnRow, TurnRow.id == SampleRow.turn_id)
+            .join(SessionRow, SessionRow.id == TurnRow.session_id)
+            .where(SampleRow.status == "ready")
+            .group_by(SessionRow.user_id)
+        )
+        with self.database.read() as db:
+            return {user_id: (count, oldest) for user_id, count, oldest in db.execute(query).all()}
 
     def sample(self, turn_id: str) -> Sample | None:
         with self.database.read() as db:
@@ -229,6 +245,33 @@ class TrainingStore:
                 return 0, reason, None
             row = db.get(PolicyVersionRow, pointer.version)
             return pointer.version, reason, records.policy_version(row) if row is not None else None
+
+    def serving_targets(self) -> dict[str, tuple[int, PointerReason, PolicyVersion | None]]:
+        """`serving_target` of every lineage that has a pointer, in one read: what serving many
+        lineages polls."""
+        with self.database.read() as db:
+            pointers = db.scalars(select(PolicyPointerRow).where(PolicyPointerRow.name == SERVING)).all()
+            numbers = [pointer.version for pointer in pointers if pointer.version != 0]
+            rows = {row.version: row for row in db.scalars(select(PolicyVersionRow).where(PolicyVersionRow.version.in_(numbers)))}
+            targets: dict[str, tuple[int, PointerReason, PolicyVersion | None]] = {}
+            for pointer in pointers:
+                reason: PointerReason = "rollback" if pointer.reason == "rollback" else "publish"
+                row = rows.get(pointer.version)
+                targets[pointer.lineage] = (pointer.version, reason, records.policy_version(row) if row is not None else None)
+            return targets
+
+    def lineages(self) -> list[str]:
+        """Every lineage with a registered version or a serving pointer, sorted."""
+        with self.database.read() as db:
+            named = set(db.scalars(select(PolicyVersionRow.lineage).distinct()))
+            named |= set(db.scalars(select(PolicyPointerRow.lineage).distinct()))
+        return sorted(named)
+
+    def version_numbers(self, lineage: str) -> list[int]:
+        """The lineage's version numbers, ascending: how many steps a sample's behaviour version is behind."""
+        query = select(PolicyVersionRow.version).where(PolicyVersionRow.lineage == lineage).order_by(PolicyVersionRow.version)
+        with self.database.read() as db:
+            return list(db.scalars(query))
 
     def version(self, version: int) -> PolicyVersion | None:
         with self.database.read() as db:

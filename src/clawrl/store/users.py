@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.schema import SessionRow, UserRow
-from clawrl.types import DEFAULT_USER, User
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, User
 
 KEY_PREFIX = "sk-clawrl-"
 KEY_HINT_CHARS = 14  # the prefix and four characters of the secret part
@@ -54,6 +54,9 @@ class UserStore:
             raise UserError(f"{name!r} is not a user name: use up to 32 lowercase letters, digits, '.', '_' or '-'")
         if name == DEFAULT_USER:
             raise UserError(f"{DEFAULT_USER!r} is the name of the records made without a user's key; choose another")
+        if name == SHARED_LINEAGE:
+            raise UserError(f"{SHARED_LINEAGE!r} names the lineage trained on everyone's turns (a user's name is their "
+                            "lineage's with --adapters per-user); choose another")
         if self._owns_records(name):
             raise UserError(f"{name!r} was a user whose records are still stored; a new user of that name would get "
                             "them: choose another name")  # fmt: skip

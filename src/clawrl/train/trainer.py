@@ -11,6 +11,10 @@ in the serving process: the GIL and the CPU are shared. Each round it
    group-normalised advantages (`episodes.py`);
 3. takes the oldest ready samples, dropping those more than `max_staleness` versions old; with
    `batch_size` of them it makes one update (`update.update_step`);
+   with `--adapters per-user` every user has a lineage of their own: of the users with a batch
+   ready, the one whose lineage stepped least recently is stepped, on their samples alone, from
+   their lineage's serving version (its adapter and optimizer state are read from its version
+   directory, so a switch between users costs one load and nothing is lost on a restart);
 4. writes the new version directory and registers it, marking its samples trained and moving the
    serving pointer, in one store transaction (`store/training.py`). If a rollback happened during
    the step, the step is thrown away and its samples stay ready.
@@ -22,12 +26,13 @@ between writing and registering it) is deleted on start and its step redone.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -97,7 +102,9 @@ class Trainer:
         self.config, self.run_dir = config, Path(run_dir)
         self.method = config.method or "combine"
         self.kind: WeightsKind = "full" if config.full else "lora"
-        self.lineage = SHARED_LINEAGE  # the one lineage this trainer extends (per-user lineages: DESIGN §12)
+        self.per_user = config.adapters == "per-user"  # a lineage per user (DESIGN §12), else the shared one
+        self.lineage = SHARED_LINEAGE  # the lineage whose weights are in memory
+        self._stepped_at: dict[str, float] = {}  # per lineage, when this trainer last stepped it: who goes next
         self.training = store.training
         self.device = resolve_device(engine_config.device)
         if self.device.type == "cpu" and engine_config.cpu_threads:
@@ -163,11 +170,12 @@ class Trainer:
     # --- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
         """Discard unregistered version directories and load the version serving uses."""
-        registered = {row.version for row in self.training.versions(self.lineage)}
-        removed = discard_unregistered(self.run_dir, self.lineage, registered)
-        for path in removed:
-            log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
-        self._follow_pointer()
+        on_disk = {path.name for path in (self.run_dir / "policy").iterdir()} if (self.run_dir / "policy").is_dir() else set()
+        for lineage in sorted(on_disk | set(self.training.lineages())):
+            registered = set(self.training.version_numbers(lineage))
+            for path in discard_unregistered(self.run_dir, lineage, registered):
+                log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
+        self._follow_pointer(self.lineage)
 
     def run(self, max_steps: int | None = None, idle_exit_s: float | None = None,
             stop: threading.Event | None = None) -> int:
@@ -183,14 +191,19 @@ class Trainer:
         return made
 
     def run_once(self) -> bool:
-        """One round: follow the pointer, build samples, and step if a batch is ready."""
-        self._follow_pointer()
+        """One round: follow the pointer, build samples, and step a lineage whose batch is ready."""
+        self._follow_pointer(self.lineage)
         self.builder.build()
         self.episode_builder.build()
+        lineage = self._next_lineage()
+        if lineage is None:
+            return False
+        self._follow_pointer(lineage)
         batch = self._take_batch()
         if batch is None:
             return False
         self._train_and_publish(batch)
+        self._stepped_at[lineage] = time.monotonic()
         return True
 
     def close(self) -> None:
@@ -198,23 +211,36 @@ class Trainer:
             tracker.close()
 
     # --- one step ---------------------------------------------------------------------------------
+    def _next_lineage(self) -> str | None:
+        """The lineage to step: the shared one, or, per user, of the users with a batch's worth of
+        ready samples the one stepped least recently (then the one waiting longest): a user who
+        talks a lot cannot starve one who talks little."""
+        if not self.per_user:
+            return SHARED_LINEAGE
+        ready = {user: oldest for user, (count, oldest) in self.training.ready_by_user().items()
+                 if count >= self.config.batch_size}  # fmt: skip
+        if not ready:
+            return None
+        return min(ready, key=lambda user: (self._stepped_at.get(user, 0.0), ready[user]))
+
     def _take_batch(self) -> list[TrainingExample] | None:
-        """The oldest `batch_size` ready samples once there are that many, stale ones dropped first."""
+        """The lineage's oldest `batch_size` ready samples once there are that many, stale ones dropped first."""
         while True:
-            examples = self.training.ready_samples(self.config.batch_size)
-            newest = self.training.newest_version(self.lineage)
-            stale = [
-                example.turn.id
-                for example in examples
-                if newest - example.sample.behaviour_version > self.config.max_staleness
-            ]
+            examples = self.training.ready_samples(self.config.batch_size, self.lineage if self.per_user else None)
+            behind = self._versions_behind()
+            stale = [example.turn.id for example in examples if behind(example) > self.config.max_staleness]
             if not stale:
                 return examples if len(examples) == self.config.batch_size else None
             self.training.drop_samples(stale, "stale")
             log.info("dropped %d sample(s) more than %d versions old", len(stale), self.config.max_staleness)
 
+    def _versions_behind(self) -> Callable[[TrainingExample], int]:
+        """How many versions of the lineage in memory were published after a sample's behaviour version."""
+        numbers = self.training.version_numbers(self.lineage)
+        return lambda example: len(numbers) - bisect.bisect_right(numbers, example.sample.behaviour_version)
+
     def _train_and_publish(self, batch: list[TrainingExample]) -> None:
-        newest = self.training.newest_version(self.lineage)
+        behind = self._versions_behind()
         metrics = update_step(
             self.model,
             self.optimizer,
@@ -229,7 +255,7 @@ class Trainer:
             ppo_epochs=self.config.ppo_epochs,
             mini_batches=self.config.mini_batches,
         )
-        metrics.mean_staleness = sum(newest - example.sample.behaviour_version for example in batch) / len(batch)
+        metrics.mean_staleness = sum(behind(example) for example in batch) / len(batch)
         sample_ids = [example.turn.id for example in batch]
         if metrics.skipped_step:  # a non-finite gradient: the weights are unchanged, the batch would do it again
             self.training.drop_samples(sample_ids, "non_finite_gradient")
@@ -274,17 +300,17 @@ class Trainer:
         return {"judge/live_score": stats.mean_score, "judge/judged": stats.judged} if stats else {}
 
     # --- versions in and out ----------------------------------------------------------------------
-    def _follow_pointer(self) -> None:
-        """Make the weights in memory those of the version the serving pointer names."""
-        target = self.training.serving_version(self.lineage)
-        if target == self.head:
+    def _follow_pointer(self, lineage: str) -> None:
+        """Make the weights in memory those of the version `lineage`'s serving pointer names."""
+        target = self.training.serving_version(lineage)
+        if lineage == self.lineage and target == self.head:
             return
         if target == 0:
             self._load_initial()
         else:
-            self._load_version(target)
-        log.info("training from v%d (step %d)", target, self.step)
-        self.head = target
+            self._load_version(target, lineage)
+        log.info("training %s from v%d (step %d)", lineage, target, self.step)
+        self.lineage, self.head = lineage, target
 
     def _load_initial(self) -> None:
         """The starting point: the adapter as first initialised, or the base weights (from disk)."""
@@ -296,10 +322,12 @@ class Trainer:
         torch.manual_seed(self.config.train_seed)
         self.step = 0
 
-    def _load_version(self, version: int) -> None:
+    def _load_version(self, version: int, lineage: str) -> None:
         row = self.training.version(version)
         if row is None:
             raise RuntimeError(f"the serving pointer names v{version}, which is not registered")
+        if row.lineage != lineage:
+            raise RuntimeError(f"the serving pointer of {lineage!r} names v{version}, a version of {row.lineage!r}")
         if row.kind != self.kind:
             raise RuntimeError(f"v{version} holds {row.kind} weights but this trainer trains {self.kind} (--full)")
         path = Path(row.path)
