@@ -89,7 +89,13 @@ class NullEngine(Engine):
     def policy_version(self) -> int:
         return 0
 
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
+    def lineage_version(self, lineage: str) -> int | None:
+        return 0  # every lineage is answered by the one fixed answer
+
+    def held_versions(self) -> list[int]:
+        return [0]
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams, lineage: str = "shared") -> GenerationStream:
         stream = GenerationStream(0)
         count = min(sampling.max_tokens, len(self._answer))
         for index, token_id in enumerate(self._answer[:count]):

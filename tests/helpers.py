@@ -48,7 +48,7 @@ from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
-from clawrl.types import DEFAULT_USER, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, AdaptersMode, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
 
 # --------------------------------------------------------------------------- the weather tool round trip
 
@@ -124,16 +124,18 @@ def fit(
 
 
 def start_server(
-    model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, engine: Engine | None = None, **serve_options: Any
+    model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, engine: Engine | None = None,
+    adapters: AdaptersMode = "shared", **serve_options: Any,
 ) -> ServerThread:
     """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`.
     The engine is a fresh hf engine on `model_dir`, or `engine` (a `BorrowedEngine` the server
-    neither starts nor stops, e.g. a vLLM server shared by a module's tests)."""
+    neither starts nor stops, e.g. a vLLM server shared by a module's tests); `adapters` as the
+    trainer's `--adapters`."""
     engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
     engine = engine if engine is not None else build_engine(engine_config)
     store = Store.for_run_dir(run_dir)
     worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
-    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker)
+    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker, adapters)
 
 
 class BorrowedEngine(Engine):
@@ -157,14 +159,20 @@ class BorrowedEngine(Engine):
     async def close(self) -> None:
         """Left running for the next server."""
 
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
-        return self.engine.generate(prompt_token_ids, sampling)
+    def lineage_version(self, lineage: str) -> int | None:
+        return self.engine.lineage_version(lineage)
+
+    def held_versions(self) -> list[int]:
+        return self.engine.held_versions()
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams, lineage: str = SHARED_LINEAGE) -> GenerationStream:
+        return self.engine.generate(prompt_token_ids, sampling, lineage)
 
     async def score(self, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int = 0, version: int | None = None) -> ScoredResponse:
         return await self.engine.score(prompt_token_ids, response_token_ids, top_k, version)
 
-    async def load_version(self, version: int, path: Path) -> None:
-        await self.engine.load_version(version, path)
+    async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
+        await self.engine.load_version(version, path, lineage)
 
 
 # --------------------------------------------------------------------------- records in a store
@@ -289,11 +297,12 @@ def converse(base_url: str, lines: list[str]) -> tuple[str, list[str]]:
     return response.headers["x-clawrl-session"], turn_ids
 
 
-def teach(base_url: str, sessions: int) -> list[str]:
+def teach(base_url: str, sessions: int, api_key: str | None = None) -> list[str]:
     """Sessions of three turns: a correction (-1 and a hint), thanks (+1), and a 👍 by /v1/feedback
-    on the last turn. Each gives three samples. Returns the turn ids."""
+    on the last turn (with `api_key`: a user's sessions). Each gives three samples. Returns the turn ids."""
     turn_ids = []
-    with httpx.Client(base_url=base_url, timeout=60) as http:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=base_url, timeout=60, headers=headers) as http:
         for index in range(sessions):
             messages: list[dict[str, Any]] = []
             session = f"teach-{index}-{time.monotonic_ns()}"

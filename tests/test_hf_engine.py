@@ -19,7 +19,7 @@ import torch
 
 from clawrl.config import EngineConfig
 from clawrl.engines import build_engine
-from clawrl.engines.base import GenerationStream, SamplingParams, TokenStep
+from clawrl.engines.base import GenerationStream, LineageNotLoadedError, SamplingParams, TokenStep
 from clawrl.engines.hf import EngineClosedError, HFEngine
 from clawrl.engines.hf_sampling import pick_token
 from clawrl.sim.models import resolve_model
@@ -321,6 +321,66 @@ def test_load_version_swaps_new_requests_and_keeps_in_flight_ones(model_dir: Pat
     assert not torch.allclose(logprobs(r["steps_2"]), logprobs(r["steps_1"]), atol=1e-2)
     assert not torch.allclose(logprobs(r["steps_3"]), logprobs(r["steps_2"]), atol=1e-2)
     torch.testing.assert_close(torch.tensor(r["score_2"].logprobs), logprobs(r["steps_2"]), rtol=0, atol=1e-4)
+
+
+def test_rows_of_different_users_adapters_decode_in_one_forward_each_with_its_own(model_dir: Path, tmp_path: Path) -> None:
+    """Per-user adapters: the base model's rows and two lineages' LoRA rows share every decode forward
+    (PEFT's mixed-adapter batch), and each row's tokens and log-probs are those of its adapter alone."""
+    adapters = {"alice": save_lora_adapter(model_dir, tmp_path / "a", seed=1), "bob": save_lora_adapter(model_dir, tmp_path / "b", seed=2)}
+    sampling = SamplingParams(temperature=0, max_tokens=24)
+
+    async def main() -> tuple[dict[str, list[TokenStep]], dict[str, list[TokenStep]], list[int], dict[str, int]]:
+        async with running_hf_engine(model_dir, max_batch_size=8) as engine:
+            for version, (lineage, path) in enumerate(adapters.items(), start=1):
+                await engine.load_version(version, path, lineage)
+            ids = prompt(engine, "Tell me about the sea.")
+            lineages = ["shared", "alice", "bob"]
+            alone = {lineage: await collect(engine.generate(ids, sampling, lineage)) for lineage in lineages}
+            sizes = batch_sizes(engine)
+            streams = {lineage: engine.generate(ids, sampling, lineage) for lineage in lineages}
+            together = dict(zip(lineages, await asyncio.gather(*(collect(stream) for stream in streams.values()))))
+            return alone, together, sizes, {lineage: stream.policy_version for lineage, stream in streams.items()}
+
+    alone, together, sizes, versions = asyncio.run(main())
+    assert versions == {"shared": 0, "alice": 1, "bob": 2}
+    assert max(sizes) == 3  # the three lineages' rows in one forward
+    assert len({tuple(tokens(steps)) for steps in alone.values()}) == 3  # each adapter answers differently
+    for lineage in alone:
+        assert tokens(together[lineage]) == tokens(alone[lineage]), lineage
+        torch.testing.assert_close(logprobs(together[lineage]), logprobs(alone[lineage]), rtol=0, atol=1e-4)
+
+
+def test_the_least_recently_used_lineage_is_evicted_beyond_max_loaded_adapters_never_while_in_use(model_dir: Path, tmp_path: Path) -> None:
+    paths = [save_lora_adapter(model_dir, tmp_path / f"v{index}", seed=index) for index in range(1, 5)]
+
+    async def until_evicted(engine: HFEngine, lineage: str) -> None:
+        deadline = time.monotonic() + 10
+        while engine.lineage_version(lineage) is not None:
+            assert time.monotonic() < deadline, f"{lineage} was never evicted"
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        async with running_hf_engine(model_dir, max_loaded_adapters=2) as engine:
+            ids = prompt(engine, "Tell me a story.")
+            await engine.load_version(1, paths[0], "alice")
+            await engine.load_version(2, paths[1], "bob")
+            running = engine.generate(ids, SamplingParams(temperature=0, max_tokens=300), "alice")  # alice: in use
+            first = aiter(running)
+            await anext(first)
+            await collect(engine.generate(ids, GREEDY, "bob"))  # bob was asked after alice
+            await engine.load_version(3, paths[2], "carol")  # three held: one must go, and alice is in use
+            await until_evicted(engine, "bob")
+            assert engine.lineage_version("alice") == 1 and engine.lineage_version("carol") == 3
+            with pytest.raises(LineageNotLoadedError):
+                engine.generate(ids, GREEDY, "bob")
+            assert [step async for step in first][-1].finish_reason is not None  # alice's request ran to its end
+            await engine.load_version(4, paths[3], "dave")  # alice is no longer in use and is the least recent
+            await until_evicted(engine, "alice")
+            assert sorted(engine.held_versions()) == [0, 3, 4] and engine.lineage_version("shared") == 0
+            await engine.load_version(2, paths[1], "bob")  # an evicted lineage comes back on its next load
+            assert len(await collect(engine.generate(ids, GREEDY, "bob"))) > 0
+
+    asyncio.run(main())
 
 
 def test_event_loop_stays_responsive_while_generating(model_dir: Path) -> None:

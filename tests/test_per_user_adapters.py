@@ -5,21 +5,25 @@ and each user's requests are answered by their own current version.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from clawrl.config import EngineConfig, TrainConfig
+from clawrl.config import EngineConfig, JudgeConfig, TrainConfig
 from clawrl.config.commands import ServeSettings, TrainSettings
 from clawrl.store import Store
 from clawrl.store.users import UserError
 from clawrl.train.trainer import ADAPTER_WEIGHTS, Trainer
-from clawrl.types import SHARED_LINEAGE
+from clawrl.trainer_process import TrainerProcess
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 from clawrl.versions.files import MANIFEST
-from tests.helpers import Conversation
+from tests.helpers import Conversation, start_server, teach, wait_until
+from tests.test_train_e2e import trainer_configs
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +51,6 @@ def _trainer(model_dir: Path, run_dir: Path, adapters: str) -> Trainer:
 
 
 def _manifest_samples(path: str) -> list[str]:
-    import json
-
     return json.loads((Path(path) / MANIFEST).read_text())["sample_ids"]
 
 
@@ -97,3 +99,38 @@ def test_per_user_refuses_what_cannot_be_per_user_and_shared_is_no_user_name(tmp
         ServeSettings(train=TrainConfig(method="combine", adapters="per-user", teacher="policy"))
     with pytest.raises(UserError, match="names the lineage trained on everyone's turns"):
         Store.for_run_dir(tmp_path).users.add(SHARED_LINEAGE)
+
+
+def test_two_users_on_one_server_train_and_are_answered_by_their_own_lineages(tiny_model_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    store = Store.for_run_dir(run_dir)
+    keys = {name: store.users.add(name)[1] for name in ("alice", "bob")}
+    judge = JudgeConfig(judge_poll_s=0.05)
+    engine, store_config, train = trainer_configs(tiny_model_dir, run_dir, adapters="per-user")
+    with start_server(tiny_model_dir, run_dir, judge=judge, adapters="per-user", policy_poll_s=0.1, served_model_name="m",
+                      api_key="admin-key") as server, TrainerProcess(engine, store_config, train):  # fmt: skip
+        taught = {name: teach(server.base_url, sessions=1, api_key=key) for name, key in keys.items()}
+        for name in keys:
+            wait_until(lambda name=name: store.training.serving_version(name) > 0, 120, f"a version of {name}'s")
+        for name, key in keys.items():
+            (version,) = store.training.versions(name)
+            assert set(_manifest_samples(version.path)) == set(taught[name])  # only their own turns
+            # served once the follower has seen it: their request reports their lineage and version
+            answer = wait_until(lambda key=key, version=version: _answered_by(server.base_url, key, version.version), 30,
+                                f"{name} answered by v{version.version}")  # fmt: skip
+            assert answer.headers["x-clawrl-policy-lineage"] == name
+        admin = _ask(server.base_url, "admin-key")
+        assert (admin.headers["x-clawrl-policy-lineage"], admin.headers["x-clawrl-policy-version"]) == (DEFAULT_USER, "0")
+    assert store.training.versions(SHARED_LINEAGE) == []
+
+
+def _ask(base_url: str, key: str) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "turn_type": "side"}
+    response = httpx.post(f"{base_url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def _answered_by(base_url: str, key: str, version: int) -> httpx.Response | None:
+    response = _ask(base_url, key)
+    return response if response.headers["x-clawrl-policy-version"] == str(version) else None

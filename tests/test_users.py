@@ -263,3 +263,99 @@ def test_responses_and_messages_are_recorded_as_the_callers_and_reach_only_their
     message = httpx.post(f"{server.base_url}/messages", json=MESSAGES_BODY, headers={"x-api-key": keys["bob"]}, timeout=60)
     owner = store.turns.session(store.turns.turn(message.json()["id"]).session_id)
     assert owner is not None and owner.user_id == "bob"
+
+
+# --------------------------------------------------------------------------- every endpoint x every caller
+
+CALLERS = ("own", "other", "admin", "none")  # alice (the owner), bob, the admin, no key
+
+
+@dataclass
+class AliceRecords:
+    """What alice holds on the module's server: a named session, its turn, a response."""
+
+    session: str  # as stored and as `X-Clawrl-Session` names it
+    turn: str
+    response: str
+    secret: str  # a word of her conversation that nobody else may read back
+
+
+@pytest.fixture(scope="module")
+def alice_records(users_server: Setup) -> AliceRecords:
+    server, keys = users_server.server, users_server.keys
+    secret = "pineapple-7781"
+    first = chat(server, keys["alice"], [user(f"my locker code is {secret}")], **{"X-Session-Id": "diary"})
+    assert first.status_code == 200, first.text
+    response = httpx.post(f"{server.base_url}/responses", json={"model": MODEL, "input": f"{secret} again", "max_output_tokens": 8},
+                          headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=60)  # fmt: skip
+    assert response.status_code == 200, response.text
+    return AliceRecords(first.headers["x-clawrl-session"], first.headers["x-clawrl-turn"], response.json()["id"], secret)
+
+
+def _as(setup: Setup, caller: str) -> dict[str, str]:
+    name = {"own": "alice", "other": "bob", "admin": "admin"}.get(caller)
+    return {"Authorization": f"Bearer {setup.keys[name]}"} if name else {}
+
+
+# (what is asked, how, the status for each of CALLERS); a user's key never reaches another's record,
+# and is told so with the answer for a record that does not exist (404), not with a 403
+MATRIX: list[tuple[str, str, str, Any, tuple[int, int, int, int]]] = [
+    ("read the session", "GET", "/v1/sessions/{session}", None, (200, 404, 200, 401)),
+    ("read the session by its name", "GET", "/v1/sessions/diary", None, (200, 404, 404, 401)),
+    ("feedback on the turn", "POST", "/v1/feedback", {"turn": "{turn}", "score": 1}, (200, 404, 200, 401)),
+    ("feedback on the session", "POST", "/v1/feedback", {"session_id": "{session}", "score": 1}, (200, 404, 200, 401)),
+    ("continue the response", "POST", "/v1/responses",
+     {"model": MODEL, "input": "and?", "previous_response_id": "{response}", "max_output_tokens": 4}, (200, 404, 200, 401)),
+    ("register an episode", "POST", "/v1/episodes", {"env": "toolcall", "task": "t", "seed": 0, "group": "g", "group_size": 1},
+     (403, 403, 200, 401)),
+    ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (401, 401, 200, 401)),
+    ("the dashboard's overview", "GET", "/dashboard/api/overview", None, (401, 401, 200, 401)),
+]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("what", "method", "path", "body", "statuses"), MATRIX, ids=[row[0] for row in MATRIX])
+def test_every_endpoint_answers_each_caller_only_what_is_theirs(users_server: Setup, alice_records: AliceRecords, what: str,
+                                                                 method: str, path: str, body: Any, statuses: tuple[int, ...],
+                                                                 caller: str) -> None:  # fmt: skip
+    fill = {"session": alice_records.session, "turn": alice_records.turn, "response": alice_records.response}
+    root = users_server.server.base_url.removesuffix("/v1")
+    sent = json.loads(json.dumps(body).replace("{session}", fill["session"]).replace("{turn}", fill["turn"])
+                      .replace("{response}", fill["response"])) if body is not None else None  # fmt: skip
+    if sent is not None and "group" in sent:
+        sent["group"] = f"g-{caller}"  # each caller's try is a new episode
+    answered = httpx.request(method, root + path.format(**fill), json=sent, headers=_as(users_server, caller), timeout=60)
+    assert answered.status_code == statuses[CALLERS.index(caller)], answered.text
+    if answered.status_code != 200:
+        assert alice_records.secret not in answered.text and "error" in answered.text
+    elif caller == "own" and method == "GET":
+        assert alice_records.secret in answered.text  # her own record, whole
+
+
+def test_listing_sessions_shows_a_user_only_theirs_and_the_admin_all(users_server: Setup, alice_records: AliceRecords) -> None:
+    listed = {}
+    for caller in CALLERS:
+        answered = httpx.get(f"{users_server.server.base_url}/sessions", headers=_as(users_server, caller), timeout=30)
+        listed[caller] = answered.json() if answered.status_code == 200 else answered.status_code
+    assert listed["none"] == 401
+    owners = {caller: {item["user"] for item in listed[caller]["data"]} for caller in ("own", "other", "admin")}
+    assert owners["own"] == {"alice"} and owners["other"] <= {"bob"} and "alice" in owners["admin"]
+    assert alice_records.session in {item["id"] for item in listed["own"]["data"]}
+    assert alice_records.session not in {item["id"] for item in listed["other"]["data"]}
+
+
+def test_metrics_and_health_carry_no_conversation_text(users_server: Setup, alice_records: AliceRecords) -> None:
+    root = users_server.server.base_url.removesuffix("/v1")
+    for path in ("/metrics", "/healthz", "/readyz"):
+        answered = httpx.get(root + path, headers=_as(users_server, "admin"), timeout=30)
+        assert answered.status_code == 200 and alice_records.secret not in answered.text, path
+
+
+def test_bob_naming_alices_session_holds_a_session_of_his_own(users_server: Setup, alice_records: AliceRecords) -> None:
+    store = users_server.store
+    before = len(store.turns.session_turns(alice_records.session))
+    for name in (alice_records.session, "diary"):
+        answered = chat(users_server.server, users_server.keys["bob"], [user("what is the locker code?")], **{"X-Session-Id": name})
+        session = store.turns.session(answered.headers["x-clawrl-session"])
+        assert session is not None and session.user_id == "bob" and alice_records.secret not in answered.text
+    assert len(store.turns.session_turns(alice_records.session)) == before

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clawrl.versions.table import VersionTable
+from clawrl.versions.table import LineageNotLoadedError, VersionTable
 
 
 def test_a_version_in_use_outlives_the_swap_and_goes_when_its_last_request_ends() -> None:
@@ -37,3 +37,25 @@ def test_the_base_is_never_retired_and_a_held_version_can_become_current_again()
     assert table.retire_unused() == [(3, "full weights v3")] and table.current == 0
     with pytest.raises(ValueError):
         table.make_current(3)
+
+
+def test_each_lineage_has_its_current_version_and_the_least_recently_used_goes_first() -> None:
+    table: VersionTable[str] = VersionTable()
+    table.install(0, "base")
+    table.install(1, "alice v1", "alice")
+    table.install(2, "bob v2", "bob")
+    table.install(3, "carol v3", "carol")
+    assert (table.current, table.current_of("alice"), table.current_of("dave")) == (0, 1, None)
+    assert table.use("alice") == 1  # alice asked last: bob is now the least recently used
+    table.pin(2)  # but a request of bob's is running
+    assert table.retire_unused(max_loaded=2) == [(3, "carol v3")]  # so carol goes instead
+    assert table.current_of("carol") is None and table.current_of("bob") == 2
+    with pytest.raises(LineageNotLoadedError, match="carol"):
+        table.use("carol")
+    table.unpin(2)
+    table.install(4, "alice v4", "alice")  # a publish: alice's v1 is nobody's current any more
+    assert table.retire_unused(max_loaded=2) == [(1, "alice v1")]
+    table.make_current(0, "erin")  # a lineage at the base holds nothing and is never evicted
+    table.install(5, "frank v5", "frank")
+    assert table.retire_unused(max_loaded=2) == [(2, "bob v2")]
+    assert table.current == 0 and table.current_of("erin") == 0 and table.current_of("alice") == 4

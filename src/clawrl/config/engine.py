@@ -40,7 +40,15 @@ class EngineConfig(ComponentSettings):
         64, ge=1, description="With --engine vllm: the largest LoRA rank the server accepts (vLLM reserves room for it)."
     )
     max_loras: int = Field(
-        4, ge=2, description="With --engine vllm: LoRA versions loaded at once (the current one and those still in use)."
+        4, ge=2, description="With --engine vllm: LoRA adapters on the device at once, in one batch (vLLM's "
+        "--max-loras); the others clawrl keeps loaded wait in host memory (--max-loaded-adapters)."
+    )
+    max_loaded_adapters: int = Field(
+        8,
+        ge=1,
+        description="LoRA versions an engine keeps loaded beside those requests are using: with --adapters per-user, "
+        "the adapters of the users who asked least recently are unloaded beyond it (never while a request uses one) "
+        "and loaded again on their next request.",
     )
     vllm_kv_cache_gib: float = Field(
         1.0, gt=0, description="With --engine vllm on a CPU: memory for its KV cache (VLLM_CPU_KVCACHE_SPACE)."

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from clawrl.types import ScoredResponse
+from clawrl.types import SHARED_LINEAGE, ScoredResponse
+# raised by `Engine.generate` for a lineage the engine does not hold; defined with the table that knows
+from clawrl.versions.table import LineageNotLoadedError as LineageNotLoadedError
 
 
 @dataclass
@@ -53,10 +55,6 @@ def validated_token_ids(ids: Sequence[int], vocab_size: int, what: str) -> list[
     if any(not 0 <= i < vocab_size for i in copied):
         raise ValueError(f"the {what} has token ids outside the vocabulary [0, {vocab_size})")
     return copied
-
-
-class LineageNotLoadedError(ValueError):
-    """The lineage's current version is not loaded in this engine (never loaded, or evicted): load it first."""
 
 
 class EngineClosedError(RuntimeError):
@@ -198,8 +196,19 @@ class Engine(ABC):
         return None
 
     @abstractmethod
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
-        """Start generating; returns immediately. The stream yields one `TokenStep` per token."""
+    def lineage_version(self, lineage: str) -> int | None:
+        """The version `lineage`'s new requests get, None when the engine does not hold the lineage
+        (never loaded, or evicted beyond `--max-loaded-adapters`). The shared lineage is always held."""
+
+    @abstractmethod
+    def held_versions(self) -> list[int]:
+        """The versions held now (the base, every lineage's current one, those requests still use)."""
+
+    @abstractmethod
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                 lineage: str = SHARED_LINEAGE) -> GenerationStream:  # fmt: skip
+        """Start generating with `lineage`'s current version; returns immediately. The stream yields one
+        `TokenStep` per token. Raises LineageNotLoadedError when the engine does not hold the lineage."""
 
     @abstractmethod
     async def score(
@@ -215,5 +224,6 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    async def load_version(self, version: int, path: Path) -> None:
-        """Make `version` (weights or adapter under `path`) the one new requests get, without pausing."""
+    async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
+        """Make `version` (weights or adapter under `path`; 0 is the base model, `path` unread) the one
+        `lineage`'s new requests get, without pausing."""

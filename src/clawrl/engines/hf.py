@@ -16,11 +16,14 @@ Requests decode together. Each worker iteration:
 1. runs queued tasks (`score`, adapter/weight installs) between decode steps;
 2. admits waiting requests while fewer than `max_batch_size` rows are active: each new prompt is
    prefilled on its own (no padding waste on long prompts), its first token sampled, and its KV
-   cache merged into the running batch of its policy version by left-padding the shorter caches
-   with zero columns;
-3. runs ONE decode forward per batch (normally one batch; two for a while after a weight swap),
-   with a 2-D attention mask that hides each row's padding columns and per-row position ids that
-   count only real tokens, so RoPE sees exactly the positions a solo decode would;
+   cache merged into the running batch of its model by left-padding the shorter caches with zero
+   columns: one batch for the base model and every LoRA version on it, one per full-weight copy;
+3. runs ONE decode forward per batch (normally one batch; two for a while after a full-weight
+   swap), with a 2-D attention mask that hides each row's padding columns and per-row position ids
+   that count only real tokens, so RoPE sees exactly the positions a solo decode would. Rows of
+   different LoRA versions (different users' adapters, or the versions before and after a swap)
+   decode in the same forward: PEFT's mixed-adapter batch applies each row's adapter to its row
+   (`adapter_names`, "__base__" for the base model's rows);
 4. drops finished and cancelled rows from the cache, and trims the leading columns that have
    become padding for every remaining row.
 
@@ -45,12 +48,15 @@ and the trainer share the very function that computes it (`clawrl.model.scoring`
 
 Policy versions
 ---------------
-Every request is pinned to the policy version that was current when it was submitted
-(`GenerationStream.policy_version`) and all its tokens come from that version. LoRA versions are
-PEFT adapters named `v{N}` on the base model; a decode step for a version selects its adapter (or
-disables adapters for version 0). Full-weight versions are separate model copies. A version is
-released once it is neither current nor used by any queued or running request; version 0, the
-base model, stays loaded as the frame LoRA adapters attach to and the frozen reference policy.
+Every request is pinned to the current version of its lineage when it was submitted
+(`GenerationStream.policy_version`; the shared lineage, or a user's with per-user adapters) and all
+its tokens come from that version. LoRA versions are PEFT adapters named `v{N}` on the base model;
+a prefill or a scoring pass switches its adapter on (or adapters off, for version 0), a decode step
+names each row's. Full-weight versions are separate model copies. A version is released once it
+is neither a lineage's current one nor used by any queued or running request, and beyond
+`max_loaded_adapters` the least recently used lineages' versions are released too once unused;
+version 0, the base model, stays loaded as the frame LoRA adapters attach to and the frozen
+reference policy.
 
 The parts: this file is the scheduler (the worker loop, admission, decode steps, tasks);
 `hf_batch.py` the batches and their KV cache, `hf_sampling.py` the token choice,
@@ -92,7 +98,7 @@ from clawrl.model.cuda_share import export_weights, withdraw_export
 from clawrl.model.device import resolve_device, resolve_dtype
 from clawrl.model.scoring import score_response
 from clawrl.model.weights import load_causal_lm, shared_weights
-from clawrl.types import ScoredResponse
+from clawrl.types import SHARED_LINEAGE, ScoredResponse
 from clawrl.versions.table import VersionTable
 
 logger = logging.getLogger(__name__)
@@ -149,6 +155,7 @@ class HFEngine(Engine):
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_batch_size = config.max_batch_size
+        self.max_loaded_adapters = config.max_loaded_adapters
         self.cpu_threads = config.cpu_threads
         self._cache_dir, self._share_weights = config.cache_dir, config.share_weights
         self._quantize = config.quantize
@@ -163,7 +170,7 @@ class HFEngine(Engine):
         # Written by the worker thread only (after start()).
         self._adapters: Adapters | None = None  # the base model and its LoRA adapters, once started
         self._versions: VersionTable[Policy] = VersionTable()  # version 0 once started
-        self._batches: dict[int, Batch] = {}
+        self._batches: dict[int, Batch] = {}  # by frame: 0 for the base model and its adapters, N for full-weight vN
         self._end_ids: frozenset[int] = frozenset()
         self._prefix_cache = PrefixCache(int(config.prefix_cache_gib * 2**30))
 
@@ -250,12 +257,22 @@ class HFEngine(Engine):
         cache = self._prefix_cache
         return {"hits": cache.hits, "reused_tokens": cache.reused_tokens, "entries": len(cache), "bytes": cache.nbytes}
 
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
-        """Queue a generation and return its stream at once; see `TokenStep` for what it yields.
+    def lineage_version(self, lineage: str) -> int | None:
+        with self._cond:
+            return self._versions.current_of(lineage)
+
+    def held_versions(self) -> list[int]:
+        with self._cond:
+            return [version for version, _ in self._versions.items()]
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                 lineage: str = SHARED_LINEAGE) -> GenerationStream:  # fmt: skip
+        """Queue a generation with `lineage`'s current version and return its stream at once; see
+        `TokenStep` for what it yields.
 
         The stream's last step has finish_reason "stop" (an end-of-turn token, included as that
         step) or "length" (`max_tokens`, or the context limit, reached). Raises ValueError for
-        inputs the model cannot take.
+        inputs the model cannot take, LineageNotLoadedError for a lineage the engine does not hold.
         """
         self._check_running()
         validate_sampling(sampling)
@@ -267,7 +284,7 @@ class HFEngine(Engine):
         if sampling.grammar is not None:  # built here: a grammar that cannot be used fails the caller, not the batch
             constraint = Constraint(sampling.grammar, GrammarVocabulary.of(self.tokenizer, self._vocab_size))
         with self._cond:
-            stream = GenerationStream(self._versions.current)
+            stream = GenerationStream(self._versions.use(lineage))
             self._pending.append(Request(prompt, sampling, stream, min(sampling.max_tokens, room), constraint))
             self._cond.notify()
         return stream
@@ -295,8 +312,8 @@ class HFEngine(Engine):
             raise ValueError(f"top_k must be >= 0, got {top_k}")
         return await self._call(lambda: self._score(prompt, response, top_k, version))
 
-    async def load_version(self, version: int, path: Path) -> None:
-        """Make `version` the one new requests get; requests in flight keep theirs.
+    async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
+        """Make `version` the one `lineage`'s new requests get; requests in flight keep theirs.
 
         A directory with `adapter_config.json` is a PEFT LoRA adapter for the base model; anything
         else is a full set of weights, loaded as a second model copy off the worker thread, so
@@ -307,12 +324,12 @@ class HFEngine(Engine):
         self._check_running()
         path = Path(path)
         if version == 0:
-            await self._call(lambda: self._make_current(0))
+            await self._call(lambda: self._make_current(0, lineage))
         elif (path / "adapter_config.json").is_file():
-            await self._call(lambda: self._load_adapter(version, path))
+            await self._call(lambda: self._load_adapter(version, path, lineage))
         else:
             model = await asyncio.to_thread(self._load_model, path)
-            await self._call(lambda: self._install(version, Policy(model)))
+            await self._call(lambda: self._install(version, Policy(model), lineage))
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker thread between decode steps and await its result."""
@@ -374,9 +391,9 @@ class HFEngine(Engine):
                 _deliver(request.stream, request.stream.fail, exc)
                 continue
             if prefilled is not None:
-                joining.setdefault(request.version, []).append(prefilled)
-        for version, rows in joining.items():
-            batch = self._batches.setdefault(version, Batch(version))
+                joining.setdefault(self._frame(request.version), []).append(prefilled)
+        for frame, rows in joining.items():
+            batch = self._batches.setdefault(frame, Batch(frame))
             try:
                 batch.add(rows)
             except Exception as exc:  # noqa: BLE001 - the merged state is unusable: fail its rows
@@ -415,18 +432,28 @@ class HFEngine(Engine):
         if cancelled:
             batch.keep([i for i, row in enumerate(batch.rows) if not row.request.stream.cancelled])
         if not batch.rows:
-            del self._batches[batch.version]
+            del self._batches[batch.frame]
             return
         try:
-            model = self._model_for(batch.version)
-            logits = model(**batch.decode_inputs(self.device)).logits[:, -1]
+            logits = self._decode_forward(batch).logits[:, -1]
             done = self._advance(batch.rows, logits)
             batch.keep([i for i, finished in enumerate(done) if not finished])
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: fail this batch only
             self._fail_batch(batch, exc)
             return
         if not batch.rows:
-            del self._batches[batch.version]
+            del self._batches[batch.frame]
+
+    def _decode_forward(self, batch: Batch) -> Any:
+        """The decode forward of `batch`: its model with the one adapter all its rows use switched on,
+        or, when its rows use several, PEFT's mixed-adapter forward naming each row's."""
+        versions = [row.request.version for row in batch.rows]
+        inputs = batch.decode_inputs(self.device)
+        if len(set(versions)) == 1:
+            return self._model_for(versions[0])(**inputs)
+        assert self._adapters is not None
+        adapter_names = [self._versions.get(version).adapter for version in versions]
+        return self._adapters.mixed_forward(adapter_names, inputs)
 
     def _advance(self, rows: list[Row], logits: torch.Tensor) -> list[bool]:
         """Sample each row's next token and push it; True for rows that are finished (or unread)."""
@@ -451,10 +478,10 @@ class HFEngine(Engine):
         return done
 
     def _fail_batch(self, batch: Batch, exc: BaseException) -> None:
-        logger.warning("decode step failed for %d rows of version %d: %r", len(batch.rows), batch.version, exc)
+        logger.warning("decode step failed for %d rows of frame %d: %r", len(batch.rows), batch.frame, exc)
         for row in batch.rows:
             _deliver(row.request.stream, row.request.stream.fail, exc)
-        self._batches.pop(batch.version, None)
+        self._batches.pop(batch.frame, None)
 
     def _score(self, prompt: list[int], response: list[int], top_k: int, version: int | None) -> ScoredResponse:
         with torch.inference_mode():
@@ -468,28 +495,36 @@ class HFEngine(Engine):
         assert self._adapters is not None
         return self._adapters.model_for(self._versions.get(version))  # ValueError when it is not loaded
 
-    def _load_adapter(self, version: int, path: Path) -> None:
-        """Attach the LoRA adapter at `path` to the base model and make `version` current."""
+    def _frame(self, version: int) -> int:
+        """The batch `version`'s rows decode in: 0 for the base model and its adapters, else its own."""
+        assert self._adapters is not None
+        return 0 if self._versions.get(version).model is self._adapters.base else version
+
+    def _load_adapter(self, version: int, path: Path, lineage: str) -> None:
+        """Attach the LoRA adapter at `path` to the base model and make `version` the lineage's current one."""
         if version in self._versions:
-            self._make_current(version)
+            self._make_current(version, lineage)
             return
         assert self._adapters is not None
-        self._install(version, self._adapters.attach(version, path))
+        self._install(version, self._adapters.attach(version, path), lineage)
 
-    def _install(self, version: int, policy: Policy) -> None:
-        """Register `policy` for `version` (an already loaded one wins) and point new requests at it."""
+    def _install(self, version: int, policy: Policy, lineage: str) -> None:
+        """Register `policy` for `version` (an already loaded one wins) and point the lineage's new requests at it."""
         with self._cond:
-            self._versions.install(version, policy)
+            self._versions.install(version, policy, lineage)
 
-    def _make_current(self, version: int) -> None:
+    def _make_current(self, version: int, lineage: str) -> None:
         with self._cond:
-            self._versions.make_current(version)
+            self._versions.make_current(version, lineage)
 
     def _retire_unused_versions(self) -> None:
-        """Release versions that are not current and that no queued or running request uses (the
-        scheduler's batches and queue are the pins)."""
+        """Release versions that are no lineage's current one and that no queued or running request
+        uses (the scheduler's batches and queue are the pins), then the least recently used
+        lineages' beyond `max_loaded_adapters`."""
+        running = {row.request.version for batch in self._batches.values() for row in batch.rows}
         with self._cond:
-            retired = self._versions.retire_unused({*self._batches, *(request.version for request in self._pending)})
+            in_use = running | {request.version for request in self._pending}
+            retired = self._versions.retire_unused(in_use, self.max_loaded_adapters)
         for version, policy in retired:
             self._prefix_cache.forget(policy.key)
             if policy.adapter is not None:

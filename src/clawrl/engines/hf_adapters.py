@@ -1,7 +1,8 @@
 """The `hf` engine's policies: what serves each version, and the LoRA adapter switched on for it.
 
 A LoRA version is a PEFT adapter named `v{N}` attached to the one base model; a forward for that
-version switches its adapter on (or all adapters off, for version 0). A full-weight version is a
+version switches its adapter on (or all adapters off, for version 0), and a forward of rows of
+several versions names each row's adapter (`mixed_forward`). A full-weight version is a
 model copy of its own. Every `Policy` has a key that is never reused, not even when a version is
 loaded again, so that the prefix cache can never serve one version's keys and values to another.
 Which versions are held, current and in use is the engine's `VersionTable`; this module only
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import PeftModel
@@ -21,6 +23,8 @@ from transformers import PreTrainedModel
 
 # Marks "which adapter is switched on is unknown", forcing the next forward to set it explicitly.
 _ADAPTER_UNKNOWN = "<unknown>"
+_MIXED = "<mixed>"  # marks "the adapter layers are on, each row names its adapter"
+_BASE_ROW = "__base__"  # PEFT's name, in a mixed-adapter batch, for a row that runs without an adapter
 _POLICY_KEYS = itertools.count(1)
 
 
@@ -53,6 +57,16 @@ class Adapters:
                 self._peft.set_adapter(policy.adapter, inference_mode=True)
             self._selected = policy.adapter
         return policy.model
+
+    def mixed_forward(self, adapter_names: list[str | None], inputs: dict[str, Any]) -> Any:
+        """One forward of the base model in which row i runs with adapter `adapter_names[i]` (None:
+        none), for a batch whose rows use several (PEFT's mixed-adapter batch)."""
+        assert self._peft is not None, "rows of several versions on the base model need an adapter attached"
+        if self._selected != _MIXED:  # off for version 0, or unknown: the mixed forward needs the layers on
+            self._peft.base_model.enable_adapter_layers()
+            self._selected = _MIXED  # layers on; which adapter is active is left to the next `model_for`
+        names = [_BASE_ROW if name is None else name for name in adapter_names]
+        return self._peft(**inputs, adapter_names=names)
 
     def attach(self, version: int, path: Path) -> Policy:
         """Attach the LoRA adapter at `path` as `v{version}`: the policy that serves that version."""

@@ -1,6 +1,7 @@
 """The `hf` engine's decode batches: requests, their rows, and the left-padded KV cache they share.
 
-A batch holds the rows of one policy version. A prefilled row joins by left-padding the shorter
+A batch holds the rows that run on one model: the base model's (version 0 and every LoRA version
+on it, whatever adapter each row uses) or one full-weight copy's. A prefilled row joins by left-padding the shorter
 caches with zero columns; finished rows leave, and columns that became padding for every row are
 trimmed. Padding only ever sits left of a row's real tokens, so the relative distances between
 real tokens are those of a solo decode. Worker-thread state: nothing here is shared.
@@ -51,14 +52,15 @@ class Row:
 
 
 class Batch:
-    """Rows of one policy version decoded together over one left-padded `DynamicCache`.
+    """Rows of one model (`frame`: 0 for the base model and its adapters, N for full-weight vN) decoded
+    together over one left-padded `DynamicCache`.
 
     Invariants: every layer's keys/values are [len(rows), heads, width, head_dim]; row i's real
     tokens occupy columns [rows[i].pad, width); at least one row has pad 0 (no wasted column).
     """
 
-    def __init__(self, version: int) -> None:
-        self.version = version
+    def __init__(self, frame: int) -> None:
+        self.frame = frame
         self.rows: list[Row] = []
         self.cache: DynamicCache | None = None
 

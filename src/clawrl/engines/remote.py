@@ -52,7 +52,7 @@ from clawrl.engines.base import (
     validate_sampling,
     validated_token_ids,
 )
-from clawrl.types import ScoredResponse
+from clawrl.types import SHARED_LINEAGE, ScoredResponse
 from clawrl.versions.table import VersionTable
 
 logger = logging.getLogger(__name__)
@@ -190,14 +190,22 @@ class RemoteEngine(Engine):
         """The version new requests get; requests in flight keep the one they started with."""
         return self._versions.current
 
-    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerationStream:
-        """Start a streamed completion at once; see the module docstring."""
+    def lineage_version(self, lineage: str) -> int | None:
+        return self._versions.current_of(lineage)
+
+    def held_versions(self) -> list[int]:
+        return [version for version, _ in self._versions.items()]
+
+    def generate(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                 lineage: str = SHARED_LINEAGE) -> GenerationStream:  # fmt: skip
+        """Start a streamed completion at once, with `lineage`'s current version (its adapter's name is
+        the request's model: the server batches requests of different adapters); see the module docstring."""
         self._check_running()
         validate_sampling(sampling)
         prompt = validated_token_ids(prompt_token_ids, self._vocab_size, "prompt")
         if not 0 < len(prompt) < self.max_context_tokens:
             raise ValueError(f"the prompt must have 1 to {self.max_context_tokens - 1} tokens, got {len(prompt)}")
-        version = self.policy_version
+        version = self._versions.use(lineage)  # LineageNotLoadedError when it is not held
         stream = GenerationStream(version)
         body = self._completion_body(self._versions.get(version), prompt, sampling)
         task = asyncio.get_running_loop().create_task(self._relay(version, body, sampling.top_logprobs, stream))
@@ -232,18 +240,18 @@ class RemoteEngine(Engine):
             self._retire_unused()
         return scored_from_prompt_logprobs(answer["choices"][0].get("prompt_logprobs") or [], len(prompt), response, top_k)
 
-    async def load_version(self, version: int, path: Path) -> None:
-        """Make `version` the one new requests get; requests in flight keep theirs."""
+    async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
+        """Make `version` the one `lineage`'s new requests get; requests in flight keep theirs."""
         self._check_running()
         path = Path(path)
         if version in self._versions:
-            self._versions.make_current(version)  # the base, or a version requests in flight still hold
+            self._versions.make_current(version, lineage)  # the base, or a version still held
         elif (path / "adapter_config.json").is_file():
             base = self._versions.get(0)  # an adapter is a delta on the base model: it goes where the base is
             model = f"{base.model}-v{version}-{uuid.uuid4().hex[:8]}"  # never reused
-            self._versions.install(version, await self._load_adapter(base, model, path))
+            self._versions.install(version, await self._load_adapter(base, model, path), lineage)
         else:
-            self._versions.install(version, await self._load_full_weights(version, path))
+            self._versions.install(version, await self._load_full_weights(version, path), lineage)
         self._retire_unused()
 
     async def _load_adapter(self, base: RemoteVersion, model: str, path: Path) -> RemoteVersion:
@@ -279,7 +287,7 @@ class RemoteEngine(Engine):
     def _retire_unused(self) -> None:
         if self._closed:
             return
-        for number, held in self._versions.retire_unused():
+        for number, held in self._versions.retire_unused(max_loaded=self.config.max_loaded_adapters):
             retiring = asyncio.get_running_loop().create_task(self._retire_quietly(number, held))
             self._tasks.add(retiring)
             retiring.add_done_callback(self._tasks.discard)

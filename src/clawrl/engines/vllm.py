@@ -121,6 +121,8 @@ class VLLMServer:
             "--model", self.model_dir, "--tokenizer", self.tokenizer_dir, "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype, "--seed", str(self.config.seed),
             "--enable-lora", "--max-lora-rank", str(self.config.max_lora_rank), "--max-loras", str(self.lora_slots),
+            # the adapters clawrl keeps loaded beside those on the device wait in vLLM's host cache
+            "--max-cpu-loras", str(self.lora_slots + self.config.max_loaded_adapters),
             "--max-num-seqs", str(self.config.max_batch_size), "--logprobs-mode", "raw_logprobs",
             # clawrl's grammars are llguidance's Lark (model/constraints.py); vLLM applies the mask to the
             # logits before its sampler, so its raw log-probs are the masked distribution's, as hf's are

@@ -23,7 +23,7 @@ from clawrl.config import ServeConfig
 from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
-from clawrl.serve import messages_api, openapi, responses_api, schemas
+from clawrl.serve import messages_api, openapi, records_api, responses_api, schemas
 from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, reaches, scoped_session_id
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
@@ -138,6 +138,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     # the other wire APIs agents speak, translated to the chat path above (same recording and sessions)
     responses_api.add_routes(app, service, config, metrics, keys)
     messages_api.add_routes(app, service, config, metrics, keys)
+    records_api.add_routes(app, store, authorize)
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:
@@ -173,7 +174,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
 
 _KNOWN_PATHS = {"/healthz", "/readyz", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-                "/v1/messages/count_tokens", "/v1/feedback", "/v1/episodes"}
+                "/v1/messages/count_tokens", "/v1/feedback", "/v1/episodes", "/v1/sessions"}
 
 
 class _CountRequests:
@@ -188,7 +189,7 @@ class _CountRequests:
             return
         path = scope["path"]
         endpoint = path if path in _KNOWN_PATHS else "other"
-        for prefix in ("/dashboard", "/v1/episodes/"):  # paths with a variable part count under their prefix
+        for prefix in ("/dashboard", "/v1/episodes/", "/v1/sessions/"):  # paths with a variable part count under their prefix
             if path.startswith(prefix):
                 endpoint = prefix.rstrip("/")
 

@@ -134,6 +134,19 @@ FEEDBACK: dict[str, Any] = {
     "openapi_extra": request_body(schemas.FeedbackRequest),
 }
 
+SESSIONS: dict[str, Any] = {
+    "summary": "List your sessions",
+    "description": "The caller's most recently active sessions (the admin's key: everyone's), newest first.",
+    "responses": errors(400, 401),
+}
+
+SESSION: dict[str, Any] = {
+    "summary": "Read a session",
+    "description": "One of the caller's sessions with every turn: its new input, answer, next state, verdict, "
+    "feedback and sample. The id is the one `X-Clawrl-Session` names, or the name the caller gave it.",
+    "responses": errors(401, 404, why={404: "No such session of the caller's."}),
+}
+
 EPISODE_START: dict[str, Any] = {
     "summary": "Register an episode",
     "description": "Registers an environment episode before its first step; its steps are chat turns of its session.",
