@@ -430,7 +430,9 @@ def test_close_fails_streams_in_flight(model_dir: Path) -> None:
     async def main() -> None:
         engine = HFEngine(EngineConfig(device="cpu"), model_path=model_dir)
         await engine.start()
-        stream = engine.generate(prompt(engine, "hi"), SamplingParams(max_tokens=100_000))
+        # Greedy: this model's greedy answer to "hi" runs to the context limit (32K tokens), so
+        # the stream is surely still open when close() comes; a sampled one may stop early.
+        stream = engine.generate(prompt(engine, "hi"), SamplingParams(temperature=0, max_tokens=100_000))
         await anext(aiter(stream))
         await engine.close()
         with pytest.raises(EngineClosedError):

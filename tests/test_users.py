@@ -306,8 +306,8 @@ MATRIX: list[tuple[str, str, str, Any, tuple[int, int, int, int]]] = [
     ("feedback on the session", "POST", "/v1/feedback", {"session_id": "{session}", "score": 1}, (200, 404, 200, 401)),
     ("continue the response", "POST", "/v1/responses",
      {"model": MODEL, "input": "and?", "previous_response_id": "{response}", "max_output_tokens": 4}, (200, 404, 200, 401)),
-    ("register an episode", "POST", "/v1/episodes", {"env": "toolcall", "task": "t", "seed": 0, "group": "g", "group_size": 1},
-     (403, 403, 200, 401)),
+    ("register an episode", "POST", "/v1/episodes",
+     {"session_id": "ep", "env": "toolcall", "task": "t", "seed": 0, "group_id": "g", "group_size": 1}, (403, 403, 200, 401)),
     ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (401, 401, 200, 401)),
     ("the dashboard's overview", "GET", "/dashboard/api/overview", None, (401, 401, 200, 401)),
 ]
@@ -322,8 +322,8 @@ def test_every_endpoint_answers_each_caller_only_what_is_theirs(users_server: Se
     root = users_server.server.base_url.removesuffix("/v1")
     sent = json.loads(json.dumps(body).replace("{session}", fill["session"]).replace("{turn}", fill["turn"])
                       .replace("{response}", fill["response"])) if body is not None else None  # fmt: skip
-    if sent is not None and "group" in sent:
-        sent["group"] = f"g-{caller}"  # each caller's try is a new episode
+    if sent is not None and "group_id" in sent:
+        sent["session_id"] = f"ep-{caller}"  # each caller's try is a new episode
     answered = httpx.request(method, root + path.format(**fill), json=sent, headers=_as(users_server, caller), timeout=60)
     assert answered.status_code == statuses[CALLERS.index(caller)], answered.text
     if answered.status_code != 200:
