@@ -13,7 +13,7 @@ Three measurements on the tiny model, every engine called through its own API in
    lineage, to its first token served (`--cold-loads` of them).
 3. **A thousand users** through the whole server (`hf` only): `--users` registered users, each
    with a published LoRA version of their own on disk and in the store, a real `clawrl` server
-   (`--adapters per-user`, `--max-loaded-adapters`), and `--requests` chat requests over HTTP from 8
+   (`--adapters per-user`, `--max-loaded-adapters`), and `--user-requests` chat requests over HTTP from 8
    clients, each with a random user's key; reported: failures, the adapters held at most, and the
    latency of requests that loaded their user's adapter against those that found it loaded.
 
@@ -205,7 +205,7 @@ def many_users(model_dir: Path, scratch: Path, maker: AdapterMaker, args: argpar
         def watch() -> None:
             nonlocal held_most
             while not stop:
-                held_most = max(held_most, engine.loaded_adapters())
+                held_most = max(held_most, len([version for version in engine.held_versions() if version != 0]))
                 time.sleep(0.005)
 
         watcher = pool.submit(watch)

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.judge.rule import rule_hints
 from clawrl.messages import HINT_MARKER
 from clawrl.sim import chats, pretrain
-from clawrl.sim.answers import has_markup, is_warm
+from clawrl.sim.answers import TERSE_MAX_WORDS, has_markup, is_warm, sentences, word_count
 from clawrl.sim.chats import (
     DEFAULT_STYLES,
     HINTS,
@@ -73,13 +73,20 @@ def test_the_count_of_shared_hints_sees_a_leak(monkeypatch: pytest.MonkeyPatch) 
     assert hint_strings_shared_with_pretraining() == 1
 
 
+def _one_short_sentence(answer: str) -> bool:
+    return "\n" not in answer.strip() and sentences(answer) == 1 and word_count(answer) <= TERSE_MAX_WORDS
+
+
 def test_without_an_instruction_the_answer_is_mostly_ai_like() -> None:
     rng = random.Random(1)
     answers = [default_chat(rng)[-1]["content"] for _ in range(2000)]
-    styled = Counter("warm" if is_warm(a) else "ai" if has_markup(a) else "plain" for a in answers)
+    styled = Counter(
+        "warm" if is_warm(a) else "ai" if has_markup(a) else "terse" if _one_short_sentence(a) else "plain"
+        for a in answers
+    )
     # formatted warm answers count as warm here, so the markup share is the "ai" share alone
-    assert abs(styled["ai"] / 2000 - DEFAULT_STYLES["ai"]) < 0.04
-    assert abs(styled["plain"] / 2000 - DEFAULT_STYLES["plain"]) < 0.04
+    for style in ("ai", "plain", "terse"):
+        assert abs(styled[style] / 2000 - DEFAULT_STYLES[style]) < 0.04, style
 
 
 def test_memory_notes_are_followed() -> None:

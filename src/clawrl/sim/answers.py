@@ -1,7 +1,7 @@
 """What a simulated user checks in an answer: plain code, so any answer (from the tiny model or a
 real one) is scored without a judge model (DESIGN §8).
 
-The style detectors (`has_markup`, `shows_every_step`, `is_warm`, `word_count`) carry the
+The style detectors (`has_markup`, `shows_every_step`, `is_warm`, `word_count`, `sentences`) carry the
 personas' hidden preferences; `on_topic` and `result_correct` say whether the answer is about the
 problem asked and whether its last number is the reference result (issue 28), which no persona's
 style score hides.
@@ -14,6 +14,7 @@ import re
 from clawrl.sim.corpus import Problem
 
 TEACHER_MIN_WORDS = 70
+TERSE_MAX_WORDS = 25
 
 _BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s", re.MULTILINE)
@@ -27,6 +28,8 @@ _WARM = re.compile(
     re.IGNORECASE,
 )
 _WORD = re.compile(r"[A-Za-z0-9$']+")
+# The end of a sentence: a full stop, "!" or "?" before a space or the end ("$2.50" is not one).
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
 
 
 def has_markup(answer: str) -> bool:
@@ -92,3 +95,18 @@ def student_satisfied(answer: str, problem: Problem) -> bool:
 
 def teacher_satisfied(answer: str, problem: Problem) -> bool:
     return word_count(answer) >= TEACHER_MIN_WORDS and is_warm(answer)
+
+
+def sentences(text: str) -> int:
+    """How many sentences `text` has (an unterminated last one counts)."""
+    stripped = text.strip()
+    if not stripped:
+        return 0
+    return len(_SENTENCE_END.findall(stripped)) + (stripped[-1] not in ".!?")
+
+
+def terse_satisfied(answer: str, problem: Problem) -> bool:
+    """One short sentence without markup or line breaks: what the terse user wants, working or not."""
+    text = answer.strip()
+    return (bool(text) and "\n" not in text and not has_markup(text) and sentences(text) == 1
+            and word_count(text) <= TERSE_MAX_WORDS)

@@ -31,19 +31,19 @@ from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.styles import Style, render
-from clawrl.sim.users import PERSONAS, PRETRAINING_PERSONAS, STUDENT, TEACHER, Persona, evaluation_hints, problems
+from clawrl.sim.users import PERSONAS, PRETRAINING_PERSONAS, STUDENT, TEACHER, TERSE, Persona, evaluation_hints, problems
 
 Chat = list[dict[str, str]]
 
 # Without an instruction: AI-like most of the time. Plain satisfies the student; warm the teacher
-# (and, when it is not formatted, the student too).
-DEFAULT_STYLES: dict[Style, float] = {"ai": 0.76, "plain": 0.14, "warm": 0.1}
+# (and, when it is not formatted, the student too); terse the terse user alone.
+DEFAULT_STYLES: dict[Style, float] = {"ai": 0.7, "plain": 0.14, "warm": 0.1, "terse": 0.06}
 FOLLOW_RATE = 0.96  # how often an instruction, hint, correction or note is followed
 SYSTEM_PROMPTS = (None, DEFAULT_SYSTEM_PROMPT, "You are a friendly assistant.", "You help people with maths homework.")
 CLOSINGS = ("You're welcome!", "Glad I could help. Good luck!", "Anytime! Have a good day.", "Happy to help.")
 # Who wants which style; the "ai" requester exists so that following is about the words, not a
 # shortcut from "any instruction" to "plain".
-PREFERRED: dict[str, Style] = {"student": "plain", "teacher": "warm", "ai": "ai"}
+PREFERRED: dict[str, Style] = {"student": "plain", "teacher": "warm", "terse": "terse", "ai": "ai"}
 
 
 def default_style(rng: random.Random) -> Style:
@@ -65,11 +65,13 @@ def _hints(persona: Persona) -> list[str]:
 HINTS: dict[str, list[str]] = {
     "student": _hints(STUDENT),
     "teacher": _hints(TEACHER),
+    "terse": _hints(TERSE),
     "ai": list(STYLE_INSTRUCTIONS["ai"]),
 }
 INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "student": STUDENT.pretraining.instructions,
     "teacher": TEACHER.pretraining.instructions,
+    "terse": TERSE.pretraining.instructions,
     "ai": STYLE_INSTRUCTIONS["ai"],
 }
 
@@ -91,7 +93,7 @@ def hint_strings_shared_with_pretraining() -> int:
 
 
 def _requester(rng: random.Random) -> str:
-    return rng.choices(("student", "teacher", "ai"), weights=(0.45, 0.4, 0.15))[0]
+    return rng.choices(("student", "teacher", "terse", "ai"), weights=(0.35, 0.3, 0.2, 0.15))[0]
 
 
 def _start(rng: random.Random) -> Chat:

@@ -9,6 +9,9 @@ users (``clawrl.sim.users``) judge answers by detectors that look for these styl
 * **warm**: every step explained, a check, and encouragement for a child learning it; long and
   warm, as the teacher wants. Half of warm answers are formatted like AI-like ones, so that the
   teacher's preference is independent of the student's.
+* **terse**: one short sentence, the question's numbers and the result, no working; what the
+  terse user wants, and what neither the student (every calculation shown) nor the teacher (long
+  and warm) accepts: the preference that conflicts with both (issue 32).
 
 Openers differ between styles from their first word, so the style an answer is in is decided by
 its first token or two: the place where learning changes the model's behaviour most visibly.
@@ -66,7 +69,9 @@ WARM_CLOSERS = (
     "Keep it up, you can do it!",
 )
 
-Style = Literal["ai", "plain", "warm"]
+TERSE_CLOSERS = ("so the answer is {answer}.", "so it's {answer}.", "and the answer is {answer}.")
+
+Style = Literal["ai", "plain", "warm", "terse"]
 
 
 def render_ai(problem: Problem, rng: random.Random) -> str:
@@ -94,10 +99,17 @@ def render_warm(problem: Problem, rng: random.Random) -> str:
     return " ".join([opening, *explained, check, f"So the answer is {problem.answer}.", closer])
 
 
+def render_terse(problem: Problem, rng: random.Random) -> str:
+    """One sentence: the first step's facts (the question's numbers), then the result; no calculation."""
+    facts = problem.steps[0].rstrip(".")
+    return f"{facts}, {rng.choice(TERSE_CLOSERS).format(answer=problem.answer)}"
+
+
 RENDERERS: dict[Style, Callable[[Problem, random.Random], str]] = {
     "ai": render_ai,
     "plain": render_plain,
     "warm": render_warm,
+    "terse": render_terse,
 }
 
 

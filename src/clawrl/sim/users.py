@@ -6,7 +6,10 @@ Two personas ask grade-school word problems and react to the answers the way peo
   like that is "too AI-like";
 * the **teacher** wants answers detailed enough for a child (at least ``TEACHER_MIN_WORDS``
   words) with a few warm, encouraging words;
-* the **strict student** (``student-strict``) wants the student's style *and* the right result.
+* the **strict student** (``student-strict``) wants the student's style *and* the right result;
+* the **terse** user wants one short sentence with the result (at most ``TERSE_MAX_WORDS``
+  words, no working): the opposite of the other two, for the benchmark of several users on one
+  server (issue 32), where a shared policy is pulled both ways.
 
 Whatever the preference, an answer about another problem (``on_topic``: it uses fewer than two of
 the question's numbers) satisfies nobody: every user says so ("that's not what I asked, those
@@ -59,12 +62,14 @@ from clawrl.judge.corpus import TUNING, load_part
 from clawrl.judge.rule import rule_hints
 from clawrl.sim.answers import (
     TEACHER_MIN_WORDS,
+    TERSE_MAX_WORDS,
     has_markup,
     on_topic,
     result_correct,
     student_satisfied,
     student_strict_satisfied,
     teacher_satisfied,
+    terse_satisfied,
 )
 from clawrl.sim.corpus import PROBLEMS, Problem
 
@@ -254,6 +259,67 @@ TEACHER = Persona(
 )
 
 
+TERSE = Persona(
+    name="terse",
+    character="You are a busy parent checking your child's homework answers between meetings.",
+    preference=f"the result in one short sentence (at most {TERSE_MAX_WORDS} words): no working, no lists, no pleasantries",
+    satisfied=terse_satisfied,
+    openers=("{question}", "quick one: {question}", "{question} what's the answer?"),
+    pretraining=Requests(
+        instructions=(
+            "Just the answer in one sentence, please.",
+            "Keep it to a single short sentence.",
+            "No explanation needed, one sentence with the result.",
+        ),
+        corrections=(
+            "too long. give me just the result in one sentence",
+            "I don't need all that. answer in a single short sentence",
+            "way too much. rewrite it as one short sentence with the answer",
+            "no, shorter. one sentence is enough",
+        ),
+        step_corrections=(),  # the terse user never asks for working
+        repeated_corrections=(
+            "still too long. just one sentence please",
+            "that's not short. rewrite it as a single sentence",
+        ),
+        reasks=(
+            "{question} Try again, and please answer in one short sentence.",
+            "I'll ask again: {question} That's too long: just the result, in one sentence.",
+        ),
+    ),
+    evaluation=Requests(
+        instructions=(
+            "Skip the explanation and tell me the result in a line.",
+            "I'm in a hurry, so a brief reply with only the result.",
+            "Answer briefly: a single line, nothing more.",
+        ),
+        corrections=(
+            "that's far more than I need. cut it down to a brief line with the result",
+            "hmm, too wordy for me. reply in a line with only the result",
+            "not what I wanted. skip the explanation and reply briefly",
+            "nope, I only need the result. make it a brief line",
+        ),
+        step_corrections=(),
+        reasks=(
+            "{question} That's not what I asked for. Reply in a line with the result, nothing more.",
+            "Asking again: {question} Try again, briefly this time: only the result.",
+        ),
+        topic_corrections=(
+            "that's not what I asked, those aren't my numbers. please answer this one: {question}",
+            "this is wrong, it's not my question. please do this one: {question}",
+        ),
+    ),
+    pretraining_praise_next=(
+        "perfect, thanks. {question}",
+        "great, exactly what I needed. next: {question}",
+        "ok thanks. {question}",
+    ),
+    pretraining_praise_done=("thanks, that's all.", "great, done. thanks!"),
+    move_on_next=("{question}", "next: {question}", "{question}"),
+    move_on_done=("that's all.", "gotta go.", "bye"),
+)
+
+
 def evaluation_hints(persona: Persona) -> set[str]:
     """Every hint the rule judge can take from what the simulated user says, and its instructions.
 
@@ -266,7 +332,7 @@ def evaluation_hints(persona: Persona) -> set[str]:
 
 # The student who also checks the sums: satisfied only by the student's style, on the problem asked,
 # with the right result; says so when the result is wrong. Pre-trained on nothing of its own (the
-# tiny model's corpus has the student and the teacher only, `PRETRAINING_PERSONAS`).
+# tiny model's corpus has the student, the teacher and the terse user only, `PRETRAINING_PERSONAS`).
 STUDENT_STRICT = replace(
     STUDENT,
     name="student-strict",
@@ -277,8 +343,8 @@ STUDENT_STRICT = replace(
         "that's not the right answer, I checked it. please redo the calculation step by step, in sentences",
     )),
 )
-PRETRAINING_PERSONAS = (STUDENT, TEACHER)  # whom the tiny model's pre-training conversations are with
-PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER, STUDENT_STRICT)}
+PRETRAINING_PERSONAS = (STUDENT, TEACHER, TERSE)  # whom the tiny model's pre-training conversations are with
+PERSONAS: dict[str, Persona] = {persona.name: persona for persona in (STUDENT, TEACHER, STUDENT_STRICT, TERSE)}
 
 
 # --------------------------------------------------------------------------- held-out reactions
