@@ -16,7 +16,9 @@ import pytest
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import run_bench
 from clawrl.sim.memory import NOTES_HEADING
+from clawrl.sim.multi_user import MULTI_USER_TRAIN_DEFAULTS, UserRun, run_multi_user_arm, summarize
 from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
+from clawrl.sim.results import Evaluation
 from clawrl.store import Store
 
 CI_PRETRAIN = PretrainConfig(steps=300)
@@ -121,3 +123,49 @@ def test_the_demo_shows_before_and_after_the_table_and_the_plot(model_dir: Path,
     assert "3/3 sessions" in shown  # the progress bars ran to the end
     assert (tmp_path / "learning.png").stat().st_size > 1000
     assert set(json.loads((tmp_path / "results.json").read_text())["arms"]) == {"none", "combine"}
+
+
+def test_users_on_one_server_are_each_answered_and_trained_by_their_own_lineage(model_dir: Path, tmp_path: Path) -> None:
+    config = BenchConfig(users="student,terse", sessions=3, seeds=1, out=tmp_path, model=str(model_dir),
+                         heldout_prompts=4)  # fmt: skip
+    runs = run_multi_user_arm("per_user", 0, config.users, config, {**MULTI_USER_TRAIN_DEFAULTS, "batch_size": 2},
+                              progress=lambda _: None)
+    store = Store.for_run_dir(tmp_path / "runs" / "per_user-seed0")
+    try:
+        for run in runs:
+            assert run.baseline is not None and run.final is not None and len(run.session_satisfied) == 3
+            assert run.baseline.version == 0  # nobody's lineage had a version before their first session
+            assert run.final.version in store.training.version_numbers(run.user)  # answered by their own lineage
+            assert store.training.serving_version(run.user) == run.final.version
+        assert not store.training.version_numbers("shared")
+    finally:
+        store.close()
+
+
+def test_the_cli_refuses_users_it_has_no_persona_for(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "clawrl.cli", "bench", "learn", "--users", "student,nobody",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--users takes two or more different personas" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_multi_user_summary_pairs_each_users_prompts_across_arms() -> None:
+    def run(user: str, baseline: list[bool], final: list[bool]) -> UserRun:
+        return UserRun(user, Evaluation(0, 0, baseline, ""), Evaluation(2, 3, final, ""), [True, False])
+
+    runs = {
+        "shared": {0: [run("a", [False, False], [True, False]), run("b", [True, False], [False, False])],
+                   1: [run("a", [False, True], [True, True]), run("b", [False, False], [False, False])]},
+        "per_user": {0: [run("a", [False, False], [True, True]), run("b", [True, False], [True, True])],
+                     1: [run("a", [False, True], [True, True]), run("b", [False, False], [True, False])]},
+    }
+    summary = summarize(runs, ["a", "b"])
+    shared_a = summary["arms"]["shared"]["a"]
+    assert shared_a["baseline"] == 0.25 and shared_a["final"] == 0.75
+    assert shared_a["paired"]["mean"] == 0.5 and shared_a["sessions_satisfied"] == 0.5
+    assert summary["arms"]["per_user"]["b"]["final"] == 0.75
+    # b: per-user finals 1.0 and 0.5 against shared 0.0 and 0.0
+    assert summary["paired"]["b"]["per_user-shared"]["mean"] == 0.75
+    assert summary["paired"]["a"]["per_user-shared"]["per_seed"] == {"0": 0.5, "1": 0.0}
+    low, high = summary["paired"]["b"]["per_user-shared"]["ci"]
+    assert low <= 0.75 <= high

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from clawrl.cli.flags import config_from_args
 from clawrl.config import BenchConfig, EngineConfig
@@ -19,9 +20,24 @@ def cmd_bench_learn(args: argparse.Namespace) -> int:
     check_writable_dir(config.out, "--out")
     if not is_locally_built(config.model):
         check_model(config.model)
+    if config.users:
+        return _bench_learn_users(config, given_train_flags(args))
     results = run_bench(config, given_train_flags(args))
     print(f"\n{report_table(results)}\n\nwrote {config.out / 'results.json'}, {config.out / 'report.md'}, "
           f"{config.out / 'learning.png'}")
+    return 0
+
+
+def _bench_learn_users(config: BenchConfig, train_flags: dict[str, Any]) -> int:
+    from clawrl.sim.multi_user import check_users, multi_user_table, run_multi_user_bench
+
+    try:
+        check_users(config.users)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    results = run_multi_user_bench(config, config.users, train_flags)
+    print(f"\n{multi_user_table(results)}\n\nwrote {config.out / 'results.json'}")
     return 0
 
 

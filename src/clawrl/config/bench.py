@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from clawrl.config.base import ComponentSettings, RangeList, as_flag_list, flag_spelling
+from clawrl.config.base import ComponentSettings, Names, RangeList, as_flag_list, flag_spelling
 
 REPORT_SEEDS = "10-14"  # the learning benchmark's report seeds: never used for tuning (0-5 were, before issue 12)
 TUNING_SEEDS = "100-104"  # its development seeds: settings are tuned on these
@@ -94,10 +94,16 @@ class BenchConfig(ComponentSettings):
         Path("runs/bench-learn"),
         description="Output directory: results.json, report.md, learning.png, and one run directory per arm and seed.",
     )
-    persona: Literal["student", "teacher", "student-strict"] = Field(
+    persona: Literal["student", "teacher", "terse", "student-strict"] = Field(
         "student",
-        description="Simulated user: `student` (every step, no bold or numbered lists), `teacher` (detailed, warm) "
-        "or `student-strict` (the student's style and the right result).",
+        description="Simulated user: `student` (every step, no bold or numbered lists), `teacher` (detailed, warm), "
+        "`terse` (the result in one short sentence) or `student-strict` (the student's style and the right result).",
+    )
+    users: Names = Field(
+        [],
+        description="Two or more personas who share one server (e.g. `student,teacher,terse`): runs the multi-user "
+        "benchmark instead (arms none, shared and per_user, `clawrl.sim.multi_user`); --persona and --method are then "
+        "unused.",
     )
     model: str = Field(
         "tiny-pretrained",

@@ -1,0 +1,259 @@
+"""`clawrl bench learn --users student,teacher,terse`: several people on one server, one policy or one each.
+
+Several simulated users, each with a key of their own (`clawrl users add`), take turns on one
+`clawrl serve --method combine`: round after round, every user plays one session (the same
+problems and request seeds their single-user benchmark would give them, `bench.workload`), and
+waits, as a person pausing between conversations would, until training has caught up with it.
+Before the first round and after the last, every user's held-out prompts are answered with their
+own key and scored by their own preference.
+
+Arms:
+
+* ``none``: serve and judge, no training (the control);
+* ``shared``: one policy trained on everyone's judged turns (`--adapters shared`, today's default);
+* ``per_user``: each user's turns train their own LoRA lineage from the base (`--adapters per-user`),
+  and each user is answered by theirs.
+
+Both trained arms train LoRA with the same settings (`MULTI_USER_TRAIN_DEFAULTS`): per-user
+lineages are adapters beside one base, so `--full` (the single-user benchmark's pick) is not
+available to them, and the shared arm uses the same adapter so that the arms differ only in whose
+turns train what. The question is whether users who want opposite things (the student: every
+step; the teacher: long and warm; the terse user: one sentence) each get what they want from a
+lineage of their own, where one shared policy is pulled between them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawrl.config import BenchConfig
+from clawrl.serve.runner import free_port
+from clawrl.sim.bench import (
+    Agent, ServerProcess, evaluate, model_build, play_session, prepared_model, request_seed, serve_command,
+    wait_for_judgments, workload,
+)
+from clawrl.sim.memory import system_prompt_with_notes
+from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
+from clawrl.sim.report import command_line, flags_for
+from clawrl.sim.results import Evaluation
+from clawrl.sim.stats import paired_difference
+from clawrl.sim.users import PERSONAS, ScriptedVoice, UserSession
+from clawrl.store import Store
+from clawrl.store.training import SHARED_LINEAGE
+
+MULTI_USER_ARMS = ("none", "shared", "per_user")
+ADAPTERS = {"shared": "shared", "per_user": "per-user"}  # `--adapters` of each trained arm
+# One LoRA setting for both trained arms, chosen before any multi-user run and not tuned on one:
+# the single-user pick's batch, KL anchor and reward baseline, with a learning rate ten times its
+# full fine-tuning one (a LoRA adapter's usual ratio).
+MULTI_USER_TRAIN_DEFAULTS: dict[str, Any] = {"full": False, "lr": 1e-3, "batch_size": 4, "kl_beta": 0.3,
+                                             "reward_baseline_samples": 32}
+PAIRS = (("per_user", "shared"), ("per_user", "none"), ("shared", "none"))
+PROBE_MAX_TOKENS = 1
+
+
+class UserAgent(Agent):
+    """The benchmark's client for one user: their key on every request, and the version that answers
+    them (their lineage's) read from a one-token side turn, since /healthz reports the shared one."""
+
+    def __init__(self, base_url: str, key: str, config: BenchConfig) -> None:
+        super().__init__(base_url, config.model, config.max_tokens, config.temperature, config.top_p)
+        self.client.headers["Authorization"] = f"Bearer {key}"
+
+    def policy_version(self) -> int:
+        probe = [{"role": "user", "content": "version?"}]
+        return self.complete(probe, seed=0, side=True, max_tokens=PROBE_MAX_TOKENS).version
+
+
+@dataclass
+class UserRun:
+    """One user in one arm under one seed."""
+
+    user: str
+    baseline: Evaluation | None = None
+    final: Evaluation | None = None
+    session_satisfied: list[bool] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "baseline": _evaluation_json(self.baseline), "final": _evaluation_json(self.final),
+                "session_satisfied": self.session_satisfied}
+
+
+def _evaluation_json(evaluation: Evaluation | None) -> dict[str, Any] | None:
+    if evaluation is None:
+        return None
+    return {"version": evaluation.version, "score": evaluation.score, "outcomes": evaluation.outcomes,
+            "correct": evaluation.correct, "on_topic": evaluation.on_topic, "example": evaluation.example}
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """Progress: every user has played one more session."""
+
+    arm: str
+    seed: int
+    session: int
+    sessions: int
+    versions: dict[str, int]
+
+    def __str__(self) -> str:
+        served = ", ".join(f"{user} v{version}" for user, version in self.versions.items())
+        return f"[{self.arm} seed {self.seed}] round {self.session}/{self.sessions}: {served}"
+
+
+def catch_up_user(agent: UserAgent, store: Store, turn_ids: list[str], user: str, lineage: str, batch_size: int,
+                  timeout_s: float) -> None:
+    """After one user's session: their turns judged and sampled, fewer than a batch of theirs ready
+    (of everyone's, for the shared lineage), and serving answering them with their lineage's version."""
+    deadline = time.monotonic() + timeout_s
+    wait_for_judgments(store, turn_ids, timeout_s)
+    training = store.training
+    while time.monotonic() < deadline:
+        ready = training.ready_by_user()
+        waiting = ready.get(user, (0, 0))[0] if lineage != SHARED_LINEAGE else sum(count for count, _ in ready.values())
+        if (not training.judged_turns_without_sample(1) and waiting < batch_size
+                and agent.policy_version() == training.serving_version(lineage)):
+            return
+        time.sleep(0.2)
+
+
+def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchConfig, train_flags: dict[str, Any],
+                       progress: Callable[[RoundDone], None] = print) -> list[UserRun]:
+    """One server for `arm`; every user's sessions interleaved round by round; each user evaluated
+    with their own key before the first round and after the last."""
+    run_dir = config.out / "runs" / f"{arm}-seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    store = Store.for_run_dir(run_dir)
+    keys = {user: store.users.add(user)[1] for user in users}
+    port = free_port()
+    command = serve_command("none", config, {}, run_dir, port) + ["--api-key", f"admin-{seed}-{random.random()}"]
+    if arm in ADAPTERS:
+        command += ["--method", "combine", *flags_for({**train_flags, "adapters": ADAPTERS[arm]})]
+    works = {user: workload(config, PERSONAS[user], seed) for user in users}
+    system_prompt = system_prompt_with_notes([])
+    results = {user: UserRun(user) for user in users}
+    with ServerProcess(command, run_dir, port) as server:
+        agents = {user: UserAgent(server.base_url, keys[user], config) for user in users}
+        try:
+            for user in users:
+                results[user].baseline = evaluate(agents[user], PERSONAS[user], works[user], system_prompt, 0)
+            for index in range(1, config.sessions + 1):
+                for user in users:
+                    session = UserSession(PERSONAS[user], works[user].sessions[index - 1],
+                                          random.Random(f"user-{user}-{seed}-{index}"), ScriptedVoice(),
+                                          **config.user_noise())
+                    continued = play_session(agents[user], session, system_prompt,
+                                             request_seed(seed, user, "session", index))
+                    results[user].session_satisfied.append(session.satisfied)
+                    if arm in ADAPTERS:
+                        lineage = user if arm == "per_user" else SHARED_LINEAGE
+                        catch_up_user(agents[user], store, continued, user, lineage, train_flags["batch_size"],
+                                      config.settle_s)
+                progress(RoundDone(arm, seed, index, config.sessions,
+                                   {user: agents[user].policy_version() for user in users}))
+            for user in users:
+                results[user].final = evaluate(agents[user], PERSONAS[user], works[user], system_prompt,
+                                               config.sessions)
+        finally:
+            for agent in agents.values():
+                agent.close()
+            store.close()
+    return [results[user] for user in users]
+
+
+def summarize(runs: dict[str, dict[int, list[UserRun]]], users: Sequence[str]) -> dict[str, Any]:
+    """Per arm and user: the baseline and final held-out scores over seeds, the final's interval, and
+    the paired final − baseline; per user, the paired differences between arms' finals."""
+    arms: dict[str, Any] = {}
+    finals: dict[str, dict[str, dict[int, list[bool]]]] = {user: {} for user in users}
+    for arm, by_seed in runs.items():
+        arms[arm] = {}
+        for user in users:
+            of_user = {seed: next(run for run in seed_runs if run.user == user) for seed, seed_runs in by_seed.items()}
+            final = {seed: run.final.outcomes for seed, run in of_user.items() if run.final}
+            baseline = {seed: run.baseline.outcomes for seed, run in of_user.items() if run.baseline}
+            finals[user][arm] = final
+            per_seed = [mean([float(x) for x in outcomes]) for outcomes in final.values()]
+            groups = [[float(x) for x in outcomes] for outcomes in final.values()]
+            arms[arm][user] = {
+                "baseline": mean([mean([float(x) for x in o]) for o in baseline.values()]),
+                "final": mean(per_seed),
+                "ci": list(wider(bootstrap_ci(groups), t_interval(per_seed))),
+                "paired": paired_difference(final, baseline),
+                "final_per_seed": {str(seed): value for seed, value in zip(final, per_seed, strict=True)},
+                "correct_final": _mean_or_none([mean([float(x) for x in run.final.correct])
+                                                for run in of_user.values() if run.final and run.final.correct]),
+                "sessions_satisfied": mean([mean([float(x) for x in run.session_satisfied]) for run in of_user.values()]),
+                "versions_final": {str(seed): run.final.version for seed, run in of_user.items() if run.final},
+            }
+    paired = {user: {f"{a}-{b}": paired_difference(finals[user][a], finals[user][b])
+                     for a, b in PAIRS if a in finals[user] and b in finals[user]} for user in users}
+    return {"arms": arms, "paired": paired}
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return mean(values) if values else None
+
+
+def run_multi_user_bench(config: BenchConfig, users: Sequence[str], given_train_flags: dict[str, Any],
+                         progress: Callable[[RoundDone], None] = print) -> dict[str, Any]:
+    """Every arm under every seed; writes results.json (and --summary) to `config.out`."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    model_dir = prepared_model(config)
+    train_flags = {**MULTI_USER_TRAIN_DEFAULTS, **given_train_flags}
+    config.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[int, list[UserRun]]] = {}
+    seconds: dict[str, float] = {}
+    for arm in MULTI_USER_ARMS:
+        started = time.perf_counter()
+        runs[arm] = {seed: run_multi_user_arm(arm, seed, users, config, train_flags, progress)
+                     for seed in config.run_seeds()}
+        seconds[arm] = round(time.perf_counter() - started, 1)
+        (config.out / "runs.json").write_text(json.dumps(
+            {a: {str(s): [r.to_json() for r in rs] for s, rs in by_seed.items()} for a, by_seed in runs.items()}))
+    results = {
+        "users": list(users), "sessions_per_user": config.sessions, "seeds": config.run_seeds(),
+        "heldout_prompts": config.heldout_prompts, "model": config.model, "model_build": model_build(Path(model_dir)),
+        "train_flags": " ".join(flags_for(train_flags)), "seconds": seconds,
+        "command": command_line(config).replace(f"--method {config.method}", f"--users {','.join(users)}"),
+        **summarize(runs, users),
+    }
+    text = json.dumps(results, indent=1)
+    (config.out / "results.json").write_text(text)
+    if config.summary:
+        config.summary.parent.mkdir(parents=True, exist_ok=True)
+        config.summary.write_text(text)
+    return results
+
+
+def multi_user_table(results: dict[str, Any]) -> str:
+    """Markdown: per user and arm, baseline → final with the final's interval; then the paired differences."""
+    lines = ["| user | arm | baseline | final (95% CI) |", "|---|---|---|---|"]
+    for user in results["users"]:
+        for arm, by_user in results["arms"].items():
+            row = by_user[user]
+            lines.append(f"| {user} | {arm} | {row['baseline']:.2f} | {row['final']:.2f} "
+                         f"[{row['ci'][0]:.2f}, {row['ci'][1]:.2f}] |")
+    lines += ["", "| user | difference of finals | mean (95% CI) |", "|---|---|---|"]
+    for user, pairs in results["paired"].items():
+        for name, difference in pairs.items():
+            if difference:
+                lines.append(f"| {user} | {name} | {difference['mean']:+.2f} "
+                             f"[{difference['ci'][0]:+.2f}, {difference['ci'][1]:+.2f}] |")
+    return "\n".join(lines)
+
+
+def check_users(users: Sequence[str]) -> None:
+    unknown = [user for user in users if user not in PERSONAS]
+    if unknown or len(users) < 2 or len(set(users)) != len(users):
+        raise ValueError(f"--users takes two or more different personas of {', '.join(PERSONAS)}; got {','.join(users)}")
+
