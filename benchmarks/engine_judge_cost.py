@@ -38,7 +38,8 @@ from clawrl.judge.selection import OverlapSelector
 from clawrl.judge.worker import hint_candidates
 from clawrl.model.chat import render_prompt
 from clawrl.sim.models import resolve_model
-from clawrl.sim.users import STUDENT, problems
+from clawrl.sim.personas import STUDENT
+from clawrl.sim.users import problems
 from clawrl.types import NextState, Turn, TurnContext, TurnSampling
 
 sys.path.insert(0, str(Path(__file__).parent))

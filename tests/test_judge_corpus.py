@@ -32,7 +32,7 @@ DIGESTS = {
     "tuning.jsonl": "dd2a2b94385b099696adac06fb650d9ee8b5fbcc3d084052c9ac7a71d82f2f36",
     "held_out.jsonl": "c8b1e57617a3b958b8b8adfb47e7b784263976e1817e2cd622dffe031c22072c",
 }
-HELD_OUT_READERS = {Path("sim/users.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
+HELD_OUT_READERS = {Path("sim/personas.py")}  # under src/clawrl/; plus benchmarks/judge_replies.py outside it
 LANGUAGES = {"en", "es", "fr", "de", "pt", "it", "nl", "zh", "ja", "ru"}
 
 

@@ -23,24 +23,8 @@ from clawrl.judge.rule import rule_hints, rule_score
 from clawrl.sim.answers import has_markup, is_warm, on_topic, result_correct, student_satisfied, teacher_satisfied
 from clawrl.sim.corpus import Problem
 from clawrl.sim.styles import render_ai, render_plain, render_warm
-from clawrl.sim.users import (
-    COMPLAINT_STYLES,
-    PERSONAS,
-    PRAISE_STYLES,
-    STUDENT,
-    STUDENT_STRICT,
-    TEACHER,
-    Cue,
-    Intent,
-    LLMVoice,
-    Persona,
-    Requests,
-    ScriptedVoice,
-    UserSession,
-    held_out_reactions,
-    problems,
-    satisfies,
-)
+from clawrl.sim.personas import COMPLAINT_STYLES, PERSONAS, PRAISE_STYLES, STUDENT, STUDENT_STRICT, TEACHER, Persona, Requests, held_out_reactions
+from clawrl.sim.users import Cue, Intent, LLMVoice, ScriptedVoice, UserSession, problems, satisfies
 
 CUPCAKES = Problem(
     "Emma has 57 cupcakes. She gets 6 more. How many cupcakes does Emma have now?",

@@ -53,7 +53,8 @@ from clawrl.sim.pretrain import weights_digest
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
-from clawrl.sim.users import PERSONAS, LLMVoice, Persona, ScriptedVoice, UserSession, Voice, problems, satisfies
+from clawrl.sim.personas import PERSONAS, Persona
+from clawrl.sim.users import LLMVoice, ScriptedVoice, UserSession, Voice, problems, satisfies
 from clawrl.store import Store
 from clawrl.store.training import TrainingStore
 

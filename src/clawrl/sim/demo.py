@@ -17,7 +17,7 @@ from pathlib import Path
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import TRAINED_ARMS, SessionDone, bench_train_flags, prepared_model, run_arm, voice_for, workload
 from clawrl.sim.report import report_table, write_report
-from clawrl.sim.users import PERSONAS
+from clawrl.sim.personas import PERSONAS
 
 DEMO_ARMS = ("none", "combine")
 

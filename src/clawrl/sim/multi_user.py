@@ -45,7 +45,8 @@ from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
 from clawrl.sim.report import command_line, flags_for
 from clawrl.sim.results import Evaluation
 from clawrl.sim.stats import paired_difference
-from clawrl.sim.users import PERSONAS, ScriptedVoice, UserSession
+from clawrl.sim.personas import PERSONAS
+from clawrl.sim.users import ScriptedVoice, UserSession
 from clawrl.store import Store
 from clawrl.store.training import SHARED_LINEAGE
 
