@@ -29,8 +29,8 @@ from clawrl.sim.chats import (
     remembered_chat,
 )
 from clawrl.sim.memory import NOTES_HEADING
-from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer, weights_digest
 from clawrl.sim.personas import PERSONAS, STUDENT, evaluation_hints
+from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer, weights_digest
 
 TOY = PretrainConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                      intermediate_size=64, steps=3, batch_size=4, warmup_steps=1, max_tokens=128, threads=1)

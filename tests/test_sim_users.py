@@ -22,8 +22,8 @@ from clawrl.judge.corpus import TUNING, load_part
 from clawrl.judge.rule import rule_hints, rule_score
 from clawrl.sim.answers import has_markup, is_warm, on_topic, result_correct, student_satisfied, teacher_satisfied
 from clawrl.sim.corpus import Problem
-from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.personas import COMPLAINT_STYLES, PERSONAS, PRAISE_STYLES, STUDENT, STUDENT_STRICT, TEACHER, Persona, Requests, held_out_reactions
+from clawrl.sim.styles import render_ai, render_plain, render_warm
 from clawrl.sim.users import Cue, Intent, LLMVoice, ScriptedVoice, UserSession, problems, satisfies
 
 CUPCAKES = Problem(

@@ -49,14 +49,14 @@ from clawrl.serve.runner import free_port
 from clawrl.sim.answers import on_topic, result_correct
 from clawrl.sim.memory import PromptMemory
 from clawrl.sim.models import resolve_model
+from clawrl.sim.personas import PERSONAS, Persona
 from clawrl.sim.pretrain import weights_digest
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
-from clawrl.sim.personas import PERSONAS, Persona
 from clawrl.sim.users import LLMVoice, ScriptedVoice, UserSession, Voice, problems, satisfies
 from clawrl.store import Store
-from clawrl.store.training import TrainingStore
+from clawrl.store.training import SHARED_LINEAGE, TrainingStore
 
 ARMS = ("none", "memory", "rl", "opd", "combine", "memory_combine")
 TRAINED_ARMS = ("rl", "opd", "combine", "memory_combine")
@@ -260,21 +260,24 @@ def remember_hints(store: Store, turn_ids: list[str], memory: PromptMemory) -> N
             memory.remember(judgment.hint)
 
 
-def catch_up(agent: Agent, store: Store, turn_ids: list[str], batch_size: int, timeout_s: float) -> None:
+def catch_up(agent: Agent, store: Store, turn_ids: list[str], batch_size: int, timeout_s: float,
+             user: str | None = None, lineage: str = SHARED_LINEAGE) -> None:
     """Between sessions of a trained arm: the pause a real user takes between conversations.
 
     Waits until the session's turns are judged and turned into samples, fewer than a batch of
-    samples is ready (the trainer has trained every full batch), and serving answers with the
-    version the store points at. Serving itself never waits; the simulated user does, so that the
+    samples is ready (everyone's, or `user`'s alone when their lineage trains on theirs alone: the
+    trainer has trained every full batch), and serving answers `agent` with the version the store
+    points at for `lineage`. Serving itself never waits; the simulated user does, so that the
     policy a session meets does not depend on how fast this machine happens to be.
     """
     deadline = time.monotonic() + timeout_s
     wait_for_judgments(store, turn_ids, timeout_s)
     training = store.training
     while time.monotonic() < deadline:
-        if (not training.judged_turns_without_sample(1)
-                and training.sample_counts().get("ready", 0) < batch_size
-                and agent.policy_version() == training.serving_version()):
+        ready = (training.sample_counts().get("ready", 0) if user is None
+                 else training.ready_by_user().get(user, (0, 0))[0])
+        if (not training.judged_turns_without_sample(1) and ready < batch_size
+                and agent.policy_version() == training.serving_version(lineage)):
             return
         time.sleep(0.1)
 

@@ -30,8 +30,8 @@ from clawrl.messages import teacher_messages
 from clawrl.judge.rule import rule_hints
 from clawrl.sim.corpus import STYLE_INSTRUCTIONS
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
-from clawrl.sim.styles import Style, render
 from clawrl.sim.personas import PERSONAS, PRETRAINING_PERSONAS, STUDENT, TEACHER, TERSE, Persona, evaluation_hints
+from clawrl.sim.styles import Style, render
 from clawrl.sim.users import problems
 
 Chat = list[dict[str, str]]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import TRAINED_ARMS, SessionDone, bench_train_flags, prepared_model, run_arm, voice_for, workload
-from clawrl.sim.report import report_table, write_report
 from clawrl.sim.personas import PERSONAS
+from clawrl.sim.report import report_table, write_report
 
 DEMO_ARMS = ("none", "combine")
 

@@ -27,28 +27,28 @@ from __future__ import annotations
 import json
 import logging
 import random
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clawrl.config import BenchConfig
 from clawrl.serve.runner import free_port
 from clawrl.sim.bench import (
-    Agent, ServerProcess, evaluate, model_build, play_session, prepared_model, request_seed, serve_command,
-    wait_for_judgments, workload,
+    Agent, ServerProcess, catch_up, evaluate, model_build, play_session, prepared_model, request_seed, serve_command,
+    workload,
 )
 from clawrl.sim.memory import system_prompt_with_notes
 from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
+from clawrl.sim.personas import PERSONAS
 from clawrl.sim.report import command_line, flags_for
 from clawrl.sim.results import Evaluation
 from clawrl.sim.stats import paired_difference
-from clawrl.sim.personas import PERSONAS
 from clawrl.sim.users import ScriptedVoice, UserSession
 from clawrl.store import Store
-from clawrl.store.training import SHARED_LINEAGE
 
 MULTI_USER_ARMS = ("none", "shared", "per_user")
 ADAPTERS = {"shared": "shared", "per_user": "per-user"}  # `--adapters` of each trained arm
@@ -89,10 +89,7 @@ class UserRun:
 
 
 def _evaluation_json(evaluation: Evaluation | None) -> dict[str, Any] | None:
-    if evaluation is None:
-        return None
-    return {"version": evaluation.version, "score": evaluation.score, "outcomes": evaluation.outcomes,
-            "correct": evaluation.correct, "on_topic": evaluation.on_topic, "example": evaluation.example}
+    return None if evaluation is None else {**asdict(evaluation), "score": evaluation.score}
 
 
 @dataclass(frozen=True)
@@ -110,22 +107,6 @@ class RoundDone:
         return f"[{self.arm} seed {self.seed}] round {self.session}/{self.sessions}: {served}"
 
 
-def catch_up_user(agent: UserAgent, store: Store, turn_ids: list[str], user: str, lineage: str, batch_size: int,
-                  timeout_s: float) -> None:
-    """After one user's session: their turns judged and sampled, fewer than a batch of theirs ready
-    (of everyone's, for the shared lineage), and serving answering them with their lineage's version."""
-    deadline = time.monotonic() + timeout_s
-    wait_for_judgments(store, turn_ids, timeout_s)
-    training = store.training
-    while time.monotonic() < deadline:
-        ready = training.ready_by_user()
-        waiting = ready.get(user, (0, 0))[0] if lineage != SHARED_LINEAGE else sum(count for count, _ in ready.values())
-        if (not training.judged_turns_without_sample(1) and waiting < batch_size
-                and agent.policy_version() == training.serving_version(lineage)):
-            return
-        time.sleep(0.2)
-
-
 def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchConfig, train_flags: dict[str, Any],
                        progress: Callable[[RoundDone], None] = print) -> list[UserRun]:
     """One server for `arm`; every user's sessions interleaved round by round; each user evaluated
@@ -136,7 +117,9 @@ def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchC
     store = Store.for_run_dir(run_dir)
     keys = {user: store.users.add(user)[1] for user in users}
     port = free_port()
-    command = serve_command("none", config, {}, run_dir, port) + ["--api-key", f"admin-{seed}-{random.random()}"]
+    # the untrained arm's command line, then the trained arms' flags: an admin key, so that every
+    # request the users make is theirs by their own key
+    command = serve_command("none", config, {}, run_dir, port) + ["--api-key", secrets.token_urlsafe()]
     if arm in ADAPTERS:
         command += ["--method", "combine", *flags_for({**train_flags, "adapters": ADAPTERS[arm]})]
     works = {user: workload(config, PERSONAS[user], seed) for user in users}
@@ -155,10 +138,11 @@ def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchC
                     continued = play_session(agents[user], session, system_prompt,
                                              request_seed(seed, user, "session", index))
                     results[user].session_satisfied.append(session.satisfied)
-                    if arm in ADAPTERS:
-                        lineage = user if arm == "per_user" else SHARED_LINEAGE
-                        catch_up_user(agents[user], store, continued, user, lineage, train_flags["batch_size"],
-                                      config.settle_s)
+                    if arm == "per_user":  # the user's own samples train the user's own lineage
+                        catch_up(agents[user], store, continued, train_flags["batch_size"], config.settle_s,
+                                 user=user, lineage=user)
+                    elif arm == "shared":
+                        catch_up(agents[user], store, continued, train_flags["batch_size"], config.settle_s)
                 progress(RoundDone(arm, seed, index, config.sessions,
                                    {user: agents[user].policy_version() for user in users}))
             for user in users:
@@ -180,20 +164,20 @@ def summarize(runs: dict[str, dict[int, list[UserRun]]], users: Sequence[str]) -
         arms[arm] = {}
         for user in users:
             of_user = {seed: next(run for run in seed_runs if run.user == user) for seed, seed_runs in by_seed.items()}
-            final = {seed: run.final.outcomes for seed, run in of_user.items() if run.final}
-            baseline = {seed: run.baseline.outcomes for seed, run in of_user.items() if run.baseline}
-            finals[user][arm] = final
-            per_seed = [mean([float(x) for x in outcomes]) for outcomes in final.values()]
-            groups = [[float(x) for x in outcomes] for outcomes in final.values()]
+            final = {seed: run.final for seed, run in of_user.items() if run.final}
+            baseline = {seed: run.baseline for seed, run in of_user.items() if run.baseline}
+            finals[user][arm] = {seed: evaluation.outcomes for seed, evaluation in final.items()}
+            per_seed = [evaluation.score for evaluation in final.values()]
             arms[arm][user] = {
-                "baseline": mean([mean([float(x) for x in o]) for o in baseline.values()]),
+                "baseline": mean([evaluation.score for evaluation in baseline.values()]),
                 "final": mean(per_seed),
-                "ci": list(wider(bootstrap_ci(groups), t_interval(per_seed))),
-                "paired": paired_difference(final, baseline),
-                "final_per_seed": {str(seed): value for seed, value in zip(final, per_seed, strict=True)},
-                "correct_final": _mean_or_none([mean([float(x) for x in run.final.correct])
-                                                for run in of_user.values() if run.final and run.final.correct]),
-                "sessions_satisfied": mean([mean([float(x) for x in run.session_satisfied]) for run in of_user.values()]),
+                "ci": list(wider(bootstrap_ci(list(finals[user][arm].values())), t_interval(per_seed))),
+                "paired": paired_difference(finals[user][arm],
+                                            {seed: evaluation.outcomes for seed, evaluation in baseline.items()}),
+                "final_per_seed": {str(seed): evaluation.score for seed, evaluation in final.items()},
+                "correct_final": _mean_or_none([share for evaluation in final.values()
+                                                if (share := evaluation.correct_share) is not None]),
+                "sessions_satisfied": mean([mean(run.session_satisfied) for run in of_user.values()]),
                 "versions_final": {str(seed): run.final.version for seed, run in of_user.items() if run.final},
             }
     paired = {user: {f"{a}-{b}": paired_difference(finals[user][a], finals[user][b])

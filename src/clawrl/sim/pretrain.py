@@ -42,8 +42,8 @@ from clawrl.messages import teacher_messages
 from clawrl.sim.chats import HINTS, Chat, ask, chat
 from clawrl.sim.corpus import Problem, build_corpus
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
-from clawrl.sim.tiny import CORPUS_SEED, END_OF_TEXT, IM_END, TINY_VERSION, tiny_config, train_tokenizer
 from clawrl.sim.personas import PERSONAS, Persona, evaluation_hints
+from clawrl.sim.tiny import CORPUS_SEED, END_OF_TEXT, IM_END, TINY_VERSION, tiny_config, train_tokenizer
 from clawrl.sim.users import problems
 
 log = logging.getLogger(__name__)
