@@ -29,10 +29,11 @@ def cmd_bench_learn(args: argparse.Namespace) -> int:
 
 
 def _bench_learn_users(config: BenchConfig, train_flags: dict[str, Any]) -> int:
-    from clawrl.sim.multi_user import check_users, multi_user_table, run_multi_user_bench
+    from clawrl.sim.multi_user import check_arms, check_users, multi_user_table, run_multi_user_bench
 
     try:
         check_users(config.users)
+        check_arms(config.user_arms)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

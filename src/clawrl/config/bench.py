@@ -105,6 +105,11 @@ class BenchConfig(ComponentSettings):
         "benchmark instead (arms none, shared and per_user, `clawrl.sim.multi_user`); --persona and --method are then "
         "unused.",
     )
+    user_arms: Names = Field(
+        ["none", "shared", "per_user"],
+        description="With --users: the arms to run, of `none`, `shared` and `per_user` (e.g. `shared,per_user` for a "
+        "tuning sweep that needs no control).",
+    )
     model: str = Field(
         "tiny-pretrained",
         description="Model the arms serve (clawrl serve --model): `tiny-pretrained` (built locally), a local "

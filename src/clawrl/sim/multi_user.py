@@ -198,7 +198,7 @@ def run_multi_user_bench(config: BenchConfig, users: Sequence[str], given_train_
     config.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[int, list[UserRun]]] = {}
     seconds: dict[str, float] = {}
-    for arm in MULTI_USER_ARMS:
+    for arm in config.user_arms:
         started = time.perf_counter()
         runs[arm] = {seed: run_multi_user_arm(arm, seed, users, config, train_flags, progress)
                      for seed in config.run_seeds()}
@@ -209,7 +209,7 @@ def run_multi_user_bench(config: BenchConfig, users: Sequence[str], given_train_
         "users": list(users), "sessions_per_user": config.sessions, "seeds": config.run_seeds(),
         "heldout_prompts": config.heldout_prompts, "model": config.model, "model_build": model_build(Path(model_dir)),
         "train_flags": " ".join(flags_for(train_flags)), "seconds": seconds,
-        "command": command_line(config).replace(f"--method {config.method}", f"--users {','.join(users)}"),
+        "command": _command_line(config, users),
         **summarize(runs, users),
     }
     text = json.dumps(results, indent=1)
@@ -218,6 +218,11 @@ def run_multi_user_bench(config: BenchConfig, users: Sequence[str], given_train_
         config.summary.parent.mkdir(parents=True, exist_ok=True)
         config.summary.write_text(text)
     return results
+
+
+def _command_line(config: BenchConfig, users: Sequence[str]) -> str:
+    arms = "" if tuple(config.user_arms) == MULTI_USER_ARMS else f" --user-arms {','.join(config.user_arms)}"
+    return command_line(config).replace(f"--method {config.method}", f"--users {','.join(users)}{arms}")
 
 
 def multi_user_table(results: dict[str, Any]) -> str:
@@ -235,6 +240,13 @@ def multi_user_table(results: dict[str, Any]) -> str:
                 lines.append(f"| {user} | {name} | {difference['mean']:+.2f} "
                              f"[{difference['ci'][0]:+.2f}, {difference['ci'][1]:+.2f}] |")
     return "\n".join(lines)
+
+
+def check_arms(arms: Sequence[str]) -> None:
+    """Refuse --user-arms that name an arm the multi-user benchmark does not have."""
+    unknown = [arm for arm in arms if arm not in MULTI_USER_ARMS]
+    if unknown or not arms:
+        raise ValueError(f"--user-arms takes one or more of {', '.join(MULTI_USER_ARMS)}; got {', '.join(arms) or 'none'}")
 
 
 def check_users(users: Sequence[str]) -> None:
