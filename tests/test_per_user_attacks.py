@@ -586,7 +586,9 @@ def test_nothing_bob_or_a_keyless_caller_reads_names_alices_versions_files_or_sa
     "BUG: with --adapters per-user and --reward-baseline-samples N, the baseline subtracted from a user's reward is the "
     "mean of the last N scores of EVERY user's chat turns (TrainingStore.recent_chat_scores has no user filter; "
     "SampleBuilder.build/_sample_for in train/samples.py share one window), so bob's verdicts change the rewards, and "
-    "so the update, of alice's lineage: her +1 becomes 2.0 after bob's two -1s instead of 1.0 alone"))
+    "so the update, of alice's lineage: her +1 becomes 2.0 after bob's two -1s instead of 1.0 alone; and bob reads "
+    "the mean of others' recent scores in his own samples' `reward` (GET /v1/sessions/{id}). docs/notes.md records "
+    "the global window as a choice; DESIGN §12 promises a lineage trained on its user's turns only"))
 def test_another_users_scores_never_change_a_users_rewards_under_a_reward_baseline(tiny_model_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     run_dir = tmp_path / "run"
