@@ -4,10 +4,12 @@ is theirs. Every attack here is one a user with a key could try."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,17 +206,41 @@ def test_an_open_server_closes_once_it_has_a_user(tiny_model_dir: Path, tmp_path
         assert chat(server, None, [user("hi")]).status_code == 401 and chat(server, key, [user("hi")]).status_code == 200
 
 
-def test_the_dashboard_is_the_admins_once_a_run_has_users(users_server: Setup, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_users_dashboard_shows_their_own_records_and_the_admins_shows_everyones(
+        users_server: Setup, tiny_model_dir: Path, tmp_path: Path) -> None:  # fmt: skip
     server, keys = users_server.server, users_server.keys
     root = server.base_url.removesuffix("/v1")
-    assert httpx.get(f"{root}/dashboard/api/overview", headers={"Authorization": f"Bearer {keys['alice']}"}).status_code == 401
-    assert httpx.get(f"{root}/dashboard/api/overview", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
-    run_dir = tmp_path / "run"  # a server without --api-key: its dashboard closes with the first user
+    sessions = {name: chat(server, keys[name], [user(f"{name}'s dashboard question")]).headers["x-clawrl-session"]
+                for name in ("alice", "bob")}
+
+    def overview(key: str) -> dict[str, Any]:
+        answered = httpx.get(f"{root}/dashboard/api/overview", headers={"Authorization": f"Bearer {key}"})
+        assert answered.status_code == 200, answered.text
+        return answered.json()
+
+    alices, admins = overview(keys["alice"]), overview(ADMIN_KEY)
+    listed = {session["id"] for session in alices["sessions"]}
+    assert sessions["alice"] in listed and sessions["bob"] not in listed and alices["user"] == "alice"
+    assert {users_server.store.turns.session(sid).user_id for sid in listed} == {"alice"}
+    assert alices["counts"]["sessions"] == len(users_server.store.turns.list_sessions(user_id="alice"))
+    assert alices["versions"] == []  # the shared lineage answers her: its versions trained on others too
+    assert {sessions["alice"], sessions["bob"]} <= {session["id"] for session in admins["sessions"]}
+    assert admins["user"] is None and admins["counts"]["sessions"] > alices["counts"]["sessions"]
+    page = f"{root}/dashboard/sessions/{urllib.parse.quote(sessions['alice'], safe='')}"
+    as_alice = httpx.get(page, headers={"Authorization": "Basic " + base64.b64encode(f"me:{keys['alice']}".encode()).decode()})
+    as_bob = httpx.get(page, headers={"Authorization": f"Bearer {keys['bob']}"})
+    assert as_alice.status_code == 200 and "alice&#39;s dashboard question" in as_alice.text
+    missing = httpx.get(f"{root}/dashboard/sessions/nobody-has-this", headers={"Authorization": f"Bearer {keys['bob']}"})
+    assert as_bob.status_code == 404 and "dashboard question" not in as_bob.text
+    assert as_bob.text.replace(sessions["alice"], "ID") == missing.text.replace("nobody-has-this", "ID")  # ids tell nothing
+    run_dir = tmp_path / "run"  # a server without --api-key: with its first user, no key sees everyone's
     with start_server(tiny_model_dir, run_dir, served_model_name=MODEL) as open_server:
-        overview = f"{open_server.base_url.removesuffix('/v1')}/dashboard/api/overview"
-        assert httpx.get(overview).status_code == 200
-        Store.for_run_dir(run_dir).users.add("erin")
-        assert httpx.get(overview).status_code == 401
+        open_overview = f"{open_server.base_url.removesuffix('/v1')}/dashboard/api/overview"
+        assert httpx.get(open_overview).status_code == 200
+        _erin, erin_key = Store.for_run_dir(run_dir).users.add("erin")
+        assert wait_for_status(open_server, None, 401)  # the keys are read once a second
+        assert httpx.get(open_overview).status_code == 401
+        assert httpx.get(open_overview, headers={"Authorization": f"Bearer {erin_key}"}).json()["user"] == "erin"
 
 
 # --------------------------------------------------------------------------- every wire API, every caller
@@ -308,8 +334,8 @@ MATRIX: list[tuple[str, str, str, Any, tuple[int, int, int, int]]] = [
      {"model": MODEL, "input": "and?", "previous_response_id": "{response}", "max_output_tokens": 4}, (200, 404, 200, 401)),
     ("register an episode", "POST", "/v1/episodes",
      {"session_id": "ep", "env": "toolcall", "task": "t", "seed": 0, "group_id": "g", "group_size": 1}, (403, 403, 200, 401)),
-    ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (401, 401, 200, 401)),
-    ("the dashboard's overview", "GET", "/dashboard/api/overview", None, (401, 401, 200, 401)),
+    ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (200, 404, 200, 401)),
+    ("the dashboard's overview (each sees their own)", "GET", "/dashboard/api/overview", None, (200, 200, 200, 401)),
 ]
 
 
@@ -326,9 +352,11 @@ def test_every_endpoint_answers_each_caller_only_what_is_theirs(users_server: Se
         sent["session_id"] = f"ep-{caller}"  # each caller's try is a new episode
     answered = httpx.request(method, root + path.format(**fill), json=sent, headers=_as(users_server, caller), timeout=60)
     assert answered.status_code == statuses[CALLERS.index(caller)], answered.text
-    if answered.status_code != 200:
-        assert alice_records.secret not in answered.text and "error" in answered.text
-    elif caller == "own" and method == "GET":
+    if answered.status_code != 200:  # an error object, or the dashboard's page for a session not recorded
+        assert alice_records.secret not in answered.text and ("error" in answered.text or "Not found" in answered.text)
+    if caller == "other":
+        assert alice_records.secret not in answered.text
+    elif caller == "own" and method == "GET" and "overview" not in path:  # the overview lists sessions, not text
         assert alice_records.secret in answered.text  # her own record, whole
 
 

@@ -120,11 +120,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     import uvicorn
 
     from clawrl.dashboard.routes import create_dashboard_app
+    from clawrl.serve.auth import KeyChecker
 
     settings = config_from_args(DashboardSettings, args)
     config = settings.dashboard
     check_port(config.dashboard_host, config.dashboard_port, "--dashboard-port", "--dashboard-host")
-    app = create_dashboard_app(_open_store(settings.store, must_exist=True), config.api_key, str(settings.store.run_dir))
+    store = _open_store(settings.store, must_exist=True)
+    app = create_dashboard_app(store, KeyChecker(config.api_key, store.users).viewer, str(settings.store.run_dir))
     logging.getLogger("clawrl").info("dashboard on http://%s:%d/dashboard", config.dashboard_host, config.dashboard_port)
     uvicorn.run(app, host=config.dashboard_host, port=config.dashboard_port, **uvicorn_logging())
     return 0

@@ -3,15 +3,17 @@
 Every page is a few store reads, run in a worker thread so that serving's event loop never waits
 on them. The pages show users' conversations, so when an API key is configured they need it too:
 as `Authorization: Bearer <key>` (scripts) or as the password of HTTP Basic authentication, which
-is what a browser asks for (any user name). They show every user's, so a run with users (`clawrl
-users`) shows them to the admin key only; a user's own pages are not built yet.
+is what a browser asks for (any user name). The admin key (and anyone, on a run with neither an
+admin key nor users) sees every user's records; a user's key (`clawrl users add`) sees that user's
+own: their sessions, counts and live score, and their own lineage's versions. Another user's
+session is "not recorded", exactly as a missing one, so that ids tell nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
+from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
@@ -24,74 +26,82 @@ from clawrl.store import Store
 BASIC_CHALLENGE = {"WWW-Authenticate": 'Basic realm="clawrl dashboard", charset="UTF-8"'}
 
 
-def key_matches(authorization: str, api_key: str) -> bool:
-    """Whether an Authorization header carries `api_key`, as a bearer token or a Basic password."""
+# Who is looking, from the request's key as `Authorization: Bearer <key>`: None for one who sees
+# every user's records, else the user id; APIError 401 for a key that is nobody's (`KeyChecker.viewer`).
+Viewer = Callable[[Mapping[str, str]], Awaitable[str | None]]
+NOT_RECORDED = "No session '{}' is recorded."
+
+
+def given_key(authorization: str) -> str | None:
+    """The key an Authorization header carries, as a bearer token or a Basic password (None: neither)."""
     scheme, _, credentials = authorization.partition(" ")
     if scheme.lower() == "bearer":
-        given = credentials.strip()
-    elif scheme.lower() == "basic":
+        return credentials.strip() or None
+    if scheme.lower() == "basic":
         try:
-            given = base64.b64decode(credentials.strip(), validate=True).decode("utf-8").partition(":")[2]
+            return base64.b64decode(credentials.strip(), validate=True).decode("utf-8").partition(":")[2] or None
         except ValueError:  # not base64 (binascii.Error; a non-ASCII byte is a plain ValueError), or not UTF-8
-            return False
-    else:
-        return False
-    return hmac.compare_digest(given.encode(), api_key.encode())
+            return None
+    return None
 
 
-def dashboard_router(store: Store, api_key: str | None, title: str) -> APIRouter:
+def dashboard_router(store: Store, viewer: Viewer, title: str) -> APIRouter:
     """`/dashboard` (overview, `?refresh=S` reloads every S seconds, 0 never), `/dashboard/sessions/{id}`
     and `/dashboard/api/overview` (the overview as JSON)."""
     router = APIRouter(prefix="/dashboard")
 
-    async def authorize(request: Request) -> None:
-        if api_key is not None and not key_matches(request.headers.get("authorization", ""), api_key):
-            raise APIError(401, "The dashboard needs the API key: as a Bearer token, or as the password of HTTP Basic "
-                           "authentication (any user name).", "invalid_api_key", headers=BASIC_CHALLENGE)
-        # every user's conversations are on these pages: once a run has users they are the admin's alone
-        if api_key is None and await asyncio.to_thread(store.users.list):
-            raise APIError(401, "This run has users, so the dashboard is the admin's: start it with --api-key and "
-                           "give that key.", "invalid_api_key", headers=BASIC_CHALLENGE)
+    async def looking(request: Request) -> str | None:
+        key = given_key(request.headers.get("authorization", ""))
+        try:
+            return await viewer({"authorization": f"Bearer {key}"} if key else {})
+        except APIError:
+            raise APIError(401, "The dashboard needs an API key (the admin's, or a user's for their own records): as a "
+                           "Bearer token, or as the password of HTTP Basic authentication (any user name).",
+                           "invalid_api_key", headers=BASIC_CHALLENGE) from None
 
     @router.get("", response_class=HTMLResponse)
     async def overview_page(request: Request, refresh: float = Query(10.0, ge=0, le=3600)) -> HTMLResponse:
-        await authorize(request)
+        user_id = await looking(request)
         # reading and rendering both run off the event loop: serving shares it
-        return HTMLResponse(await asyncio.to_thread(lambda: render_overview(overview(store), refresh, title)))
+        return HTMLResponse(await asyncio.to_thread(lambda: render_overview(overview(store, user_id), refresh, title)))
 
     @router.get("/api/overview")
     async def overview_json(request: Request) -> JSONResponse:
-        await authorize(request)
-        return JSONResponse(await asyncio.to_thread(overview, store))
+        user_id = await looking(request)
+        return JSONResponse(await asyncio.to_thread(overview, store, user_id))
 
     @router.get("/sessions/{session_id:path}", response_class=HTMLResponse)
     async def session(request: Request, session_id: str) -> HTMLResponse:
-        await authorize(request)
-        page = await asyncio.to_thread(_session_html, store, session_id, title)
+        user_id = await looking(request)
+        page = await asyncio.to_thread(_session_html, store, session_id, user_id, title)
         if page is None:
-            return HTMLResponse(render_not_found(f"No session '{session_id}' is recorded.", title), status_code=404)
+            return HTMLResponse(render_not_found(NOT_RECORDED.format(session_id), title), status_code=404)
         return HTMLResponse(page)
 
     return router
 
 
-def _session_html(store: Store, session_id: str, title: str) -> str | None:
+def _session_html(store: Store, session_id: str, user_id: str | None, title: str) -> str | None:
+    """The session's page, or None when it is not recorded or (for a user) not theirs."""
+    session = store.turns.session(session_id)
+    if session is None or (user_id is not None and session.user_id != user_id):
+        return None
     data = session_page(store, session_id)
     return None if data is None else render_session(data, title)
 
 
-def add_dashboard(app: FastAPI, store: Store, api_key: str | None, title: str) -> None:
+def add_dashboard(app: FastAPI, store: Store, viewer: Viewer, title: str) -> None:
     """Mount the dashboard on `app`, and send a browser that opens the bare address there."""
-    app.include_router(dashboard_router(store, api_key, title))
+    app.include_router(dashboard_router(store, viewer, title))
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
         return RedirectResponse("/dashboard")
 
 
-def create_dashboard_app(store: Store, api_key: str | None, title: str) -> FastAPI:
+def create_dashboard_app(store: Store, viewer: Viewer, title: str) -> FastAPI:
     """The dashboard alone, over any store (`clawrl dashboard`): no model, no serving."""
     app = FastAPI(title="clawrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
-    add_dashboard(app, store, api_key, title)
+    add_dashboard(app, store, viewer, title)
     return app

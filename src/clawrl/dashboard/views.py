@@ -13,7 +13,7 @@ from typing import Any
 from clawrl.messages import content_text, user_typed
 from clawrl.store import Store
 from clawrl.store.inspect import judgment_view, next_state_view, session_summary
-from clawrl.types import Message
+from clawrl.types import SHARED_LINEAGE, Message
 
 # Step metrics shown in the versions table, in this order (StepMetrics field, column title).
 VERSION_METRICS = (
@@ -28,29 +28,36 @@ VERSION_METRICS = (
 )
 
 
-def overview(store: Store, recent_sessions: int = 25, recent_versions: int = 50) -> dict[str, Any]:
-    """The run at a glance (newest versions and sessions first)."""
+def overview(store: Store, user_id: str | None = None, recent_sessions: int = 25, recent_versions: int = 50) -> dict[str, Any]:
+    """The run at a glance (newest versions and sessions first): everyone's, or (`user_id`) what is
+    that user's alone: their sessions, counts, samples and live score, and the versions of their
+    own lineage (none listed while the shared lineage answers them: its versions trained on others too)."""
     training = store.training
-    serving = training.serving_version()
-    versions = training.versions()
+    lineage = user_id if user_id is not None and user_id in training.lineages() else SHARED_LINEAGE
+    serving = training.serving_version(lineage)
+    versions = training.versions(lineage if user_id is not None else None)
+    shown = [] if user_id is not None and lineage == SHARED_LINEAGE else versions[-recent_versions:]
     return {
+        "user": user_id,
+        "lineage": lineage,
         "serving_version": serving,
         "newest_version": versions[-1].version if versions else 0,
-        "counts": store.turns.counts(),
-        "samples": training.sample_counts(),
-        "drop_reasons": training.drop_reasons(),
+        "counts": store.turns.counts(user_id),
+        "samples": training.sample_counts(user_id),
+        "drop_reasons": training.drop_reasons(user_id),
         "live_score": [
             {"version": row.policy_version, "judged": row.judged, "mean_score": row.mean_score,
              "vote_agreement": row.mean_vote_agreement}
-            for row in store.judging.judgment_stats()
+            for row in store.judging.judgment_stats(user_id)
         ],
         "versions": [
             {"version": row.version, "parent": row.parent, "kind": row.kind, "step": row.step,
              "created_at": row.created_at, "serving": row.version == serving,
              "metrics": {name: getattr(row.metrics, name) for name, _ in VERSION_METRICS}}
-            for row in reversed(versions[-recent_versions:])
+            for row in reversed(shown)
         ],
-        "sessions": [session_summary(session) for session in store.turns.list_sessions(limit=recent_sessions)],
+        "sessions": [session_summary(session)
+                     for session in store.turns.list_sessions(limit=recent_sessions, user_id=user_id)],
     }  # fmt: skip
 
 

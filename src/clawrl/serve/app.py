@@ -169,7 +169,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         return await asyncio.to_thread(end_episode, episodes, session_id, item)
 
     if config.dashboard:
-        add_dashboard(app, store, config.api_key, served_name)
+        add_dashboard(app, store, keys.viewer, served_name)
     return app
 
 

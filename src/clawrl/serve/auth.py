@@ -71,6 +71,11 @@ class KeyChecker:
             return ADMIN  # an open server: one person, no keys
         raise APIError(401, NO_KEY, "invalid_api_key")
 
+    async def viewer(self, headers: Mapping[str, str]) -> str | None:
+        """For the dashboard: None when the caller sees every user's records (the admin), else their user id."""
+        caller = await self.caller(headers)
+        return None if caller.admin else caller.user_id
+
     async def _key_owners(self) -> dict[str, str]:
         if time.monotonic() - self._read_at < KEYS_FRESH_S:
             return self._owners

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session as DBSession
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_sampling
-from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgeQueueRow, JudgmentRow, NextStateRow, TurnRow
+from clawrl.store.schema import FeedbackRow, JudgeLeaseRow, JudgeQueueRow, JudgmentRow, NextStateRow, TurnRow, turn_ids_of
 from clawrl.types import Judgment, TurnContext
 
 
@@ -127,8 +127,8 @@ class JudgingStore:
             row = db.get(JudgmentRow, turn_id)
             return records.judgment(row) if row is not None else None
 
-    def judgment_stats(self) -> list[JudgmentStats]:
-        """Aggregates of all verdicts per policy version (what `/metrics` exports)."""
+    def judgment_stats(self, user_id: str | None = None) -> list[JudgmentStats]:
+        """Aggregates of all verdicts per policy version (what `/metrics` exports), or of `user_id`'s turns'."""
         query = (
             select(
                 TurnRow.policy_version,
@@ -142,6 +142,8 @@ class JudgingStore:
             .group_by(TurnRow.policy_version)
             .order_by(TurnRow.policy_version)
         )
+        if user_id is not None:
+            query = query.where(JudgmentRow.turn_id.in_(turn_ids_of(user_id)))
         with self.database.read() as db:
             return [JudgmentStats(*row) for row in db.execute(query)]
 

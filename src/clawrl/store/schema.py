@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, select, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
@@ -264,3 +264,8 @@ class PolicyPointerRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(16))  # publish | rollback
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+def turn_ids_of(user_id: str) -> Select[Any]:
+    """The ids of `user_id`'s turns, as a subquery: what a per-user view filters a table's `turn_id` by."""
+    return select(TurnRow.id).join(SessionRow, SessionRow.id == TurnRow.session_id).where(SessionRow.user_id == user_id)

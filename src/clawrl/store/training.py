@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Select, delete, func, select, update
 from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
@@ -29,6 +30,7 @@ from clawrl.store.schema import (
     SampleRow,
     SessionRow,
     TurnRow,
+    turn_ids_of,
 )
 from clawrl.types import SHARED_LINEAGE, DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
 
@@ -193,17 +195,18 @@ class TrainingStore:
             rows = db.scalars(select(SampleRow).where(SampleRow.turn_id.in_(turn_ids)))
             return {row.turn_id: records.sample(row) for row in rows}
 
-    def drop_reasons(self) -> dict[str, int]:
-        """Dropped samples by reason."""
+    def drop_reasons(self, user_id: str | None = None) -> dict[str, int]:
+        """Dropped samples by reason: everyone's, or (`user_id`) one user's."""
+        query = select(SampleRow.drop_reason, func.count()).where(SampleRow.status == "dropped").group_by(SampleRow.drop_reason)
         with self.database.read() as db:
-            rows = db.execute(
-                select(SampleRow.drop_reason, func.count()).where(SampleRow.status == "dropped").group_by(SampleRow.drop_reason)
-            ).all()
+            rows = db.execute(_of_user(query, user_id)).all()
         return {reason or "unknown": count for reason, count in rows}
 
-    def sample_counts(self) -> dict[str, int]:
+    def sample_counts(self, user_id: str | None = None) -> dict[str, int]:
+        """Samples by status: everyone's, or (`user_id`) one user's."""
+        query = select(SampleRow.status, func.count()).group_by(SampleRow.status)
         with self.database.read() as db:
-            rows = db.execute(select(SampleRow.status, func.count()).group_by(SampleRow.status)).all()
+            rows = db.execute(_of_user(query, user_id)).all()
         return {status: count for status, count in rows}
 
     def register_version(self, version: PolicyVersion, sample_turn_ids: list[str]) -> None:
@@ -332,3 +335,8 @@ def _first_judged(db: Session, turn: TurnRow) -> bool:
         .where(TurnRow.session_id == turn.session_id, TurnRow.kind == "main", TurnRow.index < turn.index)
     )
     return db.scalar(earlier) == 0
+
+
+def _of_user(query: Select[Any], user_id: str | None) -> Select[Any]:
+    """`query` over samples, narrowed to `user_id`'s turns (None: everyone's)."""
+    return query if user_id is None else query.where(SampleRow.turn_id.in_(turn_ids_of(user_id)))

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session as DBSession
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
-from clawrl.store.schema import EMPTY_ANSWER, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow
+from clawrl.store.schema import EMPTY_ANSWER, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow, turn_ids_of
 from clawrl.types import DEFAULT_USER, Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
 
 RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
@@ -171,18 +171,25 @@ class TurnStore:
             queue_for_judging(db, turn_id)
             return row.id
 
-    def counts(self) -> dict[str, int]:
-        """How much the store holds: sessions (open ones too), turns by kind, next states, judgments, feedback."""
+    def counts(self, user_id: str | None = None) -> dict[str, int]:
+        """How much the store holds: sessions (open ones too), turns by kind, next states, judgments,
+        feedback; of `user_id`'s sessions only, or (None) of everyone's."""
+        sessions = select(func.count()).select_from(SessionRow)
+        turns = select(TurnRow.kind, func.count()).group_by(TurnRow.kind)
+        per_turn = {"next_states": NextStateRow.turn_id, "judged": JudgmentRow.turn_id, "feedback": FeedbackRow.turn_id}
+        counted = {name: select(func.count(column)) for name, column in per_turn.items()}
+        if user_id is not None:
+            sessions = sessions.where(SessionRow.user_id == user_id)
+            turns = turns.where(TurnRow.id.in_(turn_ids_of(user_id)))
+            counted = {name: query.where(per_turn[name].in_(turn_ids_of(user_id))) for name, query in counted.items()}
         with self.database.read() as db:
-            turns = dict(db.execute(select(TurnRow.kind, func.count()).group_by(TurnRow.kind)).all())
+            by_kind = dict(db.execute(turns).all())
             return {
-                "sessions": db.scalar(select(func.count()).select_from(SessionRow)) or 0,
-                "open_sessions": db.scalar(select(func.count()).where(SessionRow.done.is_(False))) or 0,
-                "main_turns": turns.get("main", 0),
-                "side_turns": turns.get("side", 0),
-                "next_states": db.scalar(select(func.count()).select_from(NextStateRow)) or 0,
-                "judged": db.scalar(select(func.count()).select_from(JudgmentRow)) or 0,
-                "feedback": db.scalar(select(func.count()).select_from(FeedbackRow)) or 0,
+                "sessions": db.scalar(sessions) or 0,
+                "open_sessions": db.scalar(sessions.where(SessionRow.done.is_(False))) or 0,
+                "main_turns": by_kind.get("main", 0),
+                "side_turns": by_kind.get("side", 0),
+                **{name: db.scalar(query) or 0 for name, query in counted.items()},
             }
 
     def turn(self, turn_id: str) -> Turn | None:
