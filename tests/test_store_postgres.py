@@ -219,7 +219,7 @@ def test_users_and_their_sessions_on_postgres(postgres_url: str) -> None:
         store.users.add("pg-alice")
     new_key = store.users.rotate_key("pg-alice")
     owners = store.users.key_owners()
-    assert owners.get(key_sha256(new_key)) == "pg-alice" and key_sha256(key) not in owners
+    assert owners[key_sha256(new_key)].id == "pg-alice" and key_sha256(key) not in owners
     record(store, "pg-t1", "pg-alice/work", [user("q")], "a", user_id="pg-alice")
     assert [session.id for session in store.turns.list_sessions(user_id="pg-alice")] == ["pg-alice/work"]
     assert store.turns.turns_with_answer([store.turns.turn("pg-t1").answer_fingerprint], "someone-else") == []

@@ -332,6 +332,7 @@ MATRIX: list[tuple[str, str, str, Any, tuple[int, int, int, int]]] = [
     ("feedback on the session", "POST", "/v1/feedback", {"session_id": "{session}", "score": 1}, (200, 404, 200, 401)),
     ("continue the response", "POST", "/v1/responses",
      {"model": MODEL, "input": "and?", "previous_response_id": "{response}", "max_output_tokens": 4}, (200, 404, 200, 401)),
+    ("export my data (each gets their own)", "GET", "/v1/me/data", None, (200, 200, 400, 401)),
     ("register an episode", "POST", "/v1/episodes",
      {"session_id": "ep", "env": "toolcall", "task": "t", "seed": 0, "group_id": "g", "group_size": 1}, (403, 403, 200, 401)),
     ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (200, 404, 200, 401)),

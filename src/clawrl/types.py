@@ -31,6 +31,9 @@ ToolSpec = dict[str, Any]  # an OpenAI tool definition ({"type": "function", "fu
 TurnKind = Literal["main", "side"]  # side: served and recorded, never judged or trained on
 SessionIdSource = Literal["header", "body", "user", "inferred", "new"]
 SessionDoneReason = Literal["client", "idle"]
+# Why a recorded turn is never judged nor trained on (DESIGN §12, opt-out): its request said so
+# (`X-Clawrl-Train: false` / `"train": false`), its session's first request did, or its user is --no-train
+OptOut = Literal["request", "session", "user"]
 FinishReason = Literal["stop", "length", "tool_calls", "cancelled"]  # cancelled: the client hung up
 JudgmentSource = Literal["prm", "rule", "feedback"]  # a language model, the rules, or explicit feedback
 SampleStatus = Literal["ready", "held", "dropped", "trained"]  # held: waiting on the at-least-one rule
@@ -81,6 +84,7 @@ class Session:
     done_reason: SessionDoneReason | None = None
     num_turns: int = 0
     user_id: str = DEFAULT_USER  # whose conversation it is: their key's user, fixed when it starts
+    train: bool = True  # False: its first request opted out of training, and so is every turn of it
 
 
 @dataclass
@@ -91,6 +95,8 @@ class User:
     key_hint: str  # the key's first characters, to tell keys apart in a listing
     created_at: float
     key_created_at: float
+    store: bool = True  # False (`clawrl users set NAME --no-store`): their requests are answered, never recorded
+    train: bool = True  # False (`--no-train`): their turns are recorded, never judged nor trained on
 
 
 @dataclass
@@ -122,11 +128,13 @@ class Turn:
     latency_s: float = 0.0
     index: int = -1  # position within the session, from 0
     created_at: float = 0.0
+    opt_out: OptOut | None = None  # why it is never judged nor trained on; None: it may be
 
     @property
     def trainable(self) -> bool:
-        """A main turn the client received in full: a side turn or a hang-up is never trained on."""
-        return self.kind == "main" and self.finish_reason != "cancelled"
+        """A main turn the client received in full and nobody opted out of training: a side turn, a
+        hang-up or an opted-out turn is never trained on."""
+        return self.kind == "main" and self.finish_reason != "cancelled" and self.opt_out is None
 
 
 @dataclass

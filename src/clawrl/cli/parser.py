@@ -11,7 +11,14 @@ from clawrl.cli.envs import cmd_envs_list, cmd_envs_serve, cmd_rollout
 from clawrl.cli.flags import _add_global_flags, add_config_flags
 from clawrl.cli.loops import cmd_judge, cmd_serve, cmd_train
 from clawrl.cli.models import cmd_build_random, cmd_build_tiny, cmd_plan
-from clawrl.cli.users import cmd_users_add, cmd_users_list, cmd_users_remove, cmd_users_rotate_key
+from clawrl.cli.users import (
+    cmd_users_add,
+    cmd_users_export,
+    cmd_users_list,
+    cmd_users_remove,
+    cmd_users_rotate_key,
+    cmd_users_set,
+)
 from clawrl.cli.records import (
     cmd_dashboard,
     cmd_export,
@@ -125,6 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(user_list, StoreConfig)
     user_list.add_argument("--json", action="store_true", help="print JSON")
     user_list.set_defaults(handler=cmd_users_list)
+    user_set = user_commands.add_parser("set", help="a user's opt-outs: whether their requests are recorded and "
+                                        "their turns trained on (a running server follows within a second)")
+    user_set.add_argument("name", help="the user's name")
+    add_config_flags(user_set, StoreConfig)
+    user_set.add_argument("--store", action=argparse.BooleanOptionalAction, default=None,
+                          help="--no-store: their requests are answered and never recorded (no session, no turn)")
+    user_set.add_argument("--train", action=argparse.BooleanOptionalAction, default=None,
+                          help="--no-train: their turns are recorded (theirs to read and export), never judged nor "
+                          "trained on")
+    user_set.set_defaults(handler=cmd_users_set)
+    user_export = user_commands.add_parser("export", help="write a user's main turns as JSON lines, the format of "
+                                           "`clawrl export` (what GET /v1/me/data gives their key)")
+    user_export.add_argument("name", help="the user's name")
+    add_config_flags(user_export, StoreConfig)
+    user_export.add_argument("--out", required=True, help="the .jsonl file to write")
+    user_export.set_defaults(handler=cmd_users_export)
 
     export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
     add_config_flags(export, StoreConfig)

@@ -84,10 +84,13 @@ def cmd_sessions_show(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(detail)
         return 0
-    print(f"session {detail['id']} ({detail['id_source']}, {detail['turns'] and len(detail['turns'])} turns, done={detail['done']})")
+    no_train = "" if detail["train"] else ", never trained on (its first request opted out)"
+    print(f"session {detail['id']} ({detail['id_source']}, {detail['turns'] and len(detail['turns'])} turns, "
+          f"done={detail['done']}, user {detail['user']}{no_train})")
     for turn in detail["turns"]:
+        opted_out = f" not trained: opted out by the {turn['opt_out']}" if turn["opt_out"] else ""
         print(f"\n[{turn['index']}] {turn['kind']} v{turn['policy_version']} {turn['finish_reason']} "
-              f"prompt={len(turn['prompt_token_ids'])} response={len(turn['response_token_ids'])} tokens")
+              f"prompt={len(turn['prompt_token_ids'])} response={len(turn['response_token_ids'])} tokens{opted_out}")
         print(f"  answer: {turn['response_text'][:200]!r}")
         if turn["tool_calls"]:
             print(f"  tool calls: {json.dumps(turn['tool_calls'])[:200]}")

@@ -1,4 +1,5 @@
-"""`clawrl users`: add, list, remove and rotate the keys of the people who use a server (DESIGN §12).
+"""`clawrl users`: add, list, remove and rotate the keys of the people who use a server, set their
+opt-outs and export their records (DESIGN §12).
 
 A key is printed once, when it is made, and never stored. The admin key stays `--api-key`.
 """
@@ -7,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from clawrl.cli.common import _open_store, _print_json, _store
 from clawrl.cli.flags import config_from_args
 from clawrl.config import StoreConfig
+from clawrl.preflight import check_writable_file
 from clawrl.store.users import UserError
+from clawrl.types import User
 
 
 def cmd_users_add(args: argparse.Namespace) -> int:
@@ -29,11 +33,43 @@ def cmd_users_list(args: argparse.Namespace) -> int:
     users = _store(args).users.list()
     if args.json:
         _print_json([{"user": user.id, "key_hint": user.key_hint, "created_at": user.created_at,
-                      "key_created_at": user.key_created_at} for user in users])  # fmt: skip
+                      "key_created_at": user.key_created_at, "store": user.store, "train": user.train}
+                     for user in users])  # fmt: skip
         return 0
     for user in users:
-        print(f"{user.id:<32} {user.key_hint}...")
+        print(f"{user.id:<32} {user.key_hint}...  {_opt_outs(user)}")
     return 0
+
+
+def cmd_users_set(args: argparse.Namespace) -> int:
+    if args.store is None and args.train is None:
+        print("error: say what to set: --store or --no-store, --train or --no-train", file=sys.stderr)
+        return 2
+    try:
+        user = _store(args).users.set_opt_outs(args.name, store=args.store, train=args.train)
+    except UserError as error:
+        return _refused(error)
+    print(f"{user.id}: {_opt_outs(user)} (a running server follows within a second; what was recorded before "
+          "stays as it was)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_users_export(args: argparse.Namespace) -> int:
+    from clawrl.store.inspect import export_jsonl
+
+    check_writable_file(Path(args.out), "--out")
+    store = _store(args)
+    try:
+        store.users.get(args.name)
+    except UserError as error:
+        return _refused(error)
+    count = export_jsonl(store, Path(args.out), user_id=args.name)
+    print(f"wrote {args.name}'s {count} main turns to {args.out}")
+    return 0
+
+
+def _opt_outs(user: User) -> str:
+    return f"{'stored' if user.store else 'never stored'}, {'trained on' if user.train else 'never trained on'}"
 
 
 def cmd_users_remove(args: argparse.Namespace) -> int:

@@ -9,7 +9,8 @@ key nor users: once one user exists, a request without a valid key is refused, s
 never leaves an open door beside their key.
 
 The users' keys are read from the store at most once a second (`KEYS_FRESH_S`), not per request: a
-key added, rotated or removed with `clawrl users` takes effect within that second.
+key added, rotated or removed with `clawrl users` takes effect within that second, and so does a
+user's `--no-store` or `--no-train` (`clawrl users set`), which their `Caller` carries.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from clawrl.errors import APIError
 from clawrl.store.turns import TurnStore
 from clawrl.store.users import UserStore, key_sha256
-from clawrl.types import DEFAULT_USER
+from clawrl.types import DEFAULT_USER, User
 
 KEYS_FRESH_S = 1.0
 NO_KEY = "Missing or invalid API key; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
@@ -34,10 +35,13 @@ OWNED_NAME_ATTEMPTS = 8  # `~`-marked variants of a name tried when others hold 
 
 @dataclass(frozen=True)
 class Caller:
-    """Whose request it is: `user_id` owns what it records; `admin` reaches every user's records."""
+    """Whose request it is: `user_id` owns what it records; `admin` reaches every user's records;
+    `store` and `train` are the user's opt-outs (False: `clawrl users set NAME --no-store`, `--no-train`)."""
 
     user_id: str
     admin: bool
+    store: bool = True
+    train: bool = True
 
 
 ADMIN = Caller(DEFAULT_USER, admin=True)
@@ -49,7 +53,7 @@ class KeyChecker:
     def __init__(self, admin_key: str | None, users: UserStore) -> None:
         self.admin_key = admin_key
         self.users = users
-        self._owners: dict[str, str] = {}
+        self._owners: dict[str, User] = {}
         self._read_at = float("-inf")
         self._reading: asyncio.Lock | None = None
 
@@ -66,7 +70,7 @@ class KeyChecker:
         owners = await self._key_owners()
         for key in keys:
             if (user := owners.get(key_sha256(key))) is not None:
-                return Caller(user, admin=False)
+                return Caller(user.id, admin=False, store=user.store, train=user.train)
         if self.admin_key is None and not owners:
             return ADMIN  # an open server: one person, no keys
         raise APIError(401, NO_KEY, "invalid_api_key")
@@ -76,7 +80,7 @@ class KeyChecker:
         caller = await self.caller(headers)
         return None if caller.admin else caller.user_id
 
-    async def _key_owners(self) -> dict[str, str]:
+    async def _key_owners(self) -> dict[str, User]:
         if time.monotonic() - self._read_at < KEYS_FRESH_S:
             return self._owners
         self._reading = self._reading or asyncio.Lock()

@@ -39,6 +39,7 @@ from clawrl.serve import schemas
 from clawrl.serve.auth import ADMIN, Caller
 from clawrl.serve.contract import request_grammar
 from clawrl.serve.metrics import ServeMetrics
+from clawrl.serve.privacy import opt_out, stored
 from clawrl.serve.sessions import (
     SessionIdentity,
     explicit_session,
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 # What a header value carries as is: printable ASCII but `%` (and space, which HTTP trims at the ends)
-_LINEAGE_LOAD_TRIES = 3  # loads of a user's adapter for one request before its eviction is an error
+_LINEAGE_LOAD_TRIES = 5  # loads of a user's adapter for one request before its eviction is a 503
 _HEADER_SAFE = "".join(chr(code) for code in range(0x21, 0x7F) if chr(code) != "%")
 
 
@@ -83,7 +84,7 @@ class PreparedRequest:
     stop: list[str]
     started_at: float = field(default_factory=time.perf_counter)
     identity: SessionIdentity | None = None
-    recorded: bool = True  # False for a request that asked not to be stored (the Responses API's `store: false`)
+    recorded: bool = True  # False for a request not to be stored (`store: false`, or a --no-store user's: `privacy.stored`)
     user_id: str = DEFAULT_USER  # whose turn it is (the caller's): a session it starts is theirs
 
 
@@ -200,8 +201,9 @@ class ChatService:
         """Validate a Chat Completions body, render it and start its session lookup.
 
         The other wire APIs (Responses, Messages) translate their bodies into this one; `id_prefix`
-        names the turn as their ids do, and `recorded=False` answers without storing anything. The
-        turn is `caller`'s, in one of their sessions.
+        names the turn as their ids do, and `recorded=False` answers without storing anything (as
+        does the body's `store: false`, or a caller set --no-store). The turn is `caller`'s, in one of
+        their sessions, and says whether it may be trained on (`privacy.opt_out`).
         """
         try:
             request = schemas.ChatCompletionRequest.model_validate(body)
@@ -213,6 +215,7 @@ class ChatService:
         messages = [message.model_dump(exclude_none=True) for message in request.messages]
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
+        opted_out = opt_out(headers, request.train, caller)
         explicit = explicit_session(headers, request.session_id, request.user, caller)
         try:
             prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
@@ -248,9 +251,10 @@ class ChatService:
             tool_calls=None,
             finish_reason="stop",
             message_hashes=conversation_hashes(messages),
+            opt_out=opted_out,
         )
         return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop,
-                               recorded=recorded, user_id=caller.user_id)
+                               recorded=stored(recorded, request.store, caller), user_id=caller.user_id)
 
     async def identify(self, generation: Generation) -> SessionIdentity:
         """The request's session, once its lookup (started by `prepare`) has answered; the turn
@@ -301,15 +305,16 @@ class ChatService:
 
     async def _generate(self, prompt_token_ids: list[int], sampling: SamplingParams, lineage: str) -> GenerationStream:
         """The engine's stream for `lineage`, loading its adapter first where the engine does not hold it.
-        Between the load and the submit, other users' loads may have evicted it again: then once more."""
-        for _ in range(_LINEAGE_LOAD_TRIES - 1):
+        Between the load and the submit, other users' loads may have evicted it again: then again, and
+        past `_LINEAGE_LOAD_TRIES` a 503 to retry later (never another version's answer)."""
+        for _ in range(_LINEAGE_LOAD_TRIES):
             await self.policy.ready(lineage)
             try:
                 return self.engine.generate(prompt_token_ids, sampling, lineage)
             except LineageNotLoadedError:
                 log.info("the adapter of %s was evicted before its request started; loading it again", lineage)
-        await self.policy.ready(lineage)
-        return self.engine.generate(prompt_token_ids, sampling, lineage)
+        raise APIError(503, "More users' adapters are wanted at once than the server holds (--max-loaded-adapters); "
+                       "retry shortly.", "server_busy", headers={"Retry-After": "1"})
 
     async def deltas(self, generation: Generation) -> AsyncIterator[tuple[str, list[TokenStep]]]:
         """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
@@ -342,10 +347,12 @@ class ChatService:
 
         The write goes on even if the caller is cancelled while it waits (a client hanging up just
         as its stream ends): cancelling a thread-pool call that has not started yet would drop it.
-        A request that asked not to be stored is not.
+        A request not to be stored is not; its session is still looked up, for the headers that name it.
         """
         if generation.prepared.recorded:
             await asyncio.shield(self._in_background(self._write(generation, turn)))
+        else:
+            await self.identify(generation)
 
     async def _write(self, generation: Generation, turn: Turn) -> None:
         identity = await self.identify(generation)

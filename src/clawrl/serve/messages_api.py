@@ -279,7 +279,8 @@ def messages_chat_body(request: AnthropicMessagesRequest) -> dict[str, Any]:
         "session_id": request.session_id,
         "turn_type": request.turn_type,
     }
-    body = chat_body(request) | {"max_tokens": request.max_tokens, "session_done": request.session_done}
+    body = chat_body(request) | {"max_tokens": request.max_tokens, "session_done": request.session_done,
+                                 "store": request.store, "train": request.train}
     return body | {key: value for key, value in optional.items() if value is not None}
 
 

@@ -255,6 +255,10 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     session_done: Annotated[
         bool, Field(description="clawrl: this is the session's last turn (as header X-Session-Done).")
     ] = False
+    store: Annotated[bool, Field(description="clawrl: `false`: answered, never recorded (no session, no turn), as "
+                                 "OpenAI's `store`.")] = True
+    train: Annotated[bool, Field(description="clawrl: `false`: recorded, never judged nor trained on (as header X-Clawrl-Train); on a session's "
+              "first request, for the whole session.")] = True
 
     @field_validator("top_k", mode="before")
     @classmethod

@@ -147,6 +147,17 @@ SESSION: dict[str, Any] = {
     "responses": errors(401, 404, why={404: "No such session of the caller's."}),
 }
 
+ME_DATA: dict[str, Any] = {
+    "summary": "Export your records",
+    "description": "Every main turn of the caller's sessions as JSON lines, one per turn in arrival order, the "
+    "format of `clawrl export` (`opt_out` says why a turn is never trained on). A user's key only.",
+    "responses": {
+        200: {"description": "JSON lines.", "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+        **errors(400, 401, why={400: "The admin's key: it has no records of its own (use `clawrl export`, or "
+                                "`clawrl users export NAME`)."}),
+    },
+}
+
 EPISODE_START: dict[str, Any] = {
     "summary": "Register an episode",
     "description": "Registers an environment episode before its first step; its steps are chat turns of its session.",

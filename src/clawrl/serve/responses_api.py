@@ -156,7 +156,7 @@ def chat_body(request: ResponsesRequest, previous: Turn | None) -> dict[str, Any
             earlier = earlier[1:]  # the new instructions take its place
         messages += [*earlier, _answer_message(previous)]
     messages += input_messages(request.input)
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": False}
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": False, "train": request.train}
     optional = {"max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p,
                 "user": request.user, "tool_choice": _chat_tool_choice(request.tool_choice),
                 "response_format": _chat_response_format(request.text.format if request.text else None)}  # fmt: skip

@@ -145,6 +145,8 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     previous_response_id: str | None = None
     store: bool = True
+    train: Annotated[bool, Field(description="clawrl: `false`: recorded, never judged nor trained on (as header X-Clawrl-Train); on a session's "
+              "first request, for the whole session.")] = True
     background: Literal[False] | None = Field(None, description="Background responses are not offered.")
     text: TextOptions | None = None
     truncation: Literal["disabled"] | None = Field(None, description="An over-long conversation is refused, never cut.")

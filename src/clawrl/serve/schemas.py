@@ -135,6 +135,7 @@ class ChatCompletionRequest(WireModel):
     seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     user: Annotated[str, Field(max_length=256)] | None = None
+    store: Annotated[bool, Field(description="`false`: answered, never recorded (no session, no turn). clawrl records by default, unlike OpenAI's API.")] = True
     # clawrl extensions (the same as headers, for clients that cannot set headers)
     session_id: Annotated[
         str | None,
@@ -147,6 +148,8 @@ class ChatCompletionRequest(WireModel):
     session_done: Annotated[
         bool, Field(description="clawrl: this is the session's last turn (as header X-Session-Done).")
     ] = False
+    train: Annotated[bool, Field(description="clawrl: `false`: recorded, never judged nor trained on (as header X-Clawrl-Train); on a session's "
+              "first request, for the whole session.")] = True
 
     @field_validator("stop")
     @classmethod

@@ -1,12 +1,14 @@
 """Read-only views of the store for people and tools: session summaries, turn details, JSONL export.
 
 Export rows have the same keys and value types on every line (messages normalised, tool schemas
-as a JSON string), so `datasets.load_dataset("json", ...)` can infer one schema for the file.
+as a JSON string), so `datasets.load_dataset("json", ...)` can infer one schema for the file. One
+user's export (`clawrl users export`, `GET /v1/me/data`) is the same lines, of their sessions only.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ def session_summary(session: Session) -> dict[str, Any]:
         "id": session.id,
         "id_source": session.id_source,
         "user": session.user_id,
+        "train": session.train,
         "turns": session.num_turns,
         "done": session.done,
         "done_reason": session.done_reason,
@@ -75,6 +78,7 @@ def turn_view(context: TurnContext, judgment: Judgment | None = None) -> dict[st
         "index": turn.index,
         "kind": turn.kind,
         "trainable": turn.trainable,
+        "opt_out": turn.opt_out,
         "created_at": _iso(turn.created_at),
         "policy_version": turn.policy_version,
         "finish_reason": turn.finish_reason,
@@ -99,30 +103,38 @@ def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
     return {**session_summary(session), "turns": turns}
 
 
-def export_jsonl(store: Store, out: Path) -> int:
-    """Write one line per main turn, in arrival order; returns the number of lines."""
+def export_jsonl(store: Store, out: Path, user_id: str | None = None) -> int:
+    """Write one line per main turn (of `user_id`'s sessions, or of everyone's), in arrival order;
+    returns the number of lines."""
     out.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with out.open("w", encoding="utf-8") as handle:
-        for turn, next_state in store.turns.iter_main_turns():
-            view = next_state_view(next_state)
-            row = {
-                "turn_id": turn.id,
-                "session_id": turn.session_id,
-                "index": turn.index,
-                "policy_version": turn.policy_version,
-                "created_at": _iso(turn.created_at),
-                "model": turn.model,
-                "messages": [flat_message(m) for m in turn.messages],
-                "tools_json": json.dumps(turn.tools) if turn.tools else None,
-                "prompt_token_ids": turn.prompt_token_ids,
-                "response_token_ids": turn.response_token_ids,
-                "response_logprobs": turn.response_logprobs,
-                "response_text": turn.response_text,
-                "finish_reason": turn.finish_reason,
-                "next_state_role": view["role"] if view else None,
-                "next_state": view["messages"] if view else [],
-            }
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        for line in export_lines(store, user_id):
+            handle.write(line)
             count += 1
     return count
+
+
+def export_lines(store: Store, user_id: str | None = None) -> Iterator[str]:
+    """The lines of `export_jsonl`, each a JSON object and a newline, read from the store as they are taken."""
+    for turn, next_state in store.turns.iter_main_turns(user_id=user_id):
+        view = next_state_view(next_state)
+        row = {
+            "turn_id": turn.id,
+            "session_id": turn.session_id,
+            "index": turn.index,
+            "policy_version": turn.policy_version,
+            "created_at": _iso(turn.created_at),
+            "model": turn.model,
+            "messages": [flat_message(m) for m in turn.messages],
+            "tools_json": json.dumps(turn.tools) if turn.tools else None,
+            "prompt_token_ids": turn.prompt_token_ids,
+            "response_token_ids": turn.response_token_ids,
+            "response_logprobs": turn.response_logprobs,
+            "response_text": turn.response_text,
+            "finish_reason": turn.finish_reason,
+            "next_state_role": view["role"] if view else None,
+            "next_state": view["messages"] if view else [],
+            "opt_out": turn.opt_out,  # why it is never trained on (null: it may be): a dataset made of it honours that
+        }
+        yield json.dumps(row, ensure_ascii=False) + "\n"

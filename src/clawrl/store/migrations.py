@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -65,6 +65,21 @@ def _session_owners(connection: Connection) -> None:
         connection.execute(text("CREATE INDEX ix_sessions_user_id ON sessions (user_id)"))
 
 
+def _opt_outs(connection: Connection) -> None:
+    """v9 records what opted out of training or recording (DESIGN §12): a turn's `opt_out`, a session's
+    and a user's `train`, a user's `store`. Nothing stored before had opted out."""
+    added = {
+        "turns": ("opt_out VARCHAR(8)",),
+        "sessions": ("train BOOLEAN NOT NULL DEFAULT TRUE",),
+        "users": ("store BOOLEAN NOT NULL DEFAULT TRUE", "train BOOLEAN NOT NULL DEFAULT TRUE"),
+    }
+    for table, columns in added.items():
+        present = _columns(connection, table)
+        for column in columns:
+            if column.split()[0] not in present:
+                connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {column}"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -77,6 +92,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: _lineages,
     7: _empty_answers_index,
     8: _session_owners,
+    9: _opt_outs,
 }
 
 

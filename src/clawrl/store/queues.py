@@ -19,15 +19,16 @@ from clawrl.store.schema import EpisodeRow, FeedbackRow, JudgeQueueRow, Judgment
 def queue_for_judging(db: DBSession, turn_id: str) -> None:
     """Queue a turn that just got a next state or feedback, if it is judgeable and not judged yet.
 
-    Judgeable: a main turn its client received in full (a hung-up stream's turn is `cancelled`).
+    Judgeable: a main turn its client received in full (a hung-up stream's turn is `cancelled`) and
+    nobody opted out of training (`opt_out`: never judged, so never made a sample either).
     Two requests may queue the same turn at once on a server database; the second does nothing.
     """
-    # the three columns it needs, not the turn (whose prompt and answer can be long JSON): this
-    # runs in the write of every turn that continues another one
+    # the columns it needs, not the turn (whose prompt and answer can be long JSON): this runs in
+    # the write of every turn that continues another one
     turn = db.execute(
-        select(TurnRow.kind, TurnRow.finish_reason, TurnRow.created_at).where(TurnRow.id == turn_id)
+        select(TurnRow.kind, TurnRow.finish_reason, TurnRow.opt_out, TurnRow.created_at).where(TurnRow.id == turn_id)
     ).first()
-    if turn is None or turn.kind != "main" or turn.finish_reason == "cancelled":
+    if turn is None or turn.kind != "main" or turn.finish_reason == "cancelled" or turn.opt_out is not None:
         return
     if db.execute(select(JudgmentRow.turn_id).where(JudgmentRow.turn_id == turn_id)).first() is not None:
         return  # feedback after the verdict: the turn was judged once and stays so
@@ -35,9 +36,10 @@ def queue_for_judging(db: DBSession, turn_id: str) -> None:
 
 
 def queue_for_sampling(db: DBSession, turn_id: str) -> None:
-    """Queue a turn that was just judged for the trainer, unless it is an episode's step."""
+    """Queue a turn that was just judged for the trainer, unless it is an episode's step (or opted out:
+    such a turn is never queued for judging, and a verdict written for it anyway makes no sample)."""
     turn = db.get(TurnRow, turn_id)
-    if turn is None or turn.kind != "main" or db.get(EpisodeRow, turn.session_id) is not None:
+    if turn is None or turn.kind != "main" or turn.opt_out is not None or db.get(EpisodeRow, turn.session_id) is not None:
         return
     db.execute(_insert_ignoring_duplicates(db, SampleQueueRow).values(turn_id=turn_id, turn_created_at=turn.created_at))
 

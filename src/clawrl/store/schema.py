@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, select, text
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, select, text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
@@ -43,6 +43,8 @@ class SessionRow(Base):
     # whose conversation it is (set when it starts): its turns, their judgments, samples and feedback
     # and its episode are that user's through it, so no other table repeats it
     user_id: Mapped[str] = mapped_column(String(64), default=DEFAULT_USER, server_default=DEFAULT_USER, index=True)
+    # False: its first request opted out of training (`X-Clawrl-Train: false`), and with it every later turn
+    train: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
 class UserRow(Base):
@@ -55,6 +57,8 @@ class UserRow(Base):
     key_hint: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Float)
     key_created_at: Mapped[float] = mapped_column(Float)
+    store: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # False: --no-store
+    train: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # False: --no-train
 
 
 # A main turn whose answer is nothing: no text, no tool call. Written out once, as SQL, because a
@@ -91,6 +95,7 @@ class TurnRow(Base):
     # follows this turn's conversation (DESIGN §3, session inference)
     message_hashes: Mapped[list[str]] = mapped_column(JSON)
     latency_s: Mapped[float] = mapped_column(Float)
+    opt_out: Mapped[str | None] = mapped_column(String(8), nullable=True)  # request | session | user: never judged
     __table_args__ = (
         UniqueConstraint("session_id", "index"),
         # Recent main turns answered with nothing, which every request that starts a session looks

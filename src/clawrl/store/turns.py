@@ -88,7 +88,9 @@ class TurnStore:
     def _write_turn(self, db: DBSession, write: TurnWrite, now: float) -> int:
         """One turn's rows: an upsert of the session that counts the turn and returns its index,
         the turn, and the next state it carries unless the earlier turn already has one (the first
-        continuation wins: a regenerated or branched request never overwrites it).
+        continuation wins: a regenerated or branched request never overwrites it). A session is
+        no-train for good when the request that starts it opts out (`Turn.opt_out` "request"): its
+        later turns are recorded as opted out by the session, unless they say why themselves.
 
         This is on every request's critical path, so it runs Core statements built once
         (`_turn_statements`) on the transaction's connection: building an ORM unit of work, or even
@@ -96,12 +98,14 @@ class TurnStore:
         """
         count_turn, insert_turn, insert_next_state = _turn_statements(self.database.is_sqlite)
         turn, continues, connection = write.turn, write.continues, db.connection()
-        index = connection.execute(count_turn, {
+        counted, session_train = connection.execute(count_turn, {
             "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
             "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
-            "user_id": write.user_id,
-        }).scalar_one() - 1  # fmt: skip
-        connection.execute(insert_turn, _row_values(records.turn_row(dataclasses.replace(turn, index=index, created_at=now))))
+            "user_id": write.user_id, "train": turn.opt_out != "request",
+        }).one()  # fmt: skip
+        index, opt_out = counted - 1, turn.opt_out or (None if session_train else "session")
+        row = records.turn_row(dataclasses.replace(turn, index=index, created_at=now, opt_out=opt_out))
+        connection.execute(insert_turn, _row_values(row))
         if continues is not None:
             row = records.next_state_row(dataclasses.replace(continues, created_at=now))
             if connection.execute(insert_next_state, _row_values(row)).first() is not None:
@@ -221,15 +225,17 @@ class TurnStore:
                 feedback.setdefault(row.turn_id, []).append(records.feedback(row))
             return [TurnContext(records.turn(turn), next_states.get(turn.id), feedback.get(turn.id, [])) for turn in turns]
 
-    def iter_main_turns(self, batch: int = 500) -> Iterator[tuple[Turn, NextState | None]]:
-        """Every main turn in arrival order with its next state, read in batches."""
+    def iter_main_turns(self, batch: int = 500, user_id: str | None = None) -> Iterator[tuple[Turn, NextState | None]]:
+        """Every main turn in arrival order with its next state, read in batches: of `user_id`'s
+        sessions only, or (None) of everyone's."""
         after: tuple[float, str] = (-1.0, "")
+        query = select(TurnRow, NextStateRow).outerjoin(NextStateRow, NextStateRow.turn_id == TurnRow.id)
+        if user_id is not None:
+            query = query.join(SessionRow, SessionRow.id == TurnRow.session_id).where(SessionRow.user_id == user_id)
         while True:
             with self.database.read() as db:
                 rows = db.execute(
-                    select(TurnRow, NextStateRow)
-                    .outerjoin(NextStateRow, NextStateRow.turn_id == TurnRow.id)
-                    .where(TurnRow.kind == "main", tuple_(TurnRow.created_at, TurnRow.id) > after)
+                    query.where(TurnRow.kind == "main", tuple_(TurnRow.created_at, TurnRow.id) > after)
                     .order_by(TurnRow.created_at, TurnRow.id)
                     .limit(batch)
                 ).all()
@@ -250,9 +256,10 @@ _TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any]] = {}
 
 def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
     """The statements that record a turn (see `TurnStore._write_turn`), built once per dialect; the
-    values come as parameters. The session's upsert creates it (its `id_source` and `created_at`
-    are kept from then on) or counts one more turn, and returns the count; on a server database it
-    also settles two requests racing to create the same session (the second waits and counts)."""
+    values come as parameters. The session's upsert creates it (its `id_source`, `created_at` and
+    `train` are kept from then on) or counts one more turn, and returns the count and `train`; on a
+    server database it also settles two requests racing to create the same session (the second
+    waits and counts)."""
     if is_sqlite not in _TURN_STATEMENTS:
         insert = sqlite_insert if is_sqlite else postgresql_insert
         sessions, next_states = SessionRow.__table__, NextStateRow.__table__
@@ -261,7 +268,7 @@ def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
             index_elements=[sessions.c.id],
             set_={"done": upsert.excluded.done, "done_reason": upsert.excluded.done_reason,
                   "updated_at": upsert.excluded.updated_at, "num_turns": sessions.c.num_turns + 1},
-        ).returning(sessions.c.num_turns)  # fmt: skip
+        ).returning(sessions.c.num_turns, sessions.c.train)  # fmt: skip
         insert_next_state = (
             insert(next_states).on_conflict_do_nothing(index_elements=[next_states.c.turn_id]).returning(next_states.c.turn_id)
         )

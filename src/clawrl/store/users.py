@@ -99,7 +99,19 @@ class UserStore:
                 raise UserError(f"there is no user called {name!r}")
         return key
 
-    def key_owners(self) -> dict[str, str]:
-        """Every key's SHA-256 → its user: what a server checks requests against (`serve/auth.py`)."""
+    def set_opt_outs(self, name: str, store: bool | None = None, train: bool | None = None) -> User:
+        """Whether the user's requests are recorded (`store`) and their turns trained on (`train`); None
+        leaves a setting as it is. A server follows within a second (`serve/auth.py`); what was
+        recorded before stays as it was."""
+        values = {key: value for key, value in (("store", store), ("train", train)) if value is not None}
+        if values:
+            with self.database.write() as db:
+                if db.execute(update(UserRow).where(UserRow.id == name).values(**values)).rowcount == 0:
+                    raise UserError(f"there is no user called {name!r}")
+        return self.get(name)
+
+    def key_owners(self) -> dict[str, User]:
+        """Every key's SHA-256 → its user (with their opt-outs): what a server checks requests against
+        (`serve/auth.py`)."""
         with self.database.read() as db:
-            return {digest: user for digest, user in db.execute(select(UserRow.key_sha256, UserRow.id))}
+            return {row.key_sha256: records.user(row) for row in db.scalars(select(UserRow))}
