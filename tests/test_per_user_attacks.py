@@ -16,12 +16,11 @@ request claims, and decoded with that version's adapter even in a batch of sever
 rollback moves one lineage; a removed user's lineage answers nobody; nothing open or reachable by
 bob tells him alice's sample ids or versions' files.
 
-Three attacks succeeded when these were written; they are marked xfail (strict) and described in
-their reasons: more users asking at once than `--max-loaded-adapters` get some of their answers
-from the base model (v0) instead of their own version; the reward baseline
-(`--reward-baseline-samples`) mixes every user's scores into each user's rewards; and
-`clawrl versions rollback 0 --lineage ../policy` is taken, after which a trainer's start deletes
-the lineage directory of a user named like a version directory ("v7").
+Three attacks succeeded when these were written, and were fixed: more users asking at once than
+`--max-loaded-adapters` got some of their answers from the base model (v0) instead of their own
+version; the reward baseline (`--reward-baseline-samples`) mixed every user's scores into each
+user's rewards; and `clawrl versions rollback 0 --lineage ../policy` was taken, after which a
+trainer's start deleted the lineage directory of a user named like a version directory ("v7").
 
 Held: every session, feedback, hint, header, body field, `previous_response_id`, echoed answer and
 model name bob tried; a rotated key keeps its lineage; a removed user's lineage answers nobody
@@ -410,16 +409,8 @@ def _answers_under_eviction(w: World, rounds: int) -> list[tuple[str, str, int]]
     return wrong
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with --adapters per-user and more users asking at once than --max-loaded-adapters, a user is answered "
-    "by the base model (X-Clawrl-Policy-Version: 0, the turn recorded as v0's) instead of their current version. "
-    "versions/follower.py PolicyFollower.ready() loads the lineage's version (engine.load_version), then takes "
-    "`engine.lineage_version(lineage) is None` to mean that the load failed and installs v0 for the lineage. But the hf "
-    "engine's worker retires the least recently used lineages' versions after every task it runs "
-    "(HFEngine._retire_unused_versions -> VersionTable.retire_unused(max_loaded)): with other users' rows in flight "
-    "(pinned), the adapter just installed is the one retired before its request is submitted, so ready() mistakes an "
-    "eviction for a failure and ChatService._generate submits the request to v0. (ready() could tell them apart by "
-    "self._failed, and retry the load on an eviction as _generate does on LineageNotLoadedError.)"))
+# Found by this attack: PolicyFollower.ready() took an adapter evicted by other users' loads, right
+# after its own load, for a load that failed, and had the base model (v0) answer in its place.
 def test_a_user_is_answered_by_their_own_version_while_others_evict_adapters(trained: World) -> None:
     assert _answers_under_eviction(trained, rounds=30) == []
 
@@ -582,13 +573,8 @@ def test_nothing_bob_or_a_keyless_caller_reads_names_alices_versions_files_or_sa
 # --------------------------------------------------------------------------- found
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with --adapters per-user and --reward-baseline-samples N, the baseline subtracted from a user's reward is the "
-    "mean of the last N scores of EVERY user's chat turns (TrainingStore.recent_chat_scores has no user filter; "
-    "SampleBuilder.build/_sample_for in train/samples.py share one window), so bob's verdicts change the rewards, and "
-    "so the update, of alice's lineage: her +1 becomes 2.0 after bob's two -1s instead of 1.0 alone; and bob reads "
-    "the mean of others' recent scores in his own samples' `reward` (GET /v1/sessions/{id}). docs/notes.md records "
-    "the global window as a choice; DESIGN §12 promises a lineage trained on its user's turns only"))
+# Found by this attack: the reward baseline's window held every user's scores, so bob's verdicts
+# moved alice's rewards (and bob could read the others' mean in his own samples' rewards).
 def test_another_users_scores_never_change_a_users_rewards_under_a_reward_baseline(tiny_model_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     run_dir = tmp_path / "run"
@@ -615,12 +601,8 @@ def test_another_users_scores_never_change_a_users_rewards_under_a_reward_baseli
     assert [store.training.sample(turn_id).reward for turn_id in alice] == [1.0, 0.0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: `clawrl versions rollback 0 --lineage ../policy` is accepted (cli/records.py cmd_versions_rollback and "
-    "TrainingStore.rollback check no lineage name for version 0) and leaves a pointer for lineage '../policy'; the "
-    "next Trainer.start() runs versions/files.py discard_unregistered(run_dir, '../policy', set()) over "
-    "RUN_DIR/policy/../policy = RUN_DIR/policy itself, and deletes the lineage directory of a user called 'v7' (named "
-    "like an unregistered version directory) with all of their versions"))
+# Found by this attack: `clawrl versions rollback 0 --lineage ../policy` was accepted, and the next
+# trainer start discarded "unregistered versions" of RUN_DIR/policy/../policy, i.e. every user's.
 def test_a_lineage_named_with_a_path_never_reaches_outside_its_own_directory(tiny_model_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     run_dir = tmp_path / "run"
@@ -640,6 +622,9 @@ def test_a_lineage_named_with_a_path_never_reaches_outside_its_own_directory(tin
     (version,) = store.training.versions("v7")
     assert Path(version.path).is_dir()
     rolled = clawrl("versions", "rollback", "0", "--lineage", "../policy", "--run-dir", str(run_dir))
+    assert rolled.returncode == 1 and "no lineage '../policy'" in rolled.stderr, rolled.stderr
+    assert clawrl("versions", "rollback", "0", "--lineage", "v7", "--run-dir", str(run_dir)).returncode == 0  # a user's: yes
+    assert clawrl("versions", "rollback", f"v{version.version}", "--lineage", "v7", "--run-dir", str(run_dir)).returncode == 0
     restarted = Trainer(TrainConfig(method="rl", batch_size=2, lr=1e-2, adapters="per-user"), engine, Store.for_run_dir(run_dir), run_dir)
     restarted.start()  # what `clawrl train` does first after a restart
     assert Path(version.path).is_dir(), (rolled.returncode, rolled.stdout, rolled.stderr)

@@ -30,6 +30,7 @@ from clawrl.store.schema import (
     SampleRow,
     SessionRow,
     TurnRow,
+    UserRow,
     turn_ids_of,
 )
 from clawrl.types import SHARED_LINEAGE, DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
@@ -46,6 +47,7 @@ class JudgedTurn:
     has_next_state: bool
     has_feedback: bool
     first_judged_in_session: bool  # no earlier main turn of its session has a judgment
+    user_id: str  # whose session it is
 
 
 @dataclass
@@ -76,16 +78,17 @@ class TrainingStore:
         """Judged main turns of chats (not of episodes: their samples wait for their group) that have
         no sample row yet, in arrival order: the sample queue's head."""
         query = (
-            select(TurnRow, JudgmentRow)
+            select(TurnRow, JudgmentRow, SessionRow.user_id)
             .select_from(SampleQueueRow)
             .join(TurnRow, TurnRow.id == SampleQueueRow.turn_id)
             .join(JudgmentRow, JudgmentRow.turn_id == SampleQueueRow.turn_id)
+            .join(SessionRow, SessionRow.id == TurnRow.session_id)
             .order_by(SampleQueueRow.turn_created_at, SampleQueueRow.turn_id)
             .limit(limit)
         )
         with self.database.read() as db:
             rows = db.execute(query).all()
-            ids = [turn.id for turn, _ in rows]
+            ids = [turn.id for turn, _, _ in rows]
             with_next = set(db.scalars(select(NextStateRow.turn_id).where(NextStateRow.turn_id.in_(ids))))
             with_feedback = set(db.scalars(select(FeedbackRow.turn_id).where(FeedbackRow.turn_id.in_(ids))))
             return [
@@ -95,21 +98,24 @@ class TrainingStore:
                     turn.id in with_next,
                     turn.id in with_feedback,
                     _first_judged(db, turn),
+                    user_id,
                 )
-                for turn, judgment in rows
+                for turn, judgment, user_id in rows
             ]
 
-    def recent_chat_scores(self, limit: int) -> list[float]:
+    def recent_chat_scores(self, limit: int, user_id: str | None = None) -> list[float]:
         """The judge's scores of the latest `limit` chat samples that carry a reward (kind rl or
-        combined; episode steps excluded), oldest first: the reward baseline's window."""
-        query = (
+        combined; episode steps excluded), oldest first: the reward baseline's window, of everyone's
+        samples or (`user_id`) of one user's."""
+        query = _of_user(
             select(JudgmentRow.score)
             .select_from(SampleRow)
             .join(JudgmentRow, JudgmentRow.turn_id == SampleRow.turn_id)
             .join(TurnRow, TurnRow.id == SampleRow.turn_id)
             .where(SampleRow.kind.in_(("rl", "combined")), TurnRow.session_id.not_in(select(EpisodeRow.session_id)))
             .order_by(SampleRow.id.desc())
-            .limit(limit)
+            .limit(limit),
+            user_id,
         )
         with self.database.read() as db:
             return [float(score) for score in reversed(db.scalars(query).all())]
@@ -306,6 +312,8 @@ class TrainingStore:
             row = db.get(PolicyVersionRow, version) if version != 0 else None
             if version != 0 and (row is None or row.lineage != lineage):
                 raise KeyError(f"no policy version v{version} in lineage {lineage!r}")
+            if version == 0 and not _lineage_exists(db, lineage):  # the base: a pointer only for a lineage there is
+                raise KeyError(f"no lineage {lineage!r} (the shared one, or a user's: `clawrl users list`)")
             _pointer(db, lineage, lock=True)
             _set_pointer(db, lineage, version, "rollback", time.time())
 
@@ -316,6 +324,13 @@ def _pointer(db: Session, lineage: str, lock: bool = False) -> int:
     take turns anyway)."""
     row = db.get(PolicyPointerRow, (lineage, SERVING), with_for_update=lock)
     return row.version if row is not None else 0
+
+
+def _lineage_exists(db: Session, lineage: str) -> bool:
+    """The shared lineage, a user's, or one with versions or a pointer (a removed user's records stay)."""
+    return (lineage == SHARED_LINEAGE or db.get(UserRow, lineage) is not None
+            or db.scalar(select(PolicyPointerRow.lineage).where(PolicyPointerRow.lineage == lineage).limit(1)) is not None
+            or db.scalar(select(PolicyVersionRow.version).where(PolicyVersionRow.lineage == lineage).limit(1)) is not None)
 
 
 def _set_pointer(db: Session, lineage: str, version: int, reason: PointerReason, now: float) -> None:

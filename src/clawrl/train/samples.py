@@ -20,7 +20,9 @@ state (a session's last) is trained on only when it carries explicit feedback.
 
 Reward baseline (`--reward-baseline-samples N`, `centred`): a sample's reward may be the judge's
 score minus the mean of its N previous nonzero scores, so that the part of the gradient common
-to every answer (the question's numbers, the opener) cancels between praise and complaints.
+to every answer (the question's numbers, the opener) cancels between praise and complaints. With
+a lineage per user (`per_user`) the window is the user's own scores (DESIGN §12: a user's lineage
+learns from that user's turns only, and another user's verdicts must not move its rewards).
 
 Teacher log-probs are forced-decoding log-probs of the turn's recorded response token ids under the
 teacher prompt (`engines.chat.teacher_prompt_ids`: the recorded request with the hint appended to
@@ -91,23 +93,32 @@ class SampleBuilder:
         topk: int = 0,
         max_context_tokens: int | None = None,
         reward_baseline_samples: int = 0,
+        per_user: bool = False,
     ) -> None:
         self.training, self.tokenizer, self.method = training, tokenizer, method
         self.teacher, self.teacher_name, self.topk = teacher, teacher_name, topk
         self.max_context_tokens = max_context_tokens
         self.reward_baseline_samples = reward_baseline_samples
+        self.per_user = per_user  # a lineage per user: each user's own reward baseline window
 
     def build(self, limit: int = 64) -> int:
         """Give every judged turn (up to `limit`, oldest first) its sample row; returns how many."""
         judged = self.training.judged_turns_without_sample(limit)
         if judged:
-            # The judge's latest nonzero scores, oldest first, read from the store so that a restarted
-            # trainer centres exactly as the one before it would have; each new score joins them.
-            window = self.reward_baseline_samples
-            recent = deque(self.training.recent_chat_scores(window) if window else [], maxlen=max(window, 1))
-            self.training.add_samples([self._sample_for(item, recent) for item in judged])
+            windows: dict[str | None, deque[float]] = {}
+            self.training.add_samples([self._sample_for(item, self._window(windows, item.user_id)) for item in judged])
         self._settle_held()
         return len(judged)
+
+    def _window(self, windows: dict[str | None, deque[float]], user_id: str) -> deque[float]:
+        """The judge's latest nonzero scores (of this user's samples, per user), oldest first, read
+        from the store so that a restarted trainer centres exactly as the one before it would have;
+        each new score of this build joins them."""
+        owner = user_id if self.per_user else None
+        if owner not in windows:
+            size = self.reward_baseline_samples
+            windows[owner] = deque(self.training.recent_chat_scores(size, owner) if size else [], maxlen=max(size, 1))
+        return windows[owner]
 
     def _sample_for(self, item: JudgedTurn, recent_scores: deque[float]) -> Sample:
         turn, judgment = item.turn, item.judgment

@@ -141,6 +141,7 @@ class Trainer:
             topk=config.opd_topk,
             max_context_tokens=self.max_context_tokens,
             reward_baseline_samples=config.reward_baseline_samples,
+            per_user=self.per_user,
         )
         self.episode_builder = EpisodeSampleBuilder(
             store.episodes, self.training, self.method, config.episode_gamma, config.step_judge_coef,
@@ -173,7 +174,12 @@ class Trainer:
         on_disk = {path.name for path in (self.run_dir / "policy").iterdir()} if (self.run_dir / "policy").is_dir() else set()
         for lineage in sorted(on_disk | set(self.training.lineages())):
             registered = set(self.training.version_numbers(lineage))
-            for path in discard_unregistered(self.run_dir, lineage, registered):
+            try:
+                discarded = discard_unregistered(self.run_dir, lineage, registered)
+            except ValueError:  # a pointer named like a path (refused since; a store from before may hold one)
+                log.warning("skipped lineage %r: not a lineage name, so no directory of it is looked at", lineage)
+                continue
+            for path in discarded:
                 log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
         self._follow_pointer(self.lineage)
 

@@ -52,6 +52,10 @@ class Manifest:
 
 
 def lineage_root(run_dir: Path, lineage: str) -> Path:
+    """`RUN_DIR/policy/<lineage>`; ValueError for a name that is not one plain path component, so that
+    no lineage's files (written, verified or discarded) are ever another's or outside `policy/`."""
+    if not lineage or lineage in (".", "..") or any(separator in lineage for separator in ("/", "\\", "\0")):
+        raise ValueError(f"{lineage!r} is not a lineage name")
     return Path(run_dir) / "policy" / lineage
 
 

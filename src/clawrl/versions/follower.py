@@ -95,8 +95,10 @@ class PolicyFollower:
             if target is None:  # a lineage new since the last poll, or none yet (the base model)
                 target = await asyncio.to_thread(self.training.serving_target, lineage)
             await self._follow(lineage, target)
-            if self.engine.lineage_version(lineage) is None:  # its version failed: the base, until the pointer moves
-                await self.engine.load_version(0, Path(), lineage)
+            if self.engine.lineage_version(lineage) is None and self._failed.get(lineage) == target[0]:
+                await self.engine.load_version(0, Path(), lineage)  # its version failed: the base, until the pointer moves
+            # else held, or loaded and evicted at once by other users' loads: the caller's request finds
+            # it gone (LineageNotLoadedError) and asks again; never the base in its place
 
     def _holds(self, lineage: str) -> bool:
         held = self.engine.lineage_version(lineage)
