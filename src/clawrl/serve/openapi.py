@@ -123,6 +123,9 @@ CHAT_COMPLETIONS: dict[str, Any] = {
                 "`side` turns (titles, summaries) are served but never trained on; the default is `main`.",
             ),
             _header("X-Session-Done", {"type": "string"}, "`true` (or `1`, `yes`, `on`): the session's last turn."),
+            _header("X-Clawrl-Train", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
+                    "`false` (or `0`, `no`, `off`): recorded, never judged nor "
+                    "trained on; on a session's first request, for the whole session (as the body's `train`)."),
         ],
     },
 }
