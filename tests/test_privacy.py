@@ -179,6 +179,9 @@ def test_train_false_turns_are_recorded_and_never_judged_nor_sampled(privacy_ser
         (True, None), (False, "request"), (False, "request"), (True, None)]  # fmt: skip
     session = httpx.get(f"{setup.server.base_url}/sessions/not-this-one", headers={"Authorization": f"Bearer {setup.keys['alice']}"})
     assert session.json()["train"] is False and {turn["opt_out"] for turn in session.json()["turns"]} == {"request", "session"}
+    dashboard = httpx.get(f"{setup.server.base_url.removesuffix('/v1')}/dashboard/sessions/alice/not-this-one",
+                          headers={"Authorization": f"Bearer {setup.keys['alice']}"})
+    assert dashboard.status_code == 200 and "opted out by the session" in dashboard.text and "opted out by the request" in dashboard.text
     shown = clawrl("sessions", "show", "alice/not-this-one", "--run-dir", str(setup.run_dir))
     assert shown.returncode == 0, shown.stderr
     assert "never trained on (its first request opted out)" in shown.stdout and "opted out by the session" in shown.stdout

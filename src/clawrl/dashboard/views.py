@@ -62,7 +62,8 @@ def overview(store: Store, user_id: str | None = None, recent_sessions: int = 25
 
 
 def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
-    """One session's turns, each with its new input, answer, next state, verdict, feedback and sample."""
+    """One session's turns, each with its new input, answer, next state, verdict, feedback and sample,
+    and whether it may be trained on (`train`) and, where not, who opted it out (`opt_out`)."""
     session = store.turns.session(session_id)
     if session is None:
         return None
@@ -74,6 +75,7 @@ def session_page(store: Store, session_id: str) -> dict[str, Any] | None:
         turn, sample = entry.turn, samples.get(entry.turn.id)
         turns.append({
             "id": turn.id, "index": turn.index, "kind": turn.kind, "policy_version": turn.policy_version,
+            "train": turn.opt_out is None, "opt_out": turn.opt_out,
             "finish_reason": turn.finish_reason, "response_text": turn.response_text, "tool_calls": turn.tool_calls,
             "input": new_input(turn.messages),
             "prompt_tokens": len(turn.prompt_token_ids), "response_tokens": len(turn.response_token_ids),

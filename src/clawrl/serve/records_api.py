@@ -65,15 +65,7 @@ def _own_session_page(store: Store, caller: Caller, session_id: str) -> dict[str
         pass
     for candidate in dict.fromkeys(candidates):
         if reaches(store.turns, caller, candidate):
-            page = session_page(store, candidate)
-            return _with_opt_outs(store, page) if page is not None else None
+            return session_page(store, candidate)
     return None
 
 
-def _with_opt_outs(store: Store, page: dict[str, Any]) -> dict[str, Any]:
-    """The page with whether each turn may be trained on (`train`) and, where not, why (`opt_out`)."""
-    opt_outs = {entry.turn.id: entry.turn.opt_out for entry in store.turns.session_turns(page["id"])}
-    for turn in page["turns"]:
-        opted_out = opt_outs.get(turn["id"])
-        turn["train"], turn["opt_out"] = opted_out is None, opted_out
-    return page
