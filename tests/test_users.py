@@ -82,7 +82,7 @@ def test_a_version_7_store_keeps_its_sessions_as_the_default_users(tmp_path: Pat
 @dataclass
 class Setup:
     server: ServerThread
-    keys: dict[str, str]  # alice's, bob's and the admin's
+    keys: dict[str, str]  # alice's, bob's, erin's and the admin's
     store: Store  # the server's store, opened beside it (as `clawrl users` does)
 
 
@@ -90,7 +90,8 @@ class Setup:
 def users_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     run_dir = tmp_path_factory.mktemp("users") / "run"
     store = Store.for_run_dir(run_dir)
-    keys = {name: store.users.add(name)[1] for name in ("alice", "bob")} | {"admin": ADMIN_KEY}
+    # erin stands in for alice where a caller's own data is forgotten (the matrix's DELETE /v1/me/data)
+    keys = {name: store.users.add(name)[1] for name in ("alice", "bob", "erin")} | {"admin": ADMIN_KEY}
     with start_server(tiny_model_dir, run_dir, api_key=ADMIN_KEY, served_model_name=MODEL) as server:
         yield Setup(server, keys, store)
 
@@ -318,8 +319,8 @@ def alice_records(users_server: Setup) -> AliceRecords:
     return AliceRecords(first.headers["x-clawrl-session"], first.headers["x-clawrl-turn"], response.json()["id"], secret)
 
 
-def _as(setup: Setup, caller: str) -> dict[str, str]:
-    name = {"own": "alice", "other": "bob", "admin": "admin"}.get(caller)
+def _as(setup: Setup, caller: str, own: str = "alice") -> dict[str, str]:
+    name = {"own": own, "other": "bob", "admin": "admin"}.get(caller)
     return {"Authorization": f"Bearer {setup.keys[name]}"} if name else {}
 
 
@@ -333,6 +334,7 @@ MATRIX: list[tuple[str, str, str, Any, tuple[int, int, int, int]]] = [
     ("continue the response", "POST", "/v1/responses",
      {"model": MODEL, "input": "and?", "previous_response_id": "{response}", "max_output_tokens": 4}, (200, 404, 200, 401)),
     ("export my data (each gets their own)", "GET", "/v1/me/data", None, (200, 200, 400, 401)),
+    ("forget my data (each forgets their own)", "DELETE", "/v1/me/data", None, (200, 200, 400, 401)),
     ("register an episode", "POST", "/v1/episodes",
      {"session_id": "ep", "env": "toolcall", "task": "t", "seed": 0, "group_id": "g", "group_size": 1}, (403, 403, 200, 401)),
     ("the session's dashboard page", "GET", "/dashboard/sessions/{session}", None, (200, 404, 200, 401)),
@@ -351,7 +353,9 @@ def test_every_endpoint_answers_each_caller_only_what_is_theirs(users_server: Se
                       .replace("{response}", fill["response"])) if body is not None else None  # fmt: skip
     if sent is not None and "group_id" in sent:
         sent["session_id"] = f"ep-{caller}"  # each caller's try is a new episode
-    answered = httpx.request(method, root + path.format(**fill), json=sent, headers=_as(users_server, caller), timeout=60)
+    # forgetting takes all of the caller's records: there "own" is erin, so that alice's stay for the rows after
+    own = "erin" if method == "DELETE" else "alice"
+    answered = httpx.request(method, root + path.format(**fill), json=sent, headers=_as(users_server, caller, own), timeout=60)
     assert answered.status_code == statuses[CALLERS.index(caller)], answered.text
     if answered.status_code != 200:  # an error object, or the dashboard's page for a session not recorded
         assert alice_records.secret not in answered.text and ("error" in answered.text or "Not found" in answered.text)
@@ -359,6 +363,8 @@ def test_every_endpoint_answers_each_caller_only_what_is_theirs(users_server: Se
         assert alice_records.secret not in answered.text
     elif caller == "own" and method == "GET" and "overview" not in path:  # the overview lists sessions, not text
         assert alice_records.secret in answered.text  # her own record, whole
+    if method == "DELETE":  # whoever forgot their own, alice's records are whole
+        assert len(users_server.store.turns.session_turns(alice_records.session)) > 0
 
 
 def test_listing_sessions_shows_a_user_only_theirs_and_the_admin_all(users_server: Setup, alice_records: AliceRecords) -> None:

@@ -14,6 +14,7 @@ from clawrl.cli.models import cmd_build_random, cmd_build_tiny, cmd_plan
 from clawrl.cli.users import (
     cmd_users_add,
     cmd_users_export,
+    cmd_users_forget,
     cmd_users_list,
     cmd_users_remove,
     cmd_users_rotate_key,
@@ -148,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(user_export, StoreConfig)
     user_export.add_argument("--out", required=True, help="the .jsonl file to write")
     user_export.set_defaults(handler=cmd_users_export)
+    user_forget = user_commands.add_parser("forget", help="remove a user and everything of theirs: sessions, turns, "
+                                           "verdicts, samples, episodes, feedback, their lineage's versions, their key")
+    user_forget.add_argument("name", help="the user's name")
+    add_config_flags(user_forget, StoreConfig)
+    user_forget.add_argument("--yes", action="store_true", help="do it: forgetting cannot be undone")
+    user_forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    user_forget.set_defaults(handler=cmd_users_forget)
 
     export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
     add_config_flags(export, StoreConfig)

@@ -1,7 +1,8 @@
 """`clawrl users`: add, list, remove and rotate the keys of the people who use a server, set their
-opt-outs and export their records (DESIGN §12).
+opt-outs, export their records and forget them (DESIGN §12).
 
 A key is printed once, when it is made, and never stored. The admin key stays `--api-key`.
+`forget` cannot be undone, so it asks for `--yes` rather than a prompt a script would hang on.
 """
 
 from __future__ import annotations
@@ -65,6 +66,35 @@ def cmd_users_export(args: argparse.Namespace) -> int:
         return _refused(error)
     count = export_jsonl(store, Path(args.out), user_id=args.name)
     print(f"wrote {args.name}'s {count} main turns to {args.out}")
+    return 0
+
+
+def cmd_users_forget(args: argparse.Namespace) -> int:
+    from clawrl.versions.forgetting import forget_user
+
+    if not args.yes:
+        print(f"error: forgetting {args.name} removes every record of theirs, their lineage and their key, for good; "
+              "say --yes to do it (`clawrl users export` first keeps a copy)", file=sys.stderr)  # fmt: skip
+        return 2
+    config = config_from_args(StoreConfig, args)
+    try:
+        report = forget_user(_open_store(config, must_exist=True), args.name, remove_account=True, run_dir=config.run_dir)
+    except UserError as error:
+        return _refused(error)
+    if args.json:
+        _print_json(report.as_json())
+        return 0
+    removed = ", ".join(f"{count} {table}" for table, count in report.rows.items() if count) or "no rows"
+    print(f"forgot {report.user}: removed {removed}")
+    for directory in report.directories_removed:
+        print(f"removed {directory}")
+    if report.trained_shared:
+        versions = ", ".join(f"v{item.version} ({item.lineage}, {item.samples} samples)" for item in report.trained_shared)
+        print(f"kept: {versions} trained on {report.user}'s samples; their weights keep that influence "
+              "(rebuilding the lineage without them is not built)")  # fmt: skip
+    if not report.log_emptied:
+        print("warning: another process held the database's write-ahead log; the removed rows may stay in it until "
+              "its next checkpoint", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -138,7 +138,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     # the other wire APIs agents speak, translated to the chat path above (same recording and sessions)
     responses_api.add_routes(app, service, config, metrics, keys)
     messages_api.add_routes(app, service, config, metrics, keys)
-    records_api.add_routes(app, store, authorize)
+    records_api.add_routes(app, store, authorize, policy)
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:

@@ -161,6 +161,20 @@ ME_DATA: dict[str, Any] = {
     },
 }
 
+ME_DATA_DELETE: dict[str, Any] = {
+    "summary": "Forget your records",
+    "description": "Removes every record of the caller's (sessions, turns, next states, verdicts, samples, "
+    "episodes, feedback, hints) and, with `--adapters per-user`, their own lineage's versions, from the store "
+    "and the disk. The account and its key stay: the next request starts again from the base model. Answers "
+    "what was removed, per table; `shared_versions_trained_on_user` lists the shared lineage's versions whose "
+    "steps trained on the caller's samples: their weights keep that influence. A user's key only.",
+    "responses": {
+        200: {"description": "What was removed.", "content": {"application/json": {"schema": {"type": "object"}}}},
+        **errors(400, 401, why={400: "The admin's key: it has no records of its own (`clawrl users forget NAME` "
+                                "forgets a user)."}),
+    },
+}
+
 EPISODE_START: dict[str, Any] = {
     "summary": "Register an episode",
     "description": "Registers an environment episode before its first step; its steps are chat turns of its session.",

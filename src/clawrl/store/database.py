@@ -4,6 +4,11 @@ SQLite runs in WAL mode with `synchronous=FULL`, so a committed turn survives a 
 power cut, and readers never block the writer. Write transactions start with `BEGIN IMMEDIATE`:
 a deferred transaction that reads and then writes can fail with SQLITE_BUSY when another process
 (the judge, the trainer) wrote in between, and the busy timeout cannot help it.
+
+What a user's records say must not outlive them (DESIGN §12, forget): SQLite overwrites what a
+delete frees with zeros (`secure_delete`), `scrub` rewrites the file and empties the write-ahead
+log after a forget, and no error message carries a statement's parameters (`hide_parameters`: an
+IntegrityError logged with its traceback would otherwise print a turn's text or a hint).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class Database:
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         if self.is_sqlite and parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(url, pool_pre_ping=not self.is_sqlite)
+        self.engine = create_engine(url, pool_pre_ping=not self.is_sqlite, hide_parameters=True)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         else:
@@ -64,9 +69,31 @@ class Database:
         with self._reader() as session:
             yield session
 
+    def scrub(self) -> bool:
+        """After rows were deleted for good (a forgotten user), leave no copy of them in SQLite's files:
+        VACUUM rebuilds the database from the rows that remain, then a TRUNCATE checkpoint copies
+        that into the file and empties the write-ahead log, where every page ever written stays
+        until it is overwritten. Returns whether the log was emptied (False: a reader in another
+        process held it past the busy timeout; the next checkpoint overwrites it). On PostgreSQL a
+        deleted row is gone from every query and dump at once; its dead tuple is reclaimed by
+        autovacuum, which this does not wait for."""
+        if not self.is_sqlite:
+            return True
+        with self._write_queue:
+            connection = self.engine.raw_connection()  # not a Session: VACUUM runs outside a transaction
+            try:
+                cursor = connection.cursor()
+                cursor.execute("VACUUM")
+                busy = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                cursor.close()
+            finally:
+                connection.close()
+        return busy == 0
+
 
 def _configure_sqlite(engine: Any) -> None:
-    """WAL, full fsync on commit, a generous busy timeout, and BEGIN IMMEDIATE for writers."""
+    """WAL, full fsync on commit, a generous busy timeout, deletes that zero what they free, and BEGIN
+    IMMEDIATE for writers."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -76,6 +103,7 @@ def _configure_sqlite(engine: Any) -> None:
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA secure_delete=ON")  # rows deleted are gone from the file, not just unlinked
         cursor.close()
 
     @event.listens_for(engine, "begin")

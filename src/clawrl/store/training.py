@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
+from clawrl.store.forgetting import high_water
 from clawrl.store.schema import (
     EpisodeRow,
     FeedbackRow,
@@ -302,9 +303,10 @@ class TrainingStore:
             return db.scalar(newest) or 0
 
     def next_version_number(self) -> int:
-        """One past the highest number of any lineage: numbers are never shared between lineages."""
+        """One past the highest number of any lineage, or of a forgotten one: numbers are never shared
+        between lineages, nor given out again (`store/forgetting.py`)."""
         with self.database.read() as db:
-            return (db.scalar(select(func.max(PolicyVersionRow.version))) or 0) + 1
+            return max(db.scalar(select(func.max(PolicyVersionRow.version))) or 0, high_water(db)) + 1
 
     def rollback(self, version: int, lineage: str = SHARED_LINEAGE) -> None:
         """Point the lineage's serving (and its trainer) at an earlier version; 0 is the base model."""

@@ -4,8 +4,8 @@ A key is shown once, when it is made (`add`, `rotate_key`), and never stored: th
 SHA-256, and a request's key is found by hashing it and looking the digest up. Keys are 256 random
 bits, so a fast hash is as good as a slow one against a stolen table, and a lookup of a digest
 tells a timing attacker nothing about the key. A user's records are not removed with the user
-(that is forgetting, a separate act); they stay the removed user's, seen by the admin only, and
-their name is not given to anyone else while they do (a new "dave" would reach them).
+(that is forgetting, a separate act: `forget`); they stay the removed user's, seen by the admin
+only, and their name is not given to anyone else while they do (a new "dave" would reach them).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
+from clawrl.store.forgetting import ForgetReport, forget_rows, owns_anything
 from clawrl.store.schema import SessionRow, UserRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, User
 
@@ -89,6 +90,22 @@ class UserStore:
         with self.database.write() as db:
             if db.execute(delete(UserRow).where(UserRow.id == name)).rowcount == 0:
                 raise UserError(f"there is no user called {name!r}")
+
+    def forget(self, name: str, remove_account: bool) -> ForgetReport:
+        """Delete every record of the user and their lineage's version rows, in one transaction, and
+        leave no copy in the database's files (`Database.scrub`); with `remove_account`, the user and
+        their key too. The lineage's directories are the caller's to remove (`report.version_paths`).
+        A user removed before (`remove`) whose records stay can be forgotten; a name with neither is
+        a UserError, as are the names of records that are nobody's: the default user's, the shared
+        lineage's."""
+        if name in (DEFAULT_USER, SHARED_LINEAGE) or not USER_NAME.fullmatch(name):
+            raise UserError(f"{name!r} is no user's name: only a user's records (`clawrl users list`) can be forgotten")
+        with self.database.write() as db:
+            if db.get(UserRow, name) is None and not owns_anything(db, name):
+                raise UserError(f"there is no user called {name!r} and nothing of theirs is stored")
+            report = forget_rows(db, name, remove_account)
+        report.log_emptied = self.database.scrub()
+        return report
 
     def rotate_key(self, name: str) -> str:
         """A new key for the user; the old one stops working."""

@@ -9,7 +9,10 @@ its load is not retried until the pointer moves again, and serving carries on wi
 With a lineage per user (`--adapters per-user`) the poll reads every lineage's pointer at once and
 swaps the lineages the engine holds; a lineage the engine does not hold (a user's first request,
 or one whose adapter was evicted) is loaded when a request needs it (`ready`), so a thousand users
-cost one read a poll and only the adapters in use are in memory.
+cost one read a poll and only the adapters in use are in memory. A lineage whose pointer is gone
+(its user was forgotten: `versions/forgetting.py`) is put back at the base model at the next poll,
+or at once by `drop` in the process that forgot it: the engine retires its version when no request
+uses it any more, and the user, if they still have a key, starts again from the base.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class PolicyFollower:
         self._targets: dict[str, Target] = {}  # per-user: every lineage's pointer at the last poll
         self._failed: dict[str, int] = {}  # per lineage, the pointer value whose version could not be loaded
         self._loading: dict[str, asyncio.Lock] = {}  # one load per lineage at a time
+        self._served: set[str] = set()  # per-user: the lineages this follower swapped to a version other than the base
         self.swaps = Counter("clawrl_policy_swaps", "Policy versions swapped into serving", ["reason"], registry=registry)
         self.failures = Counter("clawrl_policy_swap_failures", "Versions that failed their checksum or load", registry=registry)
         self.publish_to_served = Histogram(
@@ -79,9 +83,20 @@ class PolicyFollower:
             await self._follow(SHARED_LINEAGE, await asyncio.to_thread(self.training.serving_target, SHARED_LINEAGE))
             return
         self._targets = await asyncio.to_thread(self.training.serving_targets)
+        for lineage in self._served - self._targets.keys():
+            await self.drop(lineage)
         for lineage, target in list(self._targets.items()):
             if self.engine.lineage_version(lineage) is not None:
                 await self._follow(lineage, target)
+
+    async def drop(self, lineage: str) -> None:
+        """Answer `lineage` with the base model from now on: its pointer is gone, and with it its versions."""
+        self._targets.pop(lineage, None)
+        self._failed.pop(lineage, None)
+        self._served.discard(lineage)
+        if self.engine.lineage_version(lineage) not in (None, 0):
+            await self.engine.load_version(0, Path(), lineage)
+            log.info("serving the base model to %s: its lineage was forgotten", lineage)
 
     async def ready(self, lineage: str) -> None:
         """Have the engine hold `lineage` at its pointer's version before a request of it is
@@ -124,6 +139,10 @@ class PolicyFollower:
                       self.engine.lineage_version(lineage))  # fmt: skip
             return
         self._failed.pop(lineage, None)
+        if row is None:
+            self._served.discard(lineage)
+        else:
+            self._served.add(lineage)
         self.swaps.labels(reason).inc()
         if row is not None and reason == "publish":
             self.publish_to_served.observe(max(0.0, time.time() - row.created_at))
