@@ -12,6 +12,7 @@ SQLite locks on it (tests/test_privacy.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -124,6 +125,7 @@ def test_forget_removes_every_row_and_version_of_the_user_and_nothing_of_anyone_
         assert canary in _dump(request.getfixturevalue("postgres_server"), url)
     assert set(json.loads((Path(first.path) / MANIFEST).read_text())["sample_ids"]) <= set(alices)
 
+    made = store.training.sample(alices[0])
     report = forget_user(store, "alice", remove_account=True, run_dir=run_dir)
     assert report.rows == {"next_states": 4, "feedback": 2, "judgments": 4, "judge_leases": 0, "judge_queue": 0,
                            "sample_queue": 0, "samples": 4, "episodes": 1, "turns": 7, "sessions": 3,
@@ -142,6 +144,9 @@ def test_forget_removes_every_row_and_version_of_the_user_and_nothing_of_anyone_
     # a forgotten version's number is never given out again (an engine may still hold it under that number)
     assert store.training.next_version_number() == second.version + 1
     assert trainer.run(max_steps=1, idle_exit_s=0.1) == 0  # the trainer, holding alice's weights, lets go of them
+    # a sample the trainer made of her turn before the forget, written after it: none, and no error
+    store.training.add_samples([dataclasses.replace(made, status="ready", trained_version=None)])
+    assert store.training.sample(alices[0]) is None
     with pytest.raises(UserError, match="no user called 'alice' and nothing of theirs"):
         store.users.forget("alice", remove_account=True)
     store.users.add("alice")  # the name is free: nothing of the old alice's would reach the new one

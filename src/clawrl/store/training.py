@@ -122,9 +122,12 @@ class TrainingStore:
             return [float(score) for score in reversed(db.scalars(query).all())]
 
     def add_samples(self, samples: list[Sample]) -> None:
+        """Record what the trainer made of judged turns; a turn forgotten since it was read (its user's
+        `forget`) gets none, rather than failing the batch on its foreign key."""
         now = time.time()
         with self.database.write() as db:
-            for sample in samples:
+            present = set(db.scalars(select(TurnRow.id).where(TurnRow.id.in_([sample.turn_id for sample in samples]))))
+            for sample in (sample for sample in samples if sample.turn_id in present):
                 row = records.sample_row(dataclasses.replace(sample, created_at=now))
                 row.settled_at = now if sample.status == "dropped" else None
                 db.add(row)
