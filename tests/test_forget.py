@@ -308,6 +308,8 @@ def test_users_forget_on_a_running_server_leaves_nothing_of_her(world: World) ->
     assert forgot.returncode == 0, forgot.stderr
     assert "forgot alice: removed" in forgot.stdout and f"removed {w.run_dir / 'policy' / 'alice'}" in forgot.stdout
     _after(w, "alice", bob_before)
+    # the server, which did not forget her itself, lets go of her adapter at its next poll of the pointers
+    wait_until(lambda: any("serving the base model to alice" in line for line in w.logged), 5, "alice's lineage dropped")
     # her key went with her account: refused within the server's second of key freshness
     wait_until(lambda: chat(w, "alice", [user("hello")]).status_code == 401, 5, "alice's key refused")
     assert "alice" not in {user.id for user in w.store.users.list()}
