@@ -7,8 +7,9 @@ Three measurements on the tiny model, every engine called through its own API in
    (greedy, `--max-tokens`); client i asks as lineage i mod k, for k = 1, 8 and 32 distinct LoRA
    adapters (rank `--rank`, every linear layer, random non-zero B so that each changes the answer).
    Generated tokens/s over the wall time, p50/p99 of the request latency, and each k's throughput
-   as a ratio of k = 1. On `hf` the rows of all k adapters decode in one batch (PEFT's
-   mixed-adapter forward); on `vllm` each request names its adapter and vLLM batches them.
+   as a ratio of k = 1. On `hf` the rows of all k adapters decode in one batch (the stacked
+   adapters of `engines/hf_grouped_lora.py`); on `vllm` each request names its adapter and vLLM
+   batches them.
 2. **Cold adapter load**: `load_version` of an adapter the engine has never seen, into a new
    lineage, to its first token served (`--cold-loads` of them).
 3. **A thousand users** through the whole server (`hf` only): `--users` registered users, each
