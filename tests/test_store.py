@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,20 @@ def test_a_version_6_store_gets_the_empty_answers_index_and_the_lookup_uses_it(t
         sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'ix_turns_empty_answers'").fetchone()[0]
         plan = db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM turns WHERE {sql.split(' WHERE ', 1)[1]} AND created_at >= 0").fetchall()
     assert "ix_turns_empty_answers" in str(plan)
+
+
+def test_a_new_run_directory_and_its_database_are_the_owners_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "me"
+    store = Store.for_run_dir(run_dir)
+    record(store, "t1", "s1", [{"role": "user", "content": "a private question"}], "an answer")
+    modes = {name: stat.S_IMODE(os.stat(path).st_mode)
+             for name, path in (("run dir", run_dir), ("database", run_dir / "clawrl.db"), ("log", run_dir / "clawrl.db-wal"))}
+    assert modes == {"run dir": 0o700, "database": 0o600, "log": 0o600}
+    store.close()
+    shared = tmp_path / "shared"  # a folder and a database that exist keep the modes their owner gave them
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    Store.for_run_dir(shared).close()
+    os.chmod(shared / "clawrl.db", 0o640)
+    Store.for_run_dir(shared).close()
+    assert (stat.S_IMODE(os.stat(shared).st_mode), stat.S_IMODE(os.stat(shared / "clawrl.db").st_mode)) == (0o755, 0o640)

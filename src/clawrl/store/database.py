@@ -13,6 +13,7 @@ IntegrityError logged with its traceback would otherwise print a turn's text or 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -34,8 +35,8 @@ class Database:
         self.url = url
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        if self.is_sqlite and parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if self.is_sqlite and parsed.database and parsed.database != ":memory:":
+            _create_private(Path(parsed.database))
         self.engine = create_engine(url, pool_pre_ping=not self.is_sqlite, hide_parameters=True)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
@@ -128,3 +129,14 @@ def _nul_free(value: Any) -> Any:
 def _without_nul(_connection: Any, _cursor: Any, statement: str, parameters: Any, _context: Any,
                  _executemany: bool) -> tuple[str, Any]:
     return statement, _nul_free(parameters)
+
+
+def _create_private(path: Path) -> None:
+    """Create a new database file 0600 in a new folder 0700: they will hold every conversation, so
+    they are the owner's alone (SQLite gives its -wal and -shm files the database file's mode). An
+    existing folder or file keeps the mode its owner gave it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # an empty file is an empty database
+    except FileExistsError:
+        pass

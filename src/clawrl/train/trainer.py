@@ -406,7 +406,7 @@ class Trainer:
 @contextmanager
 def trainer_lock(run_dir: Path) -> Iterator[None]:
     """Hold RUN_DIR/trainer.lock: two trainers on one run would publish over each other."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the store makes it (store/database.py)
     with (run_dir / "trainer.lock").open("w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
