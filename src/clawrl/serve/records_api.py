@@ -86,5 +86,3 @@ def _own_session_page(store: Store, caller: Caller, session_id: str) -> dict[str
         if reaches(store.turns, caller, candidate):
             return session_page(store, candidate)
     return None
-
-
