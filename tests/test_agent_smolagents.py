@@ -39,11 +39,14 @@ What a `ToolCallingAgent` sends (`test_a_tool_calling_agents_requests_are_record
   steps.` in its place, so no later request echoes it.
 
 A `CodeAgent` sends no tools, adds `</code>` to the stop strings, and puts `</code>` back at the end
-of every answer it keeps in its memory (`CodeAgent._step_stream`).
+of every answer it keeps in its memory (`CodeAgent._step_stream`). When the answer's code parses
+(a capable model's, or an empty answer: "" is Python), the agent runs it and keeps, in the same
+message, its own call `Calling tools:\n[{... 'python_interpreter', 'arguments': '<the code>'}]`
+after the answer (`test_a_code_agent_whose_code_runs_...`: the tiny model fitted to answer with code).
 
 What the server does with it: session inference reads the text echo of a call as that call
-(`messages.echoed_answer`), knows an echo by its answer without a stop string put back at its end
-(`</code>`), and hands the user's reply after a stuck run to the answer they saw (the agent's
+(`messages.echoed_answers`), and a CodeAgent's own call after its answer as that answer; it knows
+an echo by its answer without a stop string put back at its end (`</code>`), and hands the user's reply after a stuck run to the answer they saw (the agent's
 follow-up, never echoed: `sessions._past_agent_follow_up`); the judge reads what follows the last
 `New task:` line, and smolagents' own "Error: ... Now let's retry" notes as a failed step, never
 as the user's words (`messages.is_agent_retry_note`). So an unmodified agent holds one session
@@ -73,7 +76,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import JudgeConfig
 from clawrl.judge.rule import judge_by_rules
-from clawrl.messages import content_text, is_agent_retry_note, user_typed
+from clawrl.messages import content_text, echoed_answers, is_agent_retry_note, user_typed
 from clawrl.model.chat import render_prompt
 from clawrl.store import Store
 from clawrl.types import Judgment, Message, TurnContext
@@ -250,20 +253,20 @@ def clean_hint(hint: str | None) -> bool:
 # --------------------------------------------------------------------------- a model that answers with final_answer
 
 
-def fit_answers(model_dir: Path, out_dir: Path, bodies: list[dict[str, Any]], call_ids: list[str], steps: int) -> Path:
-    """Overfit the tiny model so that each request body is answered with a `final_answer` call of
-    ANSWER under greedy decoding. As tests/helpers.py `fit`, but each step gives the calls that
+def fit_answers(model_dir: Path, out_dir: Path, bodies: list[dict[str, Any]], call_ids: list[str], steps: int, answer_text: str) -> Path:
+    """Overfit the tiny model so that each request body is answered with `answer_text` (as the chat
+    template writes it) under greedy decoding. As tests/helpers.py `fit`, but each step gives the calls that
     the requests echo new ids (the server's are random), and the learning rate decays to nothing
     (a constant one leaves the model unsure of a token or two)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    answer = tokenizer.encode(final_answer_call(ANSWER) + "<|im_end|>", add_special_tokens=False)
+    answer = tokenizer.encode(answer_text + "<|im_end|>", add_special_tokens=False)
 
     def prompt(body: dict[str, Any]) -> list[int]:
         text = json.dumps(body["messages"])
         for call_id in call_ids:
             text = text.replace(call_id, f"call_{uuid.uuid4().hex[:24]}")
-        return render_prompt(tokenizer, json.loads(text), body["tools"])
+        return render_prompt(tokenizer, json.loads(text), body.get("tools"))
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the test server's engine; two threads on a busy machine take many times as long
@@ -298,7 +301,7 @@ def final_answer_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPa
     wire = Wire(scripted_endpoint(call_ids))
     with wire.http:
         assert converse(short_prompt_agent(agent_model("http://stand-in/v1", wire))) == [ANSWER] * len(LINES)
-    return fit_answers(tiny_model_dir, tmp_path_factory.mktemp("smolagents-model"), wire.bodies, call_ids, FIT_STEPS)
+    return fit_answers(tiny_model_dir, tmp_path_factory.mktemp("smolagents-model"), wire.bodies, call_ids, FIT_STEPS, final_answer_call(ANSWER))
 
 
 @pytest.fixture(scope="module")
@@ -538,10 +541,74 @@ def test_a_code_agent_echoes_its_answers_with_the_closing_code_tag(code_talk: Ta
         assert sorted(body) == ["max_tokens", "messages", "model", "stop"]  # no tools: it writes code
         assert step.turn.sampling.stop == ["Observation:", "Calling tools:", "</code>"] and step.turn.tools is None
         # The call for the answer echoes the step's answer as the agent's memory keeps it: with
-        # "</code>" at the end, which the server left out (a stop string) or never generated.
+        # "</code>" at the end, which the server left out (a stop string) or never generated; an
+        # empty answer (the model stopped at once) stays empty, is code, and is kept as the agent's
+        # own call of `python_interpreter` with "" (seen in CI).
         echoed = [content_text(m["content"]) for m in answer.turn.messages if m["role"] == "assistant"][-1]
-        assert echoed == (step.turn.response_text + "</code>").strip()
+        kept = (step.turn.response_text + "</code>").strip() if step.turn.response_text else ""
+        assert echoed_answers(echoed, None)[0] == (kept, None)
 
 
 def test_a_code_agents_conversation_is_one_session(code_talk: Talk) -> None:
     assert len({entry.turn.session_id for entry in code_talk.turns}) == 1
+
+
+# --------------------------------------------------------------------------- a CodeAgent whose code runs
+
+# What the fitted model answers every CodeAgent step with: code that ends the run with ANSWER. The
+# agent's stop string "</code>" cuts a real model's answer there, so the server's answer ends before it.
+CODE_ANSWER = "Thought: a short poem.\n<code>\nfinal_answer(" + json.dumps(ANSWER) + ")\n"
+SHORT_CODE_SYSTEM = "You write short poems. Answer each task with Python code between <code> and </code> that calls final_answer."
+
+
+def short_prompt_code_agent(model: OpenAIServerModel) -> CodeAgent:
+    """A CodeAgent with SHORT_CODE_SYSTEM as its system prompt and smolagents' other templates."""
+    templates = yaml.safe_load(importlib.resources.files("smolagents.prompts").joinpath("code_agent.yaml").read_text())
+    templates["system_prompt"] = SHORT_CODE_SYSTEM
+    return CodeAgent(tools=[], model=model, prompt_templates=templates, max_steps=1, verbosity_level=LogLevel.OFF)
+
+
+def scripted_code_endpoint() -> httpx.MockTransport:
+    """A stand-in for the server that answers every request with CODE_ANSWER, in the server's shape."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        message = {"role": "assistant", "content": CODE_ANSWER}
+        return httpx.Response(200, json={
+            "id": "chatcmpl-code", "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        })  # fmt: skip
+
+    return httpx.MockTransport(answer)
+
+
+@pytest.fixture(scope="module")
+def code_answer_talk(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Talk:
+    """A CodeAgent whose model writes code that runs, as a capable model does: the tiny model fitted to
+    answer smolagents' own three requests (taken on the wire against the stand-in) with CODE_ANSWER."""
+    wire = Wire(scripted_code_endpoint())
+    with wire.http:
+        assert converse(short_prompt_code_agent(agent_model("http://stand-in/v1", wire))) == [ANSWER] * len(LINES)
+    model_dir = fit_answers(tiny_model_dir, tmp_path_factory.mktemp("smolagents-code-model"), wire.bodies, [], FIT_STEPS, CODE_ANSWER)
+    run_dir = tmp_path_factory.mktemp("smolagents-code-answer") / "run"
+    return hold(model_dir, run_dir, short_prompt_code_agent, temperature=0, max_tokens=ANSWER_TOKENS)
+
+
+def test_a_code_agent_whose_code_runs_holds_one_session_judged_from_what_the_user_typed(code_answer_talk: Talk) -> None:
+    """Each run's code ends it with ANSWER. The agent keeps the answer with "</code>" put back and,
+    in the same message, its own call of `python_interpreter` with the code it ran; the next run's
+    request echoes that, and its next state is the user's reply after the code's output."""
+    talk = code_answer_talk
+    assert talk.outputs == [ANSWER] * len(LINES) and len(talk.turns) == len(LINES)
+    first, second, third = talk.turns
+    assert all(entry.turn.response_text == CODE_ANSWER and not entry.turn.tool_calls for entry in talk.turns)
+    echo = [message for message in second.turn.messages if message["role"] == "assistant"][-1]
+    code = json.dumps(ANSWER).join(("final_answer(", ")"))
+    as_memory = [{"id": "call_1", "type": "function", "function": {"name": "python_interpreter", "arguments": code}}]
+    assert content_text(echo["content"]) == (CODE_ANSWER + "</code>").strip() + "\nCalling tools:\n" + str(as_memory)
+    assert first.turn.session_id == second.turn.session_id == third.turn.session_id
+    assert [entry.next_state.source_turn_id if entry.next_state else None for entry in talk.turns] == [second.turn.id, third.turn.id, None]
+    assert [typed(entry.next_messages) for entry in talk.turns] == [[LINES[1]], [LINES[2]], []]
+    correction, thanks = talk.judgments[first.turn.id], talk.judgments[second.turn.id]
+    assert correction is not None and correction.score == -1 and "rhyme" in (correction.hint or "") and clean_hint(correction.hint)
+    assert thanks is not None and (thanks.score, thanks.hint) == (1, None)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clawrl.messages import conversation_hashes, echoed_answer, recorded_fingerprint
+from clawrl.messages import conversation_hashes, echoed_answers, recorded_fingerprint
 from clawrl.serve.sessions import resolve_session
 from clawrl.store import Store
 from clawrl.types import TurnSampling
@@ -225,13 +225,47 @@ def test_a_branch_after_the_users_own_words_does_not_move_to_the_newest_turn(tmp
     assert (identity.session_id, identity.continues_turn_id) == ("s1", "t1")  # t1 keeps its first next state
 
 
+def code_agent_echo(answer: str, code: str) -> dict[str, Any]:
+    """A smolagents CodeAgent's memory of an answer whose code it ran: the answer's text (with the
+    closing tag it puts back), then its own call of `python_interpreter` with that code, merged into
+    one message as smolagents merges messages of one role."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "python_interpreter", "arguments": code}}
+    return assistant(f"{answer}\nCalling tools:\n{[call]}")
+
+
+def test_a_code_agents_answer_is_known_with_the_call_it_made_of_its_code(tmp_path: Path) -> None:
+    """A CodeAgent runs the code of each answer itself and echoes the answer followed by that call:
+    the server answered text only (the stop string "</code>" cut it), so the echo is that text."""
+    store = Store.for_run_dir(tmp_path)
+    task = [system("You are an expert assistant who can solve any task using code blobs."), user("New task:\nAdd 2 and 3")]
+    record(store, "code", "s1", task, "Thought: add them.\n<code>\nfinal_answer(2 + 3)\n", sampling=TurnSampling(stop=["Observation:", "Calling tools:", "</code>"]))
+    echo = code_agent_echo("Thought: add them.\n<code>\nfinal_answer(2 + 3)\n</code>", "final_answer(2 + 3)")
+    reply = user("Observation:\nExecution logs:\nLast output from code snippet:\n5\nNew task:\nnow multiply them")
+    identity = resolve_session(store, None, [*task, echo, reply], "main")
+    assert (identity.session_id, identity.continues_turn_id, identity.next_state) == ("s1", "code", [reply])
+
+
+def test_a_code_agents_empty_answer_is_known_by_the_empty_code_it_ran(tmp_path: Path) -> None:
+    """An empty answer (the model stopped at once; seen in CI) is code too for a CodeAgent: it runs
+    "" and echoes only its call, on a line of its own. Its call for an answer after max_steps
+    continues that turn."""
+    store = Store.for_run_dir(tmp_path)
+    task = [user("New task:\nWrite a poem")]
+    record(store, "empty", "s1", [system("You are an expert assistant who can solve any task using code blobs."), *task], "")
+    follow_up = user(STUCK.replace("Error while parsing tool call from model output: no call", "Reached max steps.") + "Based on the above, please provide an answer to the following user task:\nWrite a poem")
+    stuck_request = [system("An agent tried to answer a user query but it got stuck"), *task, code_agent_echo("", ""), follow_up]
+    identity = resolve_session(store, None, stuck_request, "main")
+    assert (identity.session_id, identity.continues_turn_id, identity.next_state) == ("s1", "empty", [follow_up])
+    assert echoed_answers("\nCalling tools:\n[{'id': 'c', 'type': 'function', 'function': {'name': 'final_answer', 'arguments': {}}}]", None)[0][0] == ""
+
+
 def test_a_text_echo_too_large_to_parse_quickly_stays_text() -> None:
     """Python's parser holds the GIL: a request's "Calling tools:\\n[1,1,1,...]" megabytes long must not
     stall serving, so such text is never parsed (it is an answer of that text, known by it or not at all)."""
     call = {"id": "c", "type": "function", "function": {"name": "final_answer", "arguments": {"answer": "and then there were some more words in the answer, " * 1150}}}
-    assert echoed_answer("Calling tools:\n" + str([call]), None) == ("", [call])  # 60K characters of prose still read
+    assert echoed_answers("Calling tools:\n" + str([call]), None) == [("", [call])]  # 60K characters of prose still read
     for hostile in ("[" + "1," * 500_000 + "]", "[" + "[" * 3000 + "]" * 3000 + "]"):
-        assert echoed_answer("Calling tools:\n" + hostile, None) == ("Calling tools:\n" + hostile, None)
+        assert echoed_answers("Calling tools:\n" + hostile, None) == [("Calling tools:\n" + hostile, None)]
 
 
 def test_inference_never_crosses_users(tmp_path: Path) -> None:

@@ -155,8 +155,12 @@ def _calls_key(tool_calls: list[dict[str, Any]] | None) -> list[list[Any]]:
 
 # smolagents echoes a tool call it parsed not as `tool_calls` but as the assistant's text: "Calling
 # tools:\n" and Python's repr of the calls, their arguments parsed (`[{'id': 'call_..', 'type':
-# 'function', 'function': {'name': 'final_answer', 'arguments': {'answer': '...'}}}]`).
+# 'function', 'function': {'name': 'final_answer', 'arguments': {'answer': '...'}}}]`). It merges
+# messages of one role, so the answer's own text comes first when it had any, on lines before.
 _SMOLAGENTS_CALLS_PREFIX = "Calling tools:\n["
+# smolagents' CodeAgent runs the code of an answer itself and keeps that as its own call of this tool
+# after the answer's text (with "" as the code of an empty answer): the server answered text only.
+_CODE_AGENT_TOOL = "python_interpreter"
 # Python's parser holds the GIL and costs about a microsecond per node: a request's echo of "[1,1,1,...]"
 # a megabyte long stalled serving for a second. A call's repr is read only when it is at most this long
 # and holds at most this many of the characters that open or separate nodes (a few milliseconds' work;
@@ -165,24 +169,44 @@ _CALLS_MAX_CHARS, _CALLS_MAX_STRUCTURE = 65_536, 2_048
 _STRUCTURE = ",:[{("
 
 
-def echoed_answer(content: str, tool_calls: list[dict[str, Any]] | None) -> tuple[str, list[dict[str, Any]] | None]:
-    """An assistant message as the answer it echoes: (text, tool calls). The same as given, except for a
-    message that is only a call written as text in a known agent's way (smolagents' "Calling tools:"),
-    which is that call, so that it is found by the fingerprint of the answer the server gave."""
-    if tool_calls or not content.startswith(_SMOLAGENTS_CALLS_PREFIX):
-        return content, tool_calls
-    if len(content) > _CALLS_MAX_CHARS or sum(map(content.count, _STRUCTURE)) > _CALLS_MAX_STRUCTURE:
-        return content, tool_calls
+def echoed_answers(content: str, tool_calls: list[dict[str, Any]] | None) -> list[tuple[str, list[dict[str, Any]] | None]]:
+    """The answers an assistant message may echo, as (text, tool calls), the likeliest first.
+
+    The message as given, except for one that ends with calls written as text in a known agent's way
+    (smolagents' "Calling tools:"): that is the text before them with those calls (a ToolCallingAgent's
+    answer), or, for a CodeAgent's own `python_interpreter` call, the text alone (the server answered
+    it without calls), so that either is found by the fingerprint of the answer the server gave."""
+    start = None if tool_calls else _written_calls_start(content)
+    calls = None if start is None else _written_calls(content[start:])
+    if start is None or calls is None:
+        return [(content, tool_calls)]
+    text = content[:start].removesuffix("\n")
+    code_agents = len(calls) == 1 and calls[0]["function"]["name"] == _CODE_AGENT_TOOL and isinstance(calls[0]["function"].get("arguments"), str)
+    return [(text, None), (text, calls)] if code_agents else [(text, calls)]
+
+
+def _written_calls_start(content: str) -> int | None:
+    """Where the calls written as text at the end of a message begin: its start or a line's."""
+    if content.startswith(_SMOLAGENTS_CALLS_PREFIX):
+        return 0
+    line = content.rfind("\n" + _SMOLAGENTS_CALLS_PREFIX)
+    return None if line < 0 else line + 1
+
+
+def _written_calls(text: str) -> list[dict[str, Any]] | None:
+    """Calls written as smolagents writes them ("Calling tools:\n[...]"), or None for other text."""
+    if len(text) > _CALLS_MAX_CHARS or sum(map(text.count, _STRUCTURE)) > _CALLS_MAX_STRUCTURE:
+        return None
     try:
-        calls = ast.literal_eval(content[len(_SMOLAGENTS_CALLS_PREFIX) - 1 :])
+        calls = ast.literal_eval(text[len(_SMOLAGENTS_CALLS_PREFIX) - 1 :])
         json.dumps(calls)  # a literal of JSON values only (no set, bytes or complex number): fingerprints are JSON
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # text that is no such literal
-        return content, tool_calls
+        return None
     valid = isinstance(calls, list) and calls and all(
         isinstance(call, dict) and isinstance(call.get("function"), dict) and isinstance(call["function"].get("name"), str)
         for call in calls
     )  # fmt: skip
-    return ("", calls) if valid else (content, tool_calls)
+    return calls if valid else None
 
 
 def answer_fingerprint(content: str, tool_calls: list[dict[str, Any]] | None) -> str | None:

@@ -22,7 +22,7 @@ from clawrl.messages import (
     answer_fingerprint,
     content_text,
     conversation_hashes,
-    echoed_answer,
+    echoed_answers,
     is_agent_retry_note,
     message_hash,
     QUOTE_MIN_CHARS,
@@ -39,7 +39,7 @@ from clawrl.types import DEFAULT_USER, Message, SessionIdSource, Turn, TurnKind
 TRUE_WORDS = {"1", "true", "yes", "on"}
 # How recent an empty answer must be for a request without an echo to be taken as its retry
 RETRY_WINDOW_S = 600.0
-# How many of a request's last assistant messages are read for a call written as text (`echoed_answer`
+# How many of a request's last assistant messages are read for a call written as text (`echoed_answers`
 # parses it, a few milliseconds at most each; a request of thousands must not stall serving)
 ECHOES_READ = 8
 # How many of the most recently active open sessions a side request that echoes nothing is
@@ -262,17 +262,17 @@ def _past_agent_follow_up(store: Store, candidate: Turn, positions: dict[str, tu
 
 
 def _assistant_fingerprint(message: Message) -> str | None:
-    return answer_fingerprint(*echoed_answer(content_text(message.get("content")), message.get("tool_calls")))
+    return answer_fingerprint(*echoed_answers(content_text(message.get("content")), message.get("tool_calls"))[0])
 
 
 def _answer_positions(messages: list[Message], stop: list[str] | None = None) -> dict[str, tuple[int, str | None]]:
     """Fingerprint of every assistant message -> (its last position in the request, the stop string
     its echo kept at its end, or None).
 
-    A message is known by the answer it echoes (`echoed_answer`: a call written as text is the
-    call). An empty one is known by the conversation before it, as the server recorded it: found
-    when the client echoes that conversation unchanged (else `_past_empty_answers` may still find
-    it). An agent that ended generation at a stop string may put that string back at the end of the
+    A message is known by each answer it may echo (`echoed_answers`: a call written as text is the
+    call, or a CodeAgent's own call of the code in its text is that text). An empty one is known by
+    the conversation before it, as the server recorded it: found when the client echoes that
+    conversation unchanged (else `_past_empty_answers` may still find it). An agent that ended generation at a stop string may put that string back at the end of the
     answer it keeps (smolagents' CodeAgent adds "</code>" to every answer, cut there or not), and
     the request that echoes it need not carry that stop string (its call for a final answer has
     none): an echo that ends with one of the request's stop strings, or with a closing tag
@@ -283,14 +283,13 @@ def _answer_positions(messages: list[Message], stop: list[str] | None = None) ->
     read_as_echoes = set(assistant_positions[-ECHOES_READ:])
     for position in assistant_positions:
         message = messages[position]
-        text, calls = content_text(message.get("content")), message.get("tool_calls")
-        if position in read_as_echoes:
-            text, calls = echoed_answer(text, calls)
-        for kept_stop in _kept_stops(text.strip(), stop or []) if not calls else ():
-            fingerprint = answer_fingerprint(text.strip().removesuffix(kept_stop), None)
-            if fingerprint is not None:
-                positions.setdefault(fingerprint, (position, kept_stop))
-        positions[recorded_fingerprint(text, calls, conversation_hashes(messages[:position]))] = (position, None)
+        content, tool_calls = content_text(message.get("content")), message.get("tool_calls")
+        for text, calls in echoed_answers(content, tool_calls) if position in read_as_echoes else [(content, tool_calls)]:
+            for kept_stop in _kept_stops(text.strip(), stop or []) if not calls else ():
+                fingerprint = answer_fingerprint(text.strip().removesuffix(kept_stop), None)
+                if fingerprint is not None:  # a later echo of the same answer wins, as below
+                    positions[fingerprint] = (position, kept_stop)
+            positions[recorded_fingerprint(text, calls, conversation_hashes(messages[:position]))] = (position, None)
     return positions
 
 
