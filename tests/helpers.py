@@ -47,6 +47,7 @@ from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
+from clawrl.store.encryption import KeyRing
 from clawrl.store.training import TrainingStore
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, AdaptersMode, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
 
@@ -125,15 +126,15 @@ def fit(
 
 def start_server(
     model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, engine: Engine | None = None,
-    adapters: AdaptersMode = "shared", **serve_options: Any,
+    adapters: AdaptersMode = "shared", keys: KeyRing | None = None, **serve_options: Any,
 ) -> ServerThread:
     """A real server on a free port; with `judge`, the judge loop runs inside it as in `clawrl serve`.
     The engine is a fresh hf engine on `model_dir`, or `engine` (a `BorrowedEngine` the server
     neither starts nor stops, e.g. a vLLM server shared by a module's tests); `adapters` as the
-    trainer's `--adapters`."""
+    trainer's `--adapters`; `keys` the store's data keys (`--encrypt-key-file`)."""
     engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
     engine = engine if engine is not None else build_engine(engine_config)
-    store = Store.for_run_dir(run_dir)
+    store = Store.for_run_dir(run_dir, keys)
     worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
     return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker, adapters)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
 from clawrl.cli import build_parser, config_from_args
@@ -79,7 +79,7 @@ def other_value(config: type[BaseSettings], field: str) -> str:
         choices = typing.get_args(annotation)
         return next((choice for choice in reversed(choices) if choice != info.default), choices[0])
     # within every field's bounds (ports, body sizes, probabilities, ...) and nobody's default
-    return {int: "2048", float: "0.75", str: "from-env", Path: "/from/env"}[annotation]
+    return {int: "2048", float: "0.75", str: "from-env", SecretStr: "from-env", Path: "/from/env"}[annotation]
 
 
 ALL_FIELDS = [(config, field) for config in (*SERVER_CONFIGS, BenchConfig, EnvConfig, EnvServeConfig)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ def settings_env(*configs: BaseSettings) -> dict[str, str]:
         for name, value in config.model_dump().items():
             if value is None:
                 continue
+            if isinstance(value, SecretStr):  # the child's environment is as private as ours
+                value = value.get_secret_value()
             text = ("true" if value else "false") if isinstance(value, bool) else str(value)
             env[f"CLAWRL_{name.upper()}"] = text
     return env

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from clawrl.cli.flags import config_from_args
 from clawrl.config import StoreConfig
-from clawrl.preflight import check_store
+from clawrl.preflight import StartupError, check_store
 
 
 def _print_json(value: Any) -> None:
@@ -17,14 +18,42 @@ def _print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _open_store(config: StoreConfig, must_exist: bool = False) -> Any:
-    """The run's store, after checking that it can be opened (URL, driver, server, schema version)."""
+def _open_store(config: StoreConfig, must_exist: bool = False, keys: Any = None) -> Any:
+    """The run's store, after checking that it can be opened (URL, driver, server, schema version),
+    with the data key the settings give (or the ring `keys`, for a rotation)."""
     from clawrl.store import Store
 
     url = config.resolved_database_url()
     check_store(url, must_exist=must_exist and config.database_url is None,
                 where_flag="--run-dir" if config.database_url is None else "--database-url")
-    return Store(url)
+    return Store(url, keys if keys is not None else data_keys(config))
+
+
+def data_keys(config: StoreConfig) -> Any:
+    """The key ring `--encrypt-key-file` or `CLAWRL_DATA_KEY` gives, or None (the store in clear)."""
+    if config.data_key is not None:
+        return read_keys(config.data_key.get_secret_value(), "CLAWRL_DATA_KEY")
+    if config.encrypt_key_file is None:
+        return None
+    return read_key_file(config.encrypt_key_file, "--encrypt-key-file")
+
+
+def read_key_file(path: Path, flag: str) -> Any:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise StartupError(f"{flag} {path}: cannot read it ({getattr(error, 'strerror', None) or error})",
+                           "give a file `clawrl data new-key --out FILE` wrote") from None
+    return read_keys(text, f"{flag} {path}")
+
+
+def read_keys(text: str, where: str) -> Any:
+    from clawrl.store.encryption import DataKeyError, KeyRing
+
+    try:
+        return KeyRing.from_text(text, where)
+    except DataKeyError as error:
+        raise StartupError(str(error)) from None
 
 
 def _store(args: argparse.Namespace) -> Any:

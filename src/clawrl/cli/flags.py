@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from clawrl.config import CommandSettings, ComponentSettings, describe_settings_error
 from clawrl.logs import LOG_FORMATS
@@ -30,7 +30,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *configs: type[ComponentSe
     for config in components:
         group = parser.add_argument_group(config.__name__, config.__doc__)
         for name, info in config.model_fields.items():
-            if name in seen:
+            if name in seen or _strip_optional(info.annotation) is SecretStr:  # a secret: its variable only, never `ps`
                 continue
             seen.add(name)
             flag = "--" + name.replace("_", "-")

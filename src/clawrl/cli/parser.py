@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from clawrl.cli.bench import cmd_bench_learn, cmd_bench_merge, cmd_demo
+from clawrl.cli.data import add_data_commands
 from clawrl.cli.envs import cmd_envs_list, cmd_envs_serve, cmd_rollout
 from clawrl.cli.flags import _add_global_flags, add_config_flags
 from clawrl.cli.loops import cmd_judge, cmd_serve, cmd_train
@@ -158,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     user_forget.set_defaults(handler=cmd_users_forget)
 
     export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
+    add_data_commands(commands)
+
     add_config_flags(export, StoreConfig)
     export.add_argument("--out", required=True, help="the .jsonl file to write")
     export.set_defaults(handler=cmd_export)

@@ -9,6 +9,10 @@ What a user's records say must not outlive them (DESIGN §12, forget): SQLite ov
 delete frees with zeros (`secure_delete`), `scrub` rewrites the file and empties the write-ahead
 log after a forget, and no error message carries a statement's parameters (`hide_parameters`: an
 IntegrityError logged with its traceback would otherwise print a turn's text or a hint).
+
+With a key ring (`encryption.py`), what people said is encrypted in the columns that hold it. The
+ids of the keys rows are written under are kept in `meta` (`data_key_ids`), so a store opened with
+no key, or without one of those keys, is refused when it opens, with a line that says so.
 """
 
 from __future__ import annotations
@@ -20,19 +24,24 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Connection, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session as DBSession
 from sqlalchemy.orm import sessionmaker
 
-from clawrl.store.migrations import migrate
+from clawrl.store.encryption import DataKeyError, KeyRing, attach
+from clawrl.store.migrations import MIGRATION_LOCK_KEY, migrate
+from clawrl.store.schema import Meta
+
+DATA_KEY_IDS = "data_key_ids"  # meta: the keys the store's encrypted rows are under, comma-separated
 
 
 class Database:
     """A migrated database and its read and write transactions: what every facet of the store uses."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, keys: KeyRing | None = None) -> None:
         self.url = url
+        self.keys = keys
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         if self.is_sqlite and parsed.database and parsed.database != ":memory:":
@@ -44,12 +53,39 @@ class Database:
             event.listen(self.engine, "before_cursor_execute", _without_nul, retval=True)
         # a lock only SQLite needs (see `write`); a server database takes concurrent writers itself
         self._write_queue: AbstractContextManager[Any] = threading.Lock() if self.is_sqlite else nullcontext()
+        attach(self.engine, keys)
         migrate(self.engine)
+        self._check_keys()
         self._reader = sessionmaker(self.engine, expire_on_commit=False)
         self._writer = sessionmaker(self.engine.execution_options(clawrl_write=True), expire_on_commit=False)
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def _check_keys(self) -> None:
+        """Refuse a key ring that cannot read the store's encrypted rows, and record the key this one writes with."""
+        with self._locked_meta() as connection:
+            found = _key_ids(connection)
+            if self.keys is None:
+                if found:
+                    raise DataKeyError(f"the store is encrypted (key id {', '.join(found)}) and no "
+                                       "key was given: give it with --encrypt-key-file or CLAWRL_DATA_KEY")
+                return
+            missing = [key for key in found if key not in self.keys.ids]
+            if missing:
+                raise DataKeyError(f"the store is encrypted with key id {', '.join(missing)}, which the "
+                                   f"key given ({', '.join(self.keys.ids)}) is not: give the key they were written with "
+                                   "(a key file may list several, the one that writes first)")
+            if self.keys.current_id not in found:
+                set_key_ids(connection, [*found, self.keys.current_id])
+
+    @contextmanager
+    def _locked_meta(self) -> Iterator[Connection]:
+        """A write transaction on `meta` that processes opening the same store at once take in turn."""
+        with self.engine.execution_options(clawrl_write=True).begin() as connection:
+            if not self.is_sqlite:
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            yield connection
 
     @contextmanager
     def write(self) -> Iterator[DBSession]:
@@ -90,6 +126,18 @@ class Database:
             finally:
                 connection.close()
         return busy == 0
+
+
+def _key_ids(connection: Connection) -> list[str]:
+    found = connection.execute(select(Meta.value).where(Meta.key == DATA_KEY_IDS)).scalar()
+    return [key for key in (found or "").split(",") if key]
+
+
+def set_key_ids(connection: Connection, ids: list[str]) -> None:
+    """Record which keys the store's encrypted rows are under (after a rotation: fewer)."""
+    connection.execute(Meta.__table__.delete().where(Meta.key == DATA_KEY_IDS))
+    if ids:
+        connection.execute(Meta.__table__.insert().values(key=DATA_KEY_IDS, value=",".join(dict.fromkeys(ids))))
 
 
 def _configure_sqlite(engine: Any) -> None:

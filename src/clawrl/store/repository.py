@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clawrl.store.database import Database
+from clawrl.store.encryption import KeyRing
 from clawrl.store.episodes import EpisodeStore
 from clawrl.store.judging import JudgingStore
 from clawrl.store.training import TrainingStore
@@ -22,8 +23,8 @@ from clawrl.store.users import UserStore
 class Store(Database):
     """A handle on one trajectory store (SQLite file or PostgreSQL URL) with its facets."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, keys: KeyRing | None = None) -> None:
+        super().__init__(url, keys)
         self.turns = TurnStore(self)
         self.judging = JudgingStore(self)
         self.training = TrainingStore(self)
@@ -31,5 +32,5 @@ class Store(Database):
         self.users = UserStore(self)
 
     @classmethod
-    def for_run_dir(cls, run_dir: Path) -> Store:
-        return cls(f"sqlite:///{(Path(run_dir) / 'clawrl.db').resolve()}")
+    def for_run_dir(cls, run_dir: Path, keys: KeyRing | None = None) -> Store:
+        return cls(f"sqlite:///{(Path(run_dir) / 'clawrl.db').resolve()}", keys)

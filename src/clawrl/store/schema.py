@@ -5,6 +5,8 @@ fields are named after these columns (the comments on what each holds are there)
 
 Token ids and log-probs are kept exactly as the engine produced them (JSON arrays), so training
 never has to re-tokenize. Times are UNIX seconds (float): cheap to compare, same on every backend.
+The columns that hold what someone said (text, token ids, log-probs, hints) are `Encrypted*`:
+encrypted at rest when the store has a data key (`encryption.py`); hashes and numbers stay plain.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, select, text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from clawrl.store.encryption import EncryptedJSON, EncryptedText
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
 
@@ -79,14 +82,14 @@ class TurnRow(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     model: Mapped[str] = mapped_column(String(256))
     policy_version: Mapped[int] = mapped_column(Integer, index=True)
-    messages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # the request's messages, normalised
-    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(EncryptedJSON("turns.messages"))  # the request's messages, normalised
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(EncryptedJSON("turns.tools"), nullable=True)
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, stop, seed
-    prompt_token_ids: Mapped[list[int]] = mapped_column(JSON)
-    response_token_ids: Mapped[list[int]] = mapped_column(JSON)
-    response_logprobs: Mapped[list[float]] = mapped_column(JSON)
-    response_text: Mapped[str] = mapped_column(Text)
-    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    prompt_token_ids: Mapped[list[int]] = mapped_column(EncryptedJSON("turns.prompt_token_ids"))
+    response_token_ids: Mapped[list[int]] = mapped_column(EncryptedJSON("turns.response_token_ids"))
+    response_logprobs: Mapped[list[float]] = mapped_column(EncryptedJSON("turns.response_logprobs"))
+    response_text: Mapped[str] = mapped_column(EncryptedText("turns.response_text"))
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(EncryptedJSON("turns.tool_calls"), nullable=True)
     finish_reason: Mapped[str] = mapped_column(String(16))
     # sha256 of the answer as a client would echo it back (text + tool calls): how an unmodified
     # client's next request is matched to this turn. Null for answers no client ever received.
@@ -110,7 +113,7 @@ class NextStateRow(Base):
 
     __tablename__ = "next_states"
     turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), primary_key=True)
-    messages: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(EncryptedJSON("next_states.messages"))
     source_turn_id: Mapped[str] = mapped_column(String(64))  # the turn whose request carried it
     created_at: Mapped[float] = mapped_column(Float)
 
@@ -122,7 +125,7 @@ class FeedbackRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), index=True)
     score: Mapped[int] = mapped_column(Integer)
-    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    text: Mapped[str | None] = mapped_column(EncryptedText("feedback.text"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -137,9 +140,9 @@ class JudgmentRow(Base):
     votes: Mapped[list[int | None]] = mapped_column(JSON)  # each PRM vote; None = unparseable
     vote_agreement: Mapped[float] = mapped_column(Float)  # share of votes equal to the score
     invalid_votes: Mapped[int] = mapped_column(Integer)  # votes the parser could not read
-    rationale: Mapped[str | None] = mapped_column(Text, nullable=True)  # one representative reasoning
-    hint: Mapped[str | None] = mapped_column(Text, nullable=True)  # the chosen directive hint
-    hint_candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{"hint", "overlap"}]
+    rationale: Mapped[str | None] = mapped_column(EncryptedText("judgments.rationale"), nullable=True)  # one representative reasoning
+    hint: Mapped[str | None] = mapped_column(EncryptedText("judgments.hint"), nullable=True)  # the chosen directive hint
+    hint_candidates: Mapped[list[dict[str, Any]]] = mapped_column(EncryptedJSON("judgments.hint_candidates"))  # [{"hint", "overlap"}]
     source: Mapped[str] = mapped_column(String(16))  # prm | rule | feedback
     judge_model: Mapped[str] = mapped_column(String(256))
     latency_s: Mapped[float] = mapped_column(Float)
@@ -200,12 +203,12 @@ class SampleRow(Base):
     drop_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     kind: Mapped[str] = mapped_column(String(16))  # combined | opd | rl | at_least_one | none
     reward: Mapped[float] = mapped_column(Float)
-    hint: Mapped[str | None] = mapped_column(Text, nullable=True)
+    hint: Mapped[str | None] = mapped_column(EncryptedText("samples.hint"), nullable=True)
     behaviour_version: Mapped[int] = mapped_column(Integer)  # the turn's policy version, for staleness
     teacher: Mapped[str | None] = mapped_column(String(16), nullable=True)  # "base" or "policy vN"
-    teacher_logprobs: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
-    teacher_topk_ids: Mapped[list[list[int]] | None] = mapped_column(JSON, nullable=True)
-    teacher_topk_logprobs: Mapped[list[list[float]] | None] = mapped_column(JSON, nullable=True)
+    teacher_logprobs: Mapped[list[float] | None] = mapped_column(EncryptedJSON("samples.teacher_logprobs"), nullable=True)
+    teacher_topk_ids: Mapped[list[list[int]] | None] = mapped_column(EncryptedJSON("samples.teacher_topk_ids"), nullable=True)
+    teacher_topk_logprobs: Mapped[list[list[float]] | None] = mapped_column(EncryptedJSON("samples.teacher_topk_logprobs"), nullable=True)
     trained_version: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     created_at: Mapped[float] = mapped_column(Float)
     settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # when trained or dropped
@@ -228,7 +231,7 @@ class EpisodeRow(Base):
     status: Mapped[str] = mapped_column(String(8), index=True)  # running | finished | failed
     reward: Mapped[float | None] = mapped_column(Float, nullable=True)  # the outcome, once finished
     step_rewards: Mapped[list[float]] = mapped_column(JSON)  # the environment's reward of each step
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it failed
+    error: Mapped[str | None] = mapped_column(EncryptedText("episodes.error"), nullable=True)  # why it failed
     created_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
