@@ -8,6 +8,7 @@ one `Store`, as the server's worker threads do; each writer plays its own sessio
 `--turns-per-session` turns.
 
     python benchmarks/store_writes.py --turns 2000 --writers 1,8
+    python benchmarks/store_writes.py --turns 2000 --writers 1,8 --encrypted
     python benchmarks/store_writes.py --turns 2000 --writers 1,8 --database-url postgresql+psycopg://USER@HOST:PORT/DB
 
 Prints a markdown table and writes the figures as JSON (`--out`). The PostgreSQL database should
@@ -30,6 +31,7 @@ from typing import Any
 
 from clawrl.messages import answer_fingerprint, conversation_hashes
 from clawrl.store import Store
+from clawrl.store.encryption import KeyRing, new_key
 from clawrl.types import NextState, Turn, TurnSampling
 from machine import machine  # benchmarks/machine.py, beside this script
 
@@ -100,6 +102,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--response-tokens", type=int, default=256)
     parser.add_argument("--database-url", help="also measure this PostgreSQL database (SQLAlchemy URL)")
+    parser.add_argument("--encrypted", action="store_true",
+                        help="also SQLite with a data key (--encrypt-key-file): what encryption at rest adds to a write")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/store_writes.json"))
     args = parser.parse_args()
     levels = [int(value) for value in args.writers.split(",")]
@@ -107,6 +111,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         backends = [("SQLite (WAL, synchronous=FULL)", Store.for_run_dir(Path(scratch)))]
+        if args.encrypted:
+            keys = KeyRing.from_text(new_key(), "a fresh key")
+            backends.append(("SQLite, encrypted (AES-256-GCM)", Store.for_run_dir(Path(scratch) / "encrypted", keys)))
         if args.database_url:
             backends.append(("PostgreSQL", Store(args.database_url)))
         for name, store in backends:

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer
 from clawrl.config import EngineConfig, JudgeConfig, TrainConfig
 from clawrl.store import Store
 from clawrl.store.encryption import DataKeyError, KeyRing, new_key
+from clawrl.store.rotation import rotate
 from clawrl.train.trainer import Trainer
 from clawrl.types import Sample
 from tests.helpers import CORRECTION, Conversation, PostgresServer, start_server, user, wait_for_judgment
@@ -108,6 +109,33 @@ def test_the_canary_is_on_disk_in_clear_only_without_a_key(
             Store(url)
         with pytest.raises(DataKeyError, match="which the key given .* is not"):
             Store(url, KeyRing.from_text(new_key(), "another key"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_rotation_moves_every_row_to_the_new_key(backend: str, tiny_model_dir: Path, tmp_path: Path,
+                                                 request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'clawrl.db'}"
+    old, new = KeyRing.from_text(new_key(), "old"), KeyRing.from_text(new_key(), "new")
+    store = Store(url, old)
+    say_canary(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+    store.close()
+    rotating = Store(url, new.then(old))
+    report = rotate(rotating, batch=1)  # one row a transaction: the batches' cursor is tested too
+    assert sum(report.rewritten.values()) == 18 and report.left == {} and report.changed_meanwhile == 0
+    rotating.close()
+    with pytest.raises(DataKeyError, match=f"encrypted with key id {new.current_id}, which the key given"):
+        Store(url, old)
+    assert_reads_back(Store(url, new))
+    if backend == "postgresql":
+        assert CANARY not in dump(request.getfixturevalue("postgres_server"), url)
+
+
+def test_an_empty_answer_is_still_found_for_a_retry_with_a_key(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Blank text stays as it is: the index of empty answers (what a retry that does not echo one is
+    matched by) reads it in SQL."""
+    store = Store.for_run_dir(tmp_path, KeyRing.from_text(new_key(), "k"))
+    Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir)).turn("t0", "s", f"hi {CANARY}", "")
+    assert [turn.id for turn in store.turns.recent_empty_answers(since=0.0)] == ["t0"]
 
 
 def test_a_plain_store_keeps_working_and_reads_text_that_looks_like_ciphertext(tmp_path: Path, tiny_model_dir: Path) -> None:
