@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from peft import PeftModel
 from torch import Tensor
 
@@ -56,6 +57,7 @@ from clawrl.model.scoring import (
     prefix_tree,
     response_scores,
 )
+from clawrl.train.data_parallel import all_gather_scores, all_reduce_gradients, all_reduce_sum, shard
 from clawrl.train.losses import (
     aggregate,
     combined_advantage,
@@ -272,6 +274,17 @@ def micro_batches(
         yield chunk
 
 
+def _own_chunks(
+    chunks: list[list[TrainingExample]], share_prefix: bool, group: dist.ProcessGroup | None
+) -> list[list[TrainingExample]]:
+    """The micro-batches this process runs: all of them alone, else its share by packed tokens (`data_parallel.shard`)."""
+    if group is None:
+        return chunks
+    owners = shard([packed_tokens(chunk, share_prefix) for chunk in chunks], dist.get_world_size(group))
+    rank = dist.get_rank(group)
+    return [chunk for chunk, owner in zip(chunks, owners) if owner == rank]
+
+
 def packed_tokens(examples: Sequence[TrainingExample], share_prefix: bool) -> int:
     """Token positions `pack_rows` lays out for `examples`: each shared prefix once, then every row's padded rest."""
     prompts = [example.turn.prompt_token_ids for example in examples]
@@ -330,17 +343,21 @@ def proximal_scores(
     micro_batch_tokens: int | None,
     share_prefix: bool,
     chunk_tokens: int,
+    group: dist.ProcessGroup | None = None,
 ) -> dict[int, tuple[Tensor, Tensor | None]]:
     """log π_old (and log π_ref when `kl_beta` > 0) of each example's response tokens, by `id(example)`.
 
     One no-grad pass over the batch with the weights as they are, in the update's micro-batches and
     through the same scoring code as the steps (`response_scores`), so that before the first step
-    the ratio is 1 up to rounding; the steps after it see π_θ move away from these.
+    the ratio is 1 up to rounding; the steps after it see π_θ move away from these. With a `group`,
+    each rank scores its share of the micro-batches and every rank gets all the scores, the very
+    numbers one process computes.
     """
     device = next(model.parameters()).device
     scores: dict[int, tuple[Tensor, Tensor | None]] = {}
+    chunks = list(micro_batches(examples, micro_batch_size, micro_batch_tokens, share_prefix))
     with torch.no_grad():
-        for chunk in micro_batches(examples, micro_batch_size, micro_batch_tokens, share_prefix):
+        for chunk in _own_chunks(chunks, share_prefix, group):
             batch = pack_examples(chunk, config, device, [0.0] * len(chunk), share_prefix)
             if batch.response_ids.shape[1] == 0:
                 continue
@@ -349,7 +366,11 @@ def proximal_scores(
             for row, example in enumerate(chunk):
                 length = len(example.turn.response_token_ids)
                 scores[id(example)] = (old[row, :length], reference[row, :length] if reference is not None else None)
-    return scores
+    if group is None:
+        return scores
+    index_of = {id(example): index for index, example in enumerate(examples)}  # ids do not cross processes
+    gathered = all_gather_scores({index_of[key]: value for key, value in scores.items()}, device, group)
+    return {id(examples[index]): value for index, value in gathered.items()}
 
 
 def _rows_of(
@@ -383,6 +404,7 @@ def update_step(
     share_prefix: bool = False,
     ppo_epochs: int = 1,
     mini_batches: int = 1,
+    group: dist.ProcessGroup | None = None,
 ) -> StepMetrics:
     """The update on `examples`: `ppo_epochs` passes over it in `mini_batches` parts, one optimizer
     step per part (the defaults: one step on the whole batch); returns what it did
@@ -413,6 +435,12 @@ def update_step(
     with `share_prefix`, every prompt prefix that examples of a micro-batch share is computed once
     (a prefix tree, `model.scoring.pack_rows`), which changes the numbers by rounding only; a
     model that cannot (`model.scoring.can_share_prefix`) trains its examples unshared.
+
+    With a torch.distributed `group` (data parallel, `data_parallel`), every rank is given the same
+    `examples` and a model with the same weights; each runs its share of every step's micro-batches,
+    the gradients are summed over the ranks before the clip, and the statistics after the last step:
+    every rank takes the step one process takes (up to the order of the sums) and returns its
+    figures. None: this process alone.
     """
     if micro_batch_size < 1:
         raise ValueError("micro_batch_size must be at least 1")
@@ -445,10 +473,10 @@ def update_step(
         if steps > 1:  # π_old before any step moves the weights; a single step takes it from its own pass
             proximal = proximal_scores(
                 model, reference_model, examples, config, micro_batch_size, micro_batch_tokens, share_prefix,
-                logit_chunk_tokens,
+                logit_chunk_tokens, group,
             )  # fmt: skip
         prepared = [
-            _prepare(part, config, device, proximal, micro_batch_size, micro_batch_tokens, share_prefix)
+            _prepare(part, config, device, proximal, micro_batch_size, micro_batch_tokens, share_prefix, group)
             for part in parts
         ]
         for _ in range(ppo_epochs):
@@ -458,6 +486,8 @@ def update_step(
                     _accumulate(
                         model, reference_model, batch, config, total_weight, topk_weight, step_totals, logit_chunk_tokens
                     )
+                if group is not None:
+                    all_reduce_gradients(trainable, group)
                 grad_norm = torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
                 if torch.isfinite(grad_norm):
                     optimizer.step()
@@ -468,6 +498,8 @@ def update_step(
                     totals.add(step_totals, 1.0 / steps)
     finally:
         model.train(was_training)
+    if group is not None:
+        all_reduce_sum(list(vars(totals).values()), group)
     for name, total in vars(totals).items():
         setattr(metrics, name, total.item())
     metrics.grad_norm = sum(grad_norms) / len(grad_norms)
@@ -485,9 +517,11 @@ def _prepare(
     micro_batch_size: int,
     micro_batch_tokens: int | None,
     share_prefix: bool,
+    group: dist.ProcessGroup | None,
 ) -> tuple[list[MicroBatch], float, float]:
-    """`part`'s micro-batches, its tokens weighted as a batch of its own (with π_old and π_ref from
-    `proximal` when given), the total weight Σ a of its tokens and that of the top-K term's (1 if none)."""
+    """`part`'s micro-batches (this rank's share of them with a `group`), its tokens weighted as a
+    batch of its own (with π_old and π_ref from `proximal` when given), the total weight Σ a of its
+    tokens and that of the top-K term's (1 if none): both of the whole part, on every rank."""
     weights = batch_weights(part, config)
     weight_of = {id(example): weight for example, weight in zip(part, weights)}  # micro_batches reorders them
     # Σ a over the part's tokens (1, or N/(B·C) for `constant`), and over those of the top-K term
@@ -498,7 +532,8 @@ def _prepare(
         if _uses_topk(example, config)
     )
     batches = []
-    for chunk in micro_batches(part, micro_batch_size, micro_batch_tokens, share_prefix):
+    chunks = list(micro_batches(part, micro_batch_size, micro_batch_tokens, share_prefix))
+    for chunk in _own_chunks(chunks, share_prefix, group):
         batch = pack_examples(chunk, config, device, [weight_of[id(example)] for example in chunk], share_prefix)
         width = batch.response_ids.shape[1]
         if width == 0:

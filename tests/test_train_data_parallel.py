@@ -1,0 +1,113 @@
+"""Data-parallel training (DESIGN §10, issue 34): M ranks take the step one process takes.
+
+Two real processes joined by gloo on this CPU each run their share of a batch's micro-batches
+(`train.data_parallel`); in float64 the summed gradient, the parameters after a clipped AdamW step,
+several PPO steps (π_old scored in shares and gathered) and the reported figures equal those of
+one process, on both ranks. The sharding balances packed tokens and places every micro-batch once.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from peft import get_peft_model, LoraConfig
+from transformers import AutoModelForCausalLM
+
+from clawrl.config import LossConfig
+from clawrl.serve.runner import free_port
+from clawrl.train.data_parallel import shard
+from clawrl.train.update import update_step
+from clawrl.types import Sample, TrainingExample
+from tests.helpers import random_ids, random_tree_prompts, turn
+
+K = 3
+CONFIG = LossConfig(method="combine", kl_beta=0.5, entropy_coef=0.01, opd_topk=K)
+# name: (optimizer, update_step options); SGD at lr 1 without a clip moves each weight by minus its gradient
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gradient": ("sgd", {"micro_batch_size": 2, "grad_clip": math.inf, "share_prefix": True}),
+    "one micro-batch": ("sgd", {"micro_batch_size": 8, "grad_clip": math.inf}),  # rank 1 runs none of it
+    "adamw, clipped": ("adamw", {"micro_batch_size": 2, "grad_clip": 1.0}),
+    "epochs, mini-batches": ("sgd", {"micro_batch_size": 1, "grad_clip": math.inf, "ppo_epochs": 2, "mini_batches": 2}),
+}
+REPORTED = ("loss", "entropy", "kl_to_reference", "topk_reverse_kl", "mean_advantage", "logprob_drift", "mean_is_weight",
+            "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps")  # fmt: skip
+
+
+def policy(model_dir: Path) -> torch.nn.Module:
+    """The tiny model in float64 with a LoRA adapter initialised at random (so every weight has a gradient)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+
+
+def examples() -> list[TrainingExample]:
+    """Eight samples of uneven lengths sharing prefixes, each with its own reward, behaviour and teacher."""
+    generator, made = torch.Generator().manual_seed(1), []
+    for row, prompt in enumerate(random_tree_prompts(seed=7, rows=8)):
+        response = random_ids(2 + row % 4, seed=500 + row)
+        behaviour = (-3.0 + torch.rand(len(response), generator=generator)).tolist()
+        teacher: dict[str, Any] = {}
+        if row % 3 == 1:
+            teacher["teacher_logprobs"] = [logprob + 0.5 for logprob in behaviour]
+        elif row % 3 == 2:
+            teacher["teacher_topk_ids"] = torch.randint(0, 2048, (len(response), K), generator=generator).tolist()
+            teacher["teacher_topk_logprobs"] = [[math.log(0.3)] * K for _ in response]
+        answered = turn(f"t{row}", "s", [], "", prompt_token_ids=prompt, response_token_ids=response, response_logprobs=behaviour)
+        made.append(TrainingExample(answered, Sample(f"t{row}", "ready", "rl", 1.0 if row % 2 else -1.0, 0, **teacher)))
+    return made
+
+
+def run_case(model: torch.nn.Module, case: str, group: dist.ProcessGroup | None) -> dict[str, Any]:
+    """One update of `case` on a copy of `model`: the trainable weights after it, and the reported figures."""
+    model = copy.deepcopy(model)
+    kind, options = CASES[case]
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=1.0) if kind == "sgd" else torch.optim.AdamW(trainable, lr=1e-2)
+    metrics = update_step(model, optimizer, examples(), CONFIG, group=group, **options)
+    weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
+    return {"weights": weights, "metrics": {name: getattr(metrics, name) for name in REPORTED}}
+
+
+def rank_main(rank: int, world: int, port: int, model_dir: Path, out_dir: Path) -> None:
+    """One rank of the group (a spawned process): every case, its results saved for the test to compare."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = policy(model_dir)
+        torch.save({case: run_case(model, case, dist.group.WORLD) for case in CASES}, out_dir / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_take_the_step_of_one_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    mp.start_processes(rank_main, args=(2, free_port(), tiny_model_dir, tmp_path), nprocs=2, start_method="spawn")
+    torch.set_num_threads(1)
+    model = policy(tiny_model_dir)
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for case in CASES:
+        alone = run_case(model, case, None)
+        for results in ranks:
+            together = results[case]
+            assert together["weights"].keys() == alone["weights"].keys() == before.keys()
+            for name, weight in alone["weights"].items():
+                assert not torch.equal(weight, before[name]), (case, name)  # every weight moved
+                torch.testing.assert_close(together["weights"][name], weight, rtol=1e-9, atol=1e-12, msg=f"{case}: {name}")
+            assert together["metrics"] == pytest.approx(alone["metrics"], rel=1e-6, abs=1e-9), case
+        assert all(torch.equal(ranks[0][case]["weights"][name], ranks[1][case]["weights"][name]) for name in before)
+
+
+def test_micro_batches_are_shared_out_by_packed_tokens() -> None:
+    costs = [900, 100, 400, 400, 300, 100]
+    owners = shard(costs, 2)
+    loads = [sum(cost for cost, owner in zip(costs, owners) if owner == rank) for rank in (0, 1)]
+    assert sorted(loads) == [1100, 1100] and owners == shard(costs, 2)  # balanced, and the same every time
+    assert shard(costs, 1) == [0] * 6 and sorted(shard([5, 5], 3)) == [0, 1]  # more ranks than micro-batches
+    assert shard([], 2) == []
