@@ -130,6 +130,24 @@ def test_rotation_moves_every_row_to_the_new_key(backend: str, tiny_model_dir: P
         assert CANARY not in dump(request.getfixturevalue("postgres_server"), url)
 
 
+def test_a_loop_that_reads_the_new_key_keeps_working_through_a_rotation(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The order docs/store-and-dashboard.md gives for rotating while serving: the loops first hold new +
+    old. A loop still holding the old key alone cannot read a rotated row, and says so."""
+    url, tokenizer = f"sqlite:///{tmp_path / 'clawrl.db'}", AutoTokenizer.from_pretrained(tiny_model_dir)
+    old, new = KeyRing.from_text(new_key(), "old"), KeyRing.from_text(new_key(), "new")
+    say_canary(Store(url, old), tokenizer)
+    stale = Store(url, old)  # opened first: once a store is written under the new key, the old one alone is refused
+    serving = Store(url, new.then(old))
+    with pytest.raises(DataKeyError, match="which the key given"):
+        Store(url, old)
+    assert rotate(Store(url, new.then(old))).left == {}
+    Conversation(serving, tokenizer).turn("t2", "s2", f"after the rotation, {CANARY}", "ok")
+    assert_reads_back(serving)
+    assert CANARY in serving.turns.turn("t2").messages[0]["content"]
+    with pytest.raises(DataKeyError, match=f"encrypted with key id {new.current_id}, which the key given"):
+        stale.turns.session_turns("s")
+
+
 def test_an_empty_answer_is_still_found_for_a_retry_with_a_key(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Blank text stays as it is: the index of empty answers (what a retry that does not echo one is
     matched by) reads it in SQL."""
