@@ -267,8 +267,9 @@ def check_engine(engine: EngineConfig) -> None:
     if engine.engine == "hf":
         check_device(engine.device)
     if engine.engine == "openai":
-        assert engine.engine_url, "EngineConfig refuses --engine openai without --engine-url"
-        check_server(engine.engine_url, engine.engine_api_key, "--engine-url", "--engine-api-key", "the engine server")
+        assert engine.engine_urls, "EngineConfig refuses --engine openai without --engine-url"
+        for url in engine.engine_urls:
+            check_server(url, engine.engine_api_key, "--engine-url", "--engine-api-key", "the engine server")
     if engine.engine == "vllm":
         from clawrl.engines.remote import RemoteEngineError  # with torch and transformers: seconds
         from clawrl.engines.vllm import find_vllm_python

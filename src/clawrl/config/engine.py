@@ -25,7 +25,15 @@ class EngineConfig(ComponentSettings):
         "that takes token-id prompts and returns token ids and log-probs, e.g. a vLLM you run).",
     )
     engine_url: str | None = Field(
-        None, description="With --engine openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."
+        None, description="With --engine openai: the server's base URL, e.g. http://127.0.0.1:8000/v1; several, "
+        "comma-separated, are replicas of one model (one per server, as --replicas)."
+    )
+    replicas: int = Field(
+        1, ge=1, description="Copies of the model that serve side by side behind one router (engines/replicas.py): a "
+        "session's requests go to the replica that holds its prefix, new ones to the least busy, a replica that "
+        "fails is taken out and its unanswered requests go to another; every version loads on all. With --engine "
+        "hf or vllm, that many engines in this server (on the same --device); with --engine openai, one per "
+        "--engine-url."
     )
     engine_api_key: str | None = Field(None, description="With --engine openai: a bearer key for --engine-url.")
     engine_timeout_s: float = Field(
@@ -103,6 +111,18 @@ class EngineConfig(ComponentSettings):
         if self.quantize != "none" and self.engine != "hf":
             raise ValueError(f"--quantize {self.quantize} works with --engine hf; vLLM has its own quantization "
                              "(pass it in --vllm-args)")
+        return self
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """The servers of `--engine openai`, one per replica."""
+        return [url.strip() for url in (self.engine_url or "").split(",") if url.strip()]
+
+    @model_validator(mode="after")
+    def _one_server_per_remote_replica(self) -> Self:
+        if self.engine == "openai" and self.replicas > 1 and len(self.engine_urls) != self.replicas:
+            raise ValueError(f"--replicas {self.replicas} with --engine openai needs as many servers in --engine-url "
+                             f"(comma-separated), got {len(self.engine_urls)}")
         return self
 
     @model_validator(mode="after")

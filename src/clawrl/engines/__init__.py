@@ -14,8 +14,21 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
     `model_path` is where the weights are (a local directory or a hub id); None means
     `config.model` itself. Names that stand for locally built models (`tiny`) are resolved by
     the caller (`clawrl.sim.models.resolve_model`), so that engines never depend on how those
-    models are made.
+    models are made. With several replicas (`--replicas`, or several `--engine-url`s), one engine
+    of the kind per replica behind a router (`clawrl.engines.replicas`).
     """
+    if config.engine == "openai" and len(config.engine_urls) > 1:
+        replicas = [config.model_copy(update={"engine_url": url}) for url in config.engine_urls]
+    else:
+        replicas = [config] * config.replicas
+    if len(replicas) == 1:
+        return _build_one(config, model_path)
+    from clawrl.engines.replicas import ReplicatedEngine
+
+    return ReplicatedEngine([_build_one(replica, model_path) for replica in replicas])
+
+
+def _build_one(config: EngineConfig, model_path: str | None) -> Engine:
     if config.engine == "hf":
         # Imported here so that importing the protocol does not pull in PEFT and model code.
         from clawrl.engines.hf import HFEngine

@@ -47,7 +47,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     (started and stopped by the caller) is reported on /healthz and /metrics. `adapters`: whose
     lineage answers a request (the trainer's `--adapters`)."""
     served_name = config.served_model_name or engine.model_name
-    metrics = ServeMetrics(store, trainer)
+    metrics = ServeMetrics(store, trainer, engine)
     policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s, per_user=adapters == "per-user")
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name}, policy)
 

@@ -10,6 +10,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from clawrl.engines.base import Engine
+from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.store import Store
 from clawrl.trainer_process import TrainerProcess
 
@@ -88,13 +90,30 @@ class TrainerProcessCollector:
         yield from (running, restarts)
 
 
+class ReplicaCollector:
+    """The replicas of `--replicas`, read at scrape time: which are in rotation, requests started on each."""
+
+    def __init__(self, engine: ReplicatedEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        in_rotation = GaugeMetricFamily("clawrl_replica_in_rotation", "1 while a replica gets new requests", labels=["replica"])
+        requests = CounterMetricFamily("clawrl_replica_requests", "Requests started on a replica", labels=["replica"])
+        for index, rotating, started in self.engine.replica_requests():
+            in_rotation.add_metric([str(index)], float(rotating))
+            requests.add_metric([str(index)], started)
+        yield from (in_rotation, requests)
+
+
 class ServeMetrics:
-    def __init__(self, store: Store, trainer: TrainerProcess | None = None) -> None:
+    def __init__(self, store: Store, trainer: TrainerProcess | None = None, engine: Engine | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(JudgmentCollector(store))
         self.registry.register(TrainingCollector(store))
         if trainer is not None:
             self.registry.register(TrainerProcessCollector(trainer))
+        if isinstance(engine, ReplicatedEngine):
+            self.registry.register(ReplicaCollector(engine))
         self.requests = Counter(
             "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
         )
