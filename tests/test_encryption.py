@@ -96,15 +96,15 @@ def test_the_canary_is_on_disk_in_clear_only_without_a_key(
     store = Store(url, keys)
     say_canary(store, AutoTokenizer.from_pretrained(tiny_model_dir))
     assert_reads_back(store)
-    on_disk = bool(found_in(run_dir)) if backend == "sqlite" else CANARY in dump(request.getfixturevalue("postgres_server"), url)
-    assert on_disk is not encrypted
+    if backend == "sqlite":
+        assert bool(found_in(run_dir)) is not encrypted
+    else:  # the turn's token ids too: the dump holds their JSON array only in clear
+        dumped = dump(request.getfixturevalue("postgres_server"), url)
+        ids = json.dumps(store.turns.turn("t0").response_token_ids)
+        assert (CANARY in dumped) is not encrypted and (ids in dumped) is not encrypted
     store.close()
-    if encrypted:  # the turn's token ids are not on disk either: the dump holds no JSON array of them
-        reopened = Store(url, keys)
-        ids = json.dumps(reopened.turns.turn("t0").response_token_ids)
-        assert CANARY in reopened.turns.turn("t0").response_text
-        if backend == "postgresql":
-            assert ids not in dump(request.getfixturevalue("postgres_server"), url)
+    if encrypted:
+        assert CANARY in Store(url, keys).turns.turn("t0").response_text
         with pytest.raises(DataKeyError, match="no key was given"):
             Store(url)
         with pytest.raises(DataKeyError, match="which the key given .* is not"):
@@ -154,6 +154,15 @@ def test_an_empty_answer_is_still_found_for_a_retry_with_a_key(tiny_model_dir: P
     store = Store.for_run_dir(tmp_path, KeyRing.from_text(new_key(), "k"))
     Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir)).turn("t0", "s", f"hi {CANARY}", "")
     assert [turn.id for turn in store.turns.recent_empty_answers(since=0.0)] == ["t0"]
+
+
+def test_a_ciphertext_moved_to_another_column_is_an_error_not_garbage(tiny_model_dir: Path, tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path, KeyRing.from_text(new_key(), "k"))
+    say_canary(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+    with store.write() as db:
+        db.execute(sqlalchemy.text("UPDATE judgments SET hint = (SELECT text FROM feedback LIMIT 1)"))
+    with pytest.raises(DataKeyError, match="judgments.hint .* failed authentication"):
+        store.judging.judgment("t0")
 
 
 def test_a_plain_store_keeps_working_and_reads_text_that_looks_like_ciphertext(tmp_path: Path, tiny_model_dir: Path) -> None:
