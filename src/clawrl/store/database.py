@@ -64,7 +64,7 @@ class Database:
 
     def _check_keys(self) -> None:
         """Refuse a key ring that cannot read the store's encrypted rows, and record the key this one writes with."""
-        with self._locked_meta() as connection:
+        with self.locked_meta() as connection:
             found = _key_ids(connection)
             if self.keys is None:
                 if found:
@@ -80,7 +80,7 @@ class Database:
                 set_key_ids(connection, [*found, self.keys.current_id])
 
     @contextmanager
-    def _locked_meta(self) -> Iterator[Connection]:
+    def locked_meta(self) -> Iterator[Connection]:
         """A write transaction on `meta` that processes opening the same store at once take in turn."""
         with self.engine.execution_options(clawrl_write=True).begin() as connection:
             if not self.is_sqlite:

@@ -46,7 +46,7 @@ def rotate(database: Database, batch: int = 200) -> RotationReport:
             _rotate_table(database, ring, table, columns, batch, report)
             _count_left(database, ring, table, columns, left)
     report.left = dict(left)
-    with database._locked_meta() as connection:
+    with database.locked_meta() as connection:
         set_key_ids(connection, [ring.current_id, *left])
     report.log_emptied = database.scrub()
     return report
