@@ -168,6 +168,14 @@ def test_serve_hands_its_trainer_settings_to_the_trainer_process(monkeypatch: py
     assert trainer.train.report_to == ["tensorboard", "mlflow"]
 
 
+def test_the_trainer_child_gets_the_data_key_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`CLAWRL_DATA_KEY` reaches `clawrl train` as the key, not as pydantic's '**********'."""
+    monkeypatch.setenv("CLAWRL_DATA_KEY", "the-key")
+    store = StoreConfig()
+    assert "the-key" not in repr(store)
+    assert settings_env(store)["CLAWRL_DATA_KEY"] == "the-key"
+
+
 def test_an_unknown_tracker_is_refused_by_name() -> None:
     assert TrainConfig(report_to="").report_to == [] and TrainConfig().report_to == []
     with pytest.raises(ValidationError, match="tensorboard"):
