@@ -47,7 +47,7 @@ from peft import LoraConfig, get_peft_model
 from clawrl.config import LossConfig
 from clawrl.model.weights import load_causal_lm
 from clawrl.sim.tiny import build_tiny_model
-from clawrl.train.trainer import enable_activation_checkpointing
+from clawrl.train.policy import enable_activation_checkpointing
 from clawrl.train.update import update_step
 from clawrl.types import Sample, TrainingExample, Turn, TurnSampling
 from machine import PeakMemory, machine  # benchmarks/machine.py, beside this script

@@ -18,7 +18,8 @@ from clawrl.config import EngineConfig, JudgeConfig, TrainConfig
 from clawrl.config.commands import ServeSettings, TrainSettings
 from clawrl.store import Store
 from clawrl.store.users import UserError
-from clawrl.train.trainer import ADAPTER_WEIGHTS, Trainer
+from clawrl.train.policy import ADAPTER_WEIGHTS
+from clawrl.train.trainer import Trainer
 from clawrl.trainer_process import TrainerProcess
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 from clawrl.versions.files import MANIFEST

@@ -4,12 +4,20 @@ Two real processes joined by gloo on this CPU each run their share of a batch's 
 (`train.data_parallel`); in float64 the summed gradient, the parameters after a clipped AdamW step,
 several PPO steps (π_old scored in shares and gathered) and the reported figures equal those of
 one process, on both ranks. The sharding balances packed tokens and places every micro-batch once.
+A real trainer with `--train-workers 2` publishes the version one process publishes, loses a
+worker killed in the middle of a step, starts its group again and publishes on from the last
+version, every sample trained exactly once, and the engine serves what it trained.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import math
+import os
+import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +26,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from peft import get_peft_model, LoraConfig
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from clawrl.config import LossConfig
+from clawrl.config import EngineConfig, LossConfig, TrainConfig
+from clawrl.engines.hf import HFEngine
+from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
+from clawrl.store import Store
 from clawrl.train.data_parallel import shard
+from clawrl.train.policy import ADAPTER_WEIGHTS, TrainedPolicy
+from clawrl.train.trainer import Trainer
 from clawrl.train.update import update_step
 from clawrl.types import Sample, TrainingExample
-from tests.helpers import random_ids, random_tree_prompts, turn
+from tests.helpers import HINT, Conversation, random_ids, random_tree_prompts, turn
 
 K = 3
 CONFIG = LossConfig(method="combine", kl_beta=0.5, entropy_coef=0.01, opd_topk=K)
@@ -111,3 +125,76 @@ def test_micro_batches_are_shared_out_by_packed_tokens() -> None:
     assert sorted(loads) == [1100, 1100] and owners == shard(costs, 2)  # balanced, and the same every time
     assert shard(costs, 1) == [0] * 6 and sorted(shard([5, 5], 3)) == [0, 1]  # more ranks than micro-batches
     assert shard([], 2) == []
+
+
+def judged_sessions(run_dir: Path, model_dir: Path) -> list[str]:
+    """Two sessions of three corrected turns each (six samples: two batches of three), and their ids."""
+    store = Store.for_run_dir(run_dir)
+    talk = Conversation(store, AutoTokenizer.from_pretrained(model_dir))
+    taught = []
+    for session in ("S", "R"):
+        for index in range(3):
+            turn_id = f"{session}{index}"
+            talk.turn(turn_id, session, f"Write note {index}.", "**Note**: 1. Friday.", after=f"{session}{index - 1}" if index else None)
+            talk.judge(turn_id, -1, HINT)
+            taught.append(turn_id)
+        talk.turn(f"{session}3", session, "thanks", "Welcome.", after=f"{session}2")
+    store.close()
+    return taught
+
+
+def test_two_train_workers_publish_what_one_trainer_does_and_outlive_a_lost_worker(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alone_dir, together_dir = tmp_path / "alone", tmp_path / "together"
+    taught = judged_sessions(alone_dir, tiny_model_dir)
+    shutil.copytree(alone_dir, together_dir)
+    engine_config = EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1)
+    options = {"method": "combine", "batch_size": 3, "lr": 1e-2, "train_poll_s": 0.1, "micro_batch_size": 1}
+    alone = Trainer(TrainConfig(**options), engine_config, Store.for_run_dir(alone_dir), alone_dir)
+    alone.start()
+    assert alone.run(max_steps=1) == 1
+    store = Store.for_run_dir(together_dir)
+    together = Trainer(TrainConfig(**options, train_workers=2), engine_config, store, together_dir)
+    together.start()
+    try:
+        assert together.run(max_steps=1) == 1
+        one, two = (load_file(run / "policy/shared/v1" / ADAPTER_WEIGHTS) for run in (alone_dir, together_dir))
+        assert one.keys() == two.keys()
+        for name in one:  # float32 here: the same step up to the order of the sums
+            torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-6)
+        assert together.workers is not None
+        killed = together.workers.processes[0]
+        real_update = TrainedPolicy.update
+
+        def killing_update(policy: TrainedPolicy, *args: Any) -> Any:
+            """Rank 0's next update, after its worker was SIGKILLed mid-step (it had the batch already)."""
+            monkeypatch.setattr(TrainedPolicy, "update", real_update)
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.join(10)
+            return real_update(policy, *args)
+
+        monkeypatch.setattr(TrainedPolicy, "update", killing_update)
+        assert together.run(max_steps=1) == 1  # the lost step thrown away, the group started again, the step redone
+        assert killed.exitcode == -signal.SIGKILL and together.workers.failures == 0
+        assert [process.is_alive() for process in together.workers.processes] == [True]
+    finally:
+        together.close()
+        alone.close()
+    assert [(row.version, row.parent) for row in store.training.versions()] == [(1, 0), (2, 1)]
+    trained = [sample for number in (1, 2) for sample in
+               json.loads((together_dir / f"policy/shared/v{number}/manifest.json").read_text())["sample_ids"]]  # fmt: skip
+    assert sorted(trained) == sorted(taught)  # every sample exactly once
+    turn_ids = store.turns.turn("S0")
+
+    async def served() -> list[float]:
+        engine = HFEngine(engine_config)
+        await engine.start()
+        try:
+            await engine.load_version(2, Path(store.training.version(2).path))
+            return (await engine.score(turn_ids.prompt_token_ids, turn_ids.response_token_ids)).logprobs
+        finally:
+            await engine.close()
+
+    trained_logprobs = score_response(together.model, turn_ids.prompt_token_ids, turn_ids.response_token_ids, 0).logprobs
+    torch.testing.assert_close(torch.tensor(asyncio.run(served())), torch.tensor(trained_logprobs), rtol=0, atol=1e-4)

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import LossConfig
 from clawrl.model.scoring import can_share_prefix
-from clawrl.train.trainer import enable_activation_checkpointing
+from clawrl.train.policy import enable_activation_checkpointing
 from clawrl.train.update import advantages, micro_batches, pack_examples, packed_tokens, split_batch, update_step
 from clawrl.types import Sample, TrainingExample
 from tests.helpers import random_ids, random_tree_prompts, turn

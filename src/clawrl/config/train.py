@@ -138,6 +138,15 @@ class TrainConfig(LossConfig):
         description="Response positions whose vocabulary-sized logits exist at once in an update, forward and backward "
         "(recomputed per chunk in the backward pass): bounds the output layer's memory to chunk x vocabulary floats.",
     )
+    train_workers: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel training processes: the trainer and M-1 workers it starts beside it (gloo on a "
+        "CPU, NCCL with one GPU each), joined by torch.distributed. Each step's micro-batches are shared out among "
+        "them by packed tokens and their gradients summed, so a step is the one a single process takes (up to "
+        "rounding), in about 1/M of the time where there are cores or GPUs for all of them. Each worker holds a copy "
+        "of the trained weights and optimizer state. 1: the trainer alone.",
+    )
     lr: float | None = Field(None, gt=0, description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip per step.")
     full: bool = Field(

@@ -39,55 +39,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
 from clawrl.config import EngineConfig, LossConfig, TrainConfig
 from clawrl.model.constraints import GrammarVocabulary, allowed_bits
-from clawrl.model.cuda_share import build_from_tensors, import_weights, wait_for_export
-from clawrl.model.device import resolve_device, resolve_dtype
+from clawrl.model.device import resolve_device
 from clawrl.model.scoring import score_response
-from clawrl.model.weights import load_causal_lm, shared_weights
 from clawrl.store import Store
 from clawrl.store.training import PointerMovedError, SamplesTakenError
 from clawrl.train.episodes import EpisodeSampleBuilder
+from clawrl.train.policy import TrainedPolicy
 from clawrl.train.samples import SampleBuilder
 from clawrl.train.trackers import open_trackers
-from clawrl.train.update import update_step
-from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, StepMetrics, TrainingExample, WeightsKind
-from clawrl.versions.files import TRAINER_STATE, Manifest, discard_unregistered, verify_version, write_version
+from clawrl.train.workers import WorkerGroup, WorkersLost
+from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, TrainingExample
+from clawrl.versions.files import Manifest, discard_unregistered, verify_version, write_version
 
 log = logging.getLogger(__name__)
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# how long a trainer started with the server waits for it to load and share the base on a GPU
-SHARED_BASE_WAIT_S = 1800.0
 _NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): reload before training
 
 
 class TrainerLockedError(RuntimeError):
     """Another trainer already trains this run directory."""
-
-
-def enable_activation_checkpointing(model: PreTrainedModel) -> None:
-    """Recompute each decoder layer in the backward pass (`TrainConfig.activation_checkpointing`).
-
-    Non-reentrant, so that gradients reach a LoRA adapter without the embeddings needing one;
-    transformers 5.24 renamed the method from gradient to activation checkpointing.
-    """
-    options = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
-
-
-def lora_config(config: TrainConfig) -> LoraConfig:
-    names = list(config.lora_target_modules)
-    targets = "all-linear" if names == ["all-linear"] else names  # peft reads `all-linear` only as text, not as a name
-    return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=targets, lora_dropout=0.0)
 
 
 def loss_config(config: TrainConfig, method: str) -> LossConfig:
@@ -101,7 +76,6 @@ class Trainer:
         """`server_pid`: the `clawrl serve` that started this trainer; on a GPU its base weights are mapped."""
         self.config, self.run_dir = config, Path(run_dir)
         self.method = config.method or "combine"
-        self.kind: WeightsKind = "full" if config.full else "lora"
         self.per_user = config.adapters == "per-user"  # a lineage per user (DESIGN §12), else the shared one
         self.lineage = SHARED_LINEAGE  # the lineage whose weights are in memory
         self._stepped_at: dict[str, float] = {}  # per lineage, when this trainer last stepped it: who goes next
@@ -109,28 +83,13 @@ class Trainer:
         self.device = resolve_device(engine_config.device)
         if self.device.type == "cpu" and engine_config.cpu_threads:
             torch.set_num_threads(engine_config.cpu_threads)
-        self._source = source = engine_config.model  # a local directory or hub id: `tiny` is resolved by the caller
-        self.tokenizer = AutoTokenizer.from_pretrained(source)
-        dtype = resolve_dtype(engine_config.dtype, self.device)
-        torch.manual_seed(config.train_seed)
-        # on a CPU, the weights the server maps: one copy of the base on the host (LoRA never writes it)
-        weights = shared_weights(source, dtype, self.device, engine_config.cache_dir, engine_config.share_weights)
-        base = self._servers_base(engine_config, dtype, server_pid) or load_causal_lm(weights, dtype, self.device, engine_config.quantize)
-        if config.activation_checkpointing:
-            enable_activation_checkpointing(base)
-        self.max_context_tokens = engine_config.max_context_tokens or base.config.get_text_config().max_position_embeddings
-        # The frozen starting weights: the OPD teacher with --teacher base and the KL reference.
-        # With LoRA they are the same model with its adapter switched off; full fine-tuning needs a copy.
-        self.reference: PreTrainedModel | None = None
-        if config.full:
-            self.model: Any = base
-            if config.kl_beta > 0 or (config.teacher == "base" and self.method != "rl"):
-                self.reference = load_causal_lm(weights, dtype, self.device)
-                self.reference.eval().requires_grad_(False)
-        else:
-            self.model = get_peft_model(base, lora_config(config))
-            self._initial_adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
-        self.optimizer = self._new_optimizer()
+        self.tokenizer = AutoTokenizer.from_pretrained(engine_config.model)
+        self.policy = TrainedPolicy(config, engine_config, self.device, server_pid)
+        text_config = self.model.config.get_text_config()
+        self.max_context_tokens = engine_config.max_context_tokens or text_config.max_position_embeddings
+        # ranks 1..M-1 of a data-parallel trainer (`--train-workers M`), started with `start()`
+        workers = config.train_workers - 1
+        self.workers = WorkerGroup(workers, config, engine_config, self.device) if workers else None
         self.loss_config = loss_config(config, self.method)
         self.builder = SampleBuilder(
             self.training,
@@ -148,29 +107,21 @@ class Trainer:
             max_context_tokens=self.max_context_tokens,
         )
         self.head = 0  # the version the weights in memory are: the starting weights so far
-        self.step = 0  # optimizer steps behind the weights in memory
         self.judging = store.judging
         self.trackers = open_trackers(list(config.report_to), self.run_dir, config.report_project,
-                                      {**config.model_dump(mode="json"), "model": str(source), "method": self.method})  # fmt: skip
+                                      {**config.model_dump(mode="json"), "model": str(engine_config.model), "method": self.method})  # fmt: skip
 
-    def _servers_base(self, engine_config: EngineConfig, dtype: torch.dtype, server_pid: int | None) -> PreTrainedModel | None:
-        """On a GPU, with LoRA, the base weights of the hf server that started this trainer, mapped
-        through CUDA IPC (one copy on the device); None when they are not to be shared or not there."""
-        shares = (server_pid is not None and self.kind == "lora" and engine_config.engine == "hf"
-                  and self.device.type == "cuda" and engine_config.share_weights)  # fmt: skip
-        if not shares:
-            return None
-        path = wait_for_export(engine_config.cache_dir, server_pid, SHARED_BASE_WAIT_S)
-        if path is None:
-            log.warning("the server's base weights were not shared within %.0f s; loading a copy", SHARED_BASE_WAIT_S)
-            return None
-        tensors, quantized = import_weights(path)
-        log.info("mapped the server's base weights (%d tensors, one copy on the GPU)", len(tensors))
-        return build_from_tensors(self._source, dtype, tensors, quantized)
+    @property
+    def model(self) -> Any:
+        """The model being trained (`TrainedPolicy.model`)."""
+        return self.policy.model
 
     # --- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Discard unregistered version directories and load the version serving uses."""
+        """Start the data-parallel workers, if any, discard unregistered version directories and load
+        the version serving uses."""
+        if self.workers is not None:
+            self.workers.start()
         on_disk = {path.name for path in (self.run_dir / "policy").iterdir()} if (self.run_dir / "policy").is_dir() else set()
         for lineage in sorted(on_disk | set(self.training.lineages())):
             registered = set(self.training.version_numbers(lineage))
@@ -197,7 +148,20 @@ class Trainer:
         return made
 
     def run_once(self) -> bool:
-        """One round: follow the pointer, build samples, and step a lineage whose batch is ready."""
+        """One round: follow the pointer, build samples, and step a lineage whose batch is ready.
+
+        A data-parallel worker lost on the way throws the round away: the group is started again and
+        every rank reloads the serving version before the next step (the samples are still ready).
+        """
+        try:
+            return self._round()
+        except WorkersLost as lost:
+            assert self.workers is not None
+            self.workers.restart(lost)
+            self.head = _NO_HEAD
+            return False
+
+    def _round(self) -> bool:
         self._follow_pointer(self.lineage)
         self.builder.build()
         self.episode_builder.build()
@@ -213,6 +177,8 @@ class Trainer:
         return True
 
     def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
         for tracker in self.trackers:
             tracker.close()
 
@@ -247,30 +213,21 @@ class Trainer:
 
     def _train_and_publish(self, batch: list[TrainingExample]) -> None:
         behind = self._versions_behind()
-        metrics = update_step(
-            self.model,
-            self.optimizer,
-            self._with_grammar_masks(batch),
-            self.loss_config,
-            micro_batch_size=self.config.micro_batch_size,
-            grad_clip=self.config.grad_clip,
-            reference_model=self.reference,
-            logit_chunk_tokens=self.config.logit_chunk_tokens,
-            micro_batch_tokens=self.config.micro_batch_tokens,
-            share_prefix=self.config.share_prefix,
-            ppo_epochs=self.config.ppo_epochs,
-            mini_batches=self.config.mini_batches,
-        )
+        batch = self._with_grammar_masks(batch)
+        if self.workers is None:
+            metrics = self.policy.update(batch, self.loss_config)
+        else:
+            metrics = self.workers.update(self.policy, batch, self.loss_config)
         metrics.mean_staleness = sum(behind(example) for example in batch) / len(batch)
         sample_ids = [example.turn.id for example in batch]
         if metrics.skipped_step:  # a non-finite gradient: the weights are unchanged, the batch would do it again
             self.training.drop_samples(sample_ids, "non_finite_gradient")
             log.warning("dropped a batch of %d samples whose gradient was not finite", len(sample_ids))
             return
-        version, parent = self.training.next_version_number(), self.head
-        manifest = Manifest(version, parent, self.step + 1, self.kind, sample_ids, asdict(metrics), lineage=self.lineage)
-        path, sha256 = write_version(self.run_dir, manifest, self._save_weights, self._save_trainer_state)
-        record = PolicyVersion(version, parent, self.kind, str(path.resolve()), sha256, self.step + 1, metrics,
+        version, parent, step = self.training.next_version_number(), self.head, self.policy.step + 1
+        manifest = Manifest(version, parent, step, self.policy.kind, sample_ids, asdict(metrics), lineage=self.lineage)
+        path, sha256 = write_version(self.run_dir, manifest, self.policy.save_weights, self.policy.save_trainer_state)
+        record = PolicyVersion(version, parent, self.policy.kind, str(path.resolve()), sha256, step, metrics,
                                lineage=self.lineage)  # fmt: skip
         try:
             self.training.register_version(record, sample_ids)
@@ -279,7 +236,7 @@ class Trainer:
             self.head = _NO_HEAD  # these weights belong to no version: reload from the pointer
             log.warning("step thrown away, v%d not published: %s", version, reason)
             return
-        self.head, self.step = version, self.step + 1
+        self.head, self.policy.step = version, step
         self._report(version, parent, metrics)
         return_freed_memory()  # the step's activations: memory the host gets back until the next step
         if self.device.type == "cuda":
@@ -289,7 +246,7 @@ class Trainer:
         log.info(
             "published v%d (from v%d, step %d): %d samples, %d tokens, loss %.4f, mean |log pi_old - log pi_behaviour| "
             "%.4f, clip %.3f, kl %.4f, reward %.3f, opd %.2f, staleness %.2f, %.1f s",
-            version, parent, self.step, metrics.num_samples, metrics.num_tokens, metrics.loss, metrics.logprob_drift,
+            version, parent, self.policy.step, metrics.num_samples, metrics.num_tokens, metrics.loss, metrics.logprob_drift,
             metrics.clip_fraction, metrics.approx_kl, metrics.mean_reward, metrics.opd_fraction, metrics.mean_staleness,
             metrics.step_seconds,
         )  # fmt: skip
@@ -298,7 +255,7 @@ class Trainer:
             reported |= self._live_score(parent)
             for tracker in self.trackers:
                 # at the version's number: it only grows, where the step count goes back after a rollback
-                tracker.log(reported | {"train/step": self.step}, version)
+                tracker.log(reported | {"train/step": self.policy.step}, version)
 
     def _live_score(self, version: int) -> dict[str, float]:
         """The judge's mean verdict on the turns `version` served (the version this step started from), so far."""
@@ -311,65 +268,28 @@ class Trainer:
         target = self.training.serving_version(lineage)
         if lineage == self.lineage and target == self.head:
             return
-        if target == 0:
-            self._load_initial()
+        path = self._version_path(target, lineage) if target else None
+        if path is None:
+            self.policy.load_initial()
         else:
-            self._load_version(target, lineage)
-        log.info("training %s from v%d (step %d)", lineage, target, self.step)
+            self.policy.load(path)
+        if self.workers is not None:
+            self.workers.load(path)
+        log.info("training %s from v%d (step %d)", lineage, target, self.policy.step)
         self.lineage, self.head = lineage, target
 
-    def _load_initial(self) -> None:
-        """The starting point: the adapter as first initialised, or the base weights (from disk)."""
-        if self.config.full:
-            self._load_full_weights(self._source)
-        else:
-            set_peft_model_state_dict(self.model, self._initial_adapter)
-        self.optimizer = self._new_optimizer()
-        torch.manual_seed(self.config.train_seed)
-        self.step = 0
-
-    def _load_version(self, version: int, lineage: str) -> None:
+    def _version_path(self, version: int, lineage: str) -> Path:
+        """The directory of `lineage`'s `version`, checked against its store row and checksums."""
         row = self.training.version(version)
         if row is None:
             raise RuntimeError(f"the serving pointer names v{version}, which is not registered")
         if row.lineage != lineage:
             raise RuntimeError(f"the serving pointer of {lineage!r} names v{version}, a version of {row.lineage!r}")
-        if row.kind != self.kind:
-            raise RuntimeError(f"v{version} holds {row.kind} weights but this trainer trains {self.kind} (--full)")
+        if row.kind != self.policy.kind:
+            raise RuntimeError(f"v{version} holds {row.kind} weights but this trainer trains {self.policy.kind} (--full)")
         path = Path(row.path)
         verify_version(path, row.sha256, trainer_state=True)
-        if self.config.full:
-            self._load_full_weights(str(path))
-        else:
-            set_peft_model_state_dict(self.model, load_file(str(path / ADAPTER_WEIGHTS), device=str(self.device)))
-        state = torch.load(path / TRAINER_STATE, map_location=self.device, weights_only=True)
-        self.optimizer = self._new_optimizer()
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:  # the moments resume; the learning rate is today's flag
-            group["lr"] = self.config.learning_rate()
-        torch.set_rng_state(state["rng"].cpu())
-        self.step = int(state["step"])
-
-    def _load_full_weights(self, source: str) -> None:
-        saved = load_causal_lm(source, self.model.dtype, self.device)
-        self.model.load_state_dict(saved.state_dict())
-
-    def _save_weights(self, directory: Path) -> None:
-        if self.config.full:
-            self.model.save_pretrained(str(directory))
-            return
-        assert isinstance(self.model, PeftModel)
-        # the adapter alone, as `PeftModel.save_pretrained` lays it out, without its README model card
-        self.model.peft_config["default"].save_pretrained(str(directory))
-        weights = {name: tensor.detach().contiguous() for name, tensor in get_peft_model_state_dict(self.model).items()}
-        save_file(weights, str(directory / ADAPTER_WEIGHTS))
-
-    def _save_trainer_state(self, path: Path) -> None:
-        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(), "step": self.step + 1}, path)
-
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        parameters = [parameter for parameter in self.model.parameters() if parameter.requires_grad]
-        return torch.optim.AdamW(parameters, lr=self.config.learning_rate())
+        return path
 
     # --- the OPD teacher --------------------------------------------------------------------------
     def _teacher_score(self, prompt: list[int], response: list[int], top_k: int, grammar: str | None = None) -> ScoredResponse:
@@ -393,8 +313,8 @@ class Trainer:
     def _teacher(self) -> Iterator[PreTrainedModel]:
         if self.config.teacher == "policy":
             yield self.model
-        elif self.reference is not None:
-            yield self.reference
+        elif self.policy.reference is not None:
+            yield self.policy.reference
         else:
             with self.model.disable_adapter():
                 yield self.model
