@@ -16,6 +16,7 @@ never from one another.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -50,6 +51,7 @@ from clawrl.store import Store
 from clawrl.store.encryption import KeyRing
 from clawrl.store.training import TrainingStore
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, AdaptersMode, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
+from clawrl.versions.files import Manifest, write_version
 
 # --------------------------------------------------------------------------- the weather tool round trip
 
@@ -279,6 +281,22 @@ def store_with_samples(tmp_path: Path, count: int) -> tuple[Store, TrainingStore
 def version(number: int, parent: int) -> PolicyVersion:
     """A LoRA version `number` trained from `parent`, as the trainer would register it."""
     return PolicyVersion(number, parent, "lora", f"/runs/policy/shared/v{number}", "0" * 64, number, StepMetrics(loss=0.5))
+
+
+def publish_adapter(store: Store, run_dir: Path, adapter: Path) -> None:
+    """Version 1 of the shared lineage, a LoRA adapter, published as the trainer publishes one."""
+    record(store, "t1", "s1", [user("q")], "a")
+    store.judging.record_judgment(judgment("t1"))
+    store.training.add_samples([ready_sample("t1")])
+    manifest = Manifest(1, 0, 1, "lora", ["t1"], {})
+    path, sha256 = write_version(run_dir, manifest, lambda directory: copy_files(adapter, directory), lambda state: state.write_bytes(b"state"))
+    store.training.register_version(dataclasses.replace(version(1, 0), path=str(path), sha256=sha256), ["t1"])
+
+
+def copy_files(source: Path, directory: Path) -> None:
+    """Every file of `source` into `directory`."""
+    for path in source.iterdir():
+        shutil.copy(path, directory)
 
 
 # --------------------------------------------------------------------------- a client of a running server

@@ -4,8 +4,6 @@ tiny model, through the router directly and through a real server."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import shutil
 from pathlib import Path
 
 import httpx
@@ -18,8 +16,7 @@ from clawrl.engines.base import EngineClosedError, GenerationStream, SamplingPar
 from clawrl.engines.hf import HFEngine
 from clawrl.engines.replicas import AFFINITY_BLOCK_TOKENS, ReplicatedEngine, prefix_block_hashes
 from clawrl.store import Store
-from clawrl.versions.files import Manifest, write_version
-from tests.helpers import judgment, ready_sample, record, save_lora_adapter, start_server, user, version, wait_until
+from tests.helpers import publish_adapter, save_lora_adapter, start_server, wait_until
 
 # a user message long enough that every request fills several affinity blocks
 TOPIC = "Tell me everything about the harbour, the boats, the tides and the fishermen of the old town. " * 3
@@ -89,7 +86,7 @@ def test_a_replica_that_fails_is_taken_out_and_requests_go_to_the_other(tiny_mod
             running = [engine.generate(ids, sampling) for _ in range(3)]  # A's prefix: all on one replica
             replica = next(index for index, _, started in engine.replica_requests() if started == 3)
             await asyncio.sleep(0.05)
-            await engine._replicas[replica].engine.close()  # the replica dies under load
+            await engine.replicas[replica].close()  # the replica dies under load
             during = await asyncio.gather(*(collect(stream) for stream in running), return_exceptions=True)
             after = [await collect(engine.generate(ids, sampling)) for _ in range(3)]
             return during, after, engine.replica_requests()
@@ -113,7 +110,7 @@ def test_the_replicas_are_copies_of_one_model(tiny_model_dir: Path) -> None:
         await engine.start()
         try:
             ids = prompt_ids(engine, TOPIC)
-            return [await collect(replica.engine.generate(ids, sampling)) for replica in engine._replicas]
+            return [await collect(replica.generate(ids, sampling)) for replica in engine.replicas]
         finally:
             await engine.close()
 
@@ -135,17 +132,6 @@ def test_a_request_refused_for_bad_input_takes_no_replica_out(tiny_model_dir: Pa
     assert all(rotating for _, rotating, _ in asyncio.run(main()))
 
 
-def publish_adapter(store: Store, run_dir: Path, adapter: Path) -> None:
-    """Version 1 of the shared lineage, a LoRA adapter, published as the trainer publishes one."""
-    record(store, "t1", "s1", [user("q")], "a")
-    store.judging.record_judgment(judgment("t1"))
-    store.training.add_samples([ready_sample("t1")])
-    manifest = Manifest(1, 0, 1, "lora", ["t1"], {})
-    copy = lambda directory: [shutil.copy(path, directory) for path in adapter.iterdir()]  # noqa: E731
-    path, sha256 = write_version(run_dir, manifest, copy, lambda state: state.write_bytes(b"state"))
-    store.training.register_version(dataclasses.replace(version(1, 0), path=str(path), sha256=sha256), ["t1"])
-
-
 def test_every_replica_serves_a_published_version_through_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A real server on two replicas: answers, a published LoRA version loaded on both (the router
     reports it only once both have it), /metrics per replica; `--replicas 2` builds the router."""
@@ -159,7 +145,7 @@ def test_every_replica_serves_a_published_version_through_the_server(tiny_model_
             assert answer.choices[0].message is not None
         publish_adapter(Store.for_run_dir(run_dir), run_dir, save_lora_adapter(tiny_model_dir, tmp_path / "adapter", seed=3))
         wait_until(lambda: engine.policy_version == 1, 60, "version 1 served")
-        assert [replica.engine.policy_version for replica in engine._replicas] == [1, 1]
+        assert [replica.policy_version for replica in engine.replicas] == [1, 1]
         after = client.chat.completions.with_raw_response.create(model=engine.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         metrics = httpx.get(server.base_url.removesuffix("/v1") + "/metrics").text
     assert after.headers["x-clawrl-policy-version"] == "1"

@@ -28,6 +28,13 @@ class EngineConfig(ComponentSettings):
         None, description="With --engine openai: the server's base URL, e.g. http://127.0.0.1:8000/v1; several, "
         "comma-separated, are replicas of one model (one per server, as --replicas)."
     )
+    placement: Literal["local", "ray"] = Field(
+        "local", description="Where the replicas run: `local`, engines in this server; `ray`, each in a Ray actor on "
+        "the cluster at RAY_ADDRESS (a cluster on this machine when unset), placed by --replica-cpus and "
+        "--replica-gpus; needs `pip install 'clawrl[ray]'`, and a run directory every node can read."
+    )
+    replica_cpus: float = Field(1.0, ge=0, description="With --placement ray: CPUs Ray reserves for each replica's actor.")
+    replica_gpus: float = Field(0.0, ge=0, description="With --placement ray: GPUs for each replica's actor (1 on a GPU cluster).")
     replicas: int = Field(
         1, ge=1, description="Copies of the model that serve side by side behind one router (engines/replicas.py): a "
         "session's requests go to the replica that holds its prefix, new ones to the least busy, a replica that "

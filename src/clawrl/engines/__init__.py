@@ -15,17 +15,25 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
     `config.model` itself. Names that stand for locally built models (`tiny`) are resolved by
     the caller (`clawrl.sim.models.resolve_model`), so that engines never depend on how those
     models are made. With several replicas (`--replicas`, or several `--engine-url`s), one engine
-    of the kind per replica behind a router (`clawrl.engines.replicas`).
+    of the kind per replica behind a router (`clawrl.engines.replicas`); with `--placement ray`,
+    each in a Ray actor (`clawrl.engines.ray_replica`).
     """
     if config.engine == "openai" and len(config.engine_urls) > 1:
         replicas = [config.model_copy(update={"engine_url": url}) for url in config.engine_urls]
     else:
         replicas = [config] * config.replicas
-    if len(replicas) == 1:
-        return _build_one(config, model_path)
+    if config.placement == "ray":
+        from clawrl.engines.ray_replica import RayReplica, connect_ray
+
+        connect_ray()
+        engines = [RayReplica(_build_one, replica, model_path) for replica in replicas]
+    else:
+        engines = [_build_one(replica, model_path) for replica in replicas]
+    if len(engines) == 1:
+        return engines[0]
     from clawrl.engines.replicas import ReplicatedEngine
 
-    return ReplicatedEngine([_build_one(replica, model_path) for replica in replicas])
+    return ReplicatedEngine(engines)
 
 
 def _build_one(config: EngineConfig, model_path: str | None) -> Engine:

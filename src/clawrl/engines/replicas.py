@@ -20,9 +20,9 @@ server, the store and the follower see one engine; this one picks a replica for 
   a replica that fails the load is taken out. A lineage's version is the router's only when every
   replica in rotation has it current: the follower loads it again otherwise.
 
-What it does not do: start replicas elsewhere (each is an engine in this process: on one GPU
-machine, one per device; the Ray placement that puts them on other machines is not built), or
-bring a replica back once taken out (restart the server).
+Where the replicas run: engines in this process (`--placement local`), or each in a Ray actor
+placed on the cluster (`--placement ray`, `engines/ray_replica.py`). A replica taken out is not
+brought back (restart the server).
 """
 
 from __future__ import annotations
@@ -124,6 +124,11 @@ class ReplicatedEngine(Engine):
 
     def held_versions(self) -> list[int]:
         return sorted({version for replica in self._all() for version in replica.engine.held_versions()})
+
+    @property
+    def replicas(self) -> list[Engine]:
+        """Every replica's engine, in rotation or not, by index."""
+        return [replica.engine for replica in self._all()]
 
     def replica_requests(self) -> list[tuple[int, bool, int]]:
         """(replica index, in rotation, requests started there) for each replica."""
@@ -236,7 +241,8 @@ class ReplicatedEngine(Engine):
         produced = False
         try:
             async for step in inner:
-                produced = True
+                if not produced:  # a replica in an actor learns its request's version with the first step
+                    stream.policy_version, produced = inner.policy_version, True
                 stream.push(step)
             stream.finish()
         except asyncio.CancelledError:
