@@ -18,6 +18,8 @@ import math
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +200,21 @@ def test_two_train_workers_publish_what_one_trainer_does_and_outlive_a_lost_work
 
     trained_logprobs = score_response(together.model, turn_ids.prompt_token_ids, turn_ids.response_token_ids, 0).logprobs
     torch.testing.assert_close(torch.tensor(asyncio.run(served())), torch.tensor(trained_logprobs), rtol=0, atol=1e-4)
+
+
+def test_clawrl_train_with_two_workers_publishes_every_sample_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The command a user runs (and `clawrl serve --train-workers 2` starts): the workers spawned
+    from `python -m clawrl.cli train`, two steps published, then a clean stop."""
+    taught = judged_sessions(tmp_path, tiny_model_dir)
+    command = [
+        sys.executable, "-m", "clawrl.cli", "train", "--model", str(tiny_model_dir), "--run-dir", str(tmp_path),
+        "--device", "cpu", "--cpu-threads", "1", "--method", "rl", "--batch-size", "3", "--lr", "0.01",
+        "--train-poll-s", "0.1", "--train-workers", "2", "--steps", "2",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "data-parallel trainer: 2 ranks (gloo)" in result.stderr
+    training = Store.for_run_dir(tmp_path).training
+    assert [(row.version, row.parent) for row in training.versions()] == [(1, 0), (2, 1)]
+    trained = [sample for row in training.versions() for sample in json.loads((Path(row.path) / "manifest.json").read_text())["sample_ids"]]
+    assert sorted(trained) == sorted(taught)

@@ -81,6 +81,7 @@ class WorkerGroup:
         self.workers, self.config, self.engine_config, self.device = workers, config, engine_config, device
         self.processes: list[BaseProcess] = []
         self.failures = 0  # group failures since the last step the group took
+        self.idle = True  # every rank waits for a command (none was cut short): a stop can be sent
 
     @property
     def world(self) -> int:
@@ -137,8 +138,10 @@ class WorkerGroup:
 
     def _send(self, command: Load | Step | None) -> None:
         self._check_alive()
+        self.idle = False
         with self._collective("before a command"):
             dist.broadcast_object_list([command], src=0)
+        self.idle = not isinstance(command, Step)  # a step keeps the ranks busy until its collectives end
 
     def load(self, path: Path | None) -> None:
         """Have every worker load what rank 0 just loaded: the version directory `path`, or the starting weights."""
@@ -149,7 +152,7 @@ class WorkerGroup:
         self._send(Step(examples, loss))
         with self._collective("during a step"):
             metrics = policy.update(examples, loss, dist.group.WORLD)
-        self.failures = 0
+        self.failures, self.idle = 0, True
         return metrics
 
     def restart(self, reason: WorkersLost) -> None:
@@ -162,8 +165,10 @@ class WorkerGroup:
         self.start()
 
     def close(self, graceful: bool = True) -> None:
-        """Stop the workers (`graceful`: ask them first) and leave the group."""
-        if graceful and self.processes and all(process.is_alive() for process in self.processes):
+        """Stop the workers (`graceful`: ask them first, if they are waiting for a command: a stop sent
+        into a step cut short, by a signal say, would meet a collective it does not match) and leave
+        the group."""
+        if graceful and self.idle and self.processes and all(process.is_alive() for process in self.processes):
             try:
                 self._send(None)
             except WorkersLost:
@@ -173,7 +178,7 @@ class WorkerGroup:
             if process.is_alive():
                 process.kill()
                 process.join()
-        self.processes = []
+        self.processes, self.idle = [], True
         if dist.is_initialized():
             dist.destroy_process_group()
 
