@@ -36,7 +36,7 @@ from clawrl.engines.hf import HFEngine
 from clawrl.model.scoring import score_response
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
-from clawrl.train.data_parallel import shard
+from clawrl.train.data_parallel import all_reduce_sum, shard
 from clawrl.train.policy import ADAPTER_WEIGHTS, TrainedPolicy
 from clawrl.train.trainer import Trainer
 from clawrl.train.update import update_step
@@ -91,13 +91,24 @@ def run_case(model: torch.nn.Module, case: str, group: dist.ProcessGroup | None)
     return {"weights": weights, "metrics": {name: getattr(metrics, name) for name in REPORTED}}
 
 
+def bucket_sums(rank: int) -> list[torch.Tensor]:
+    """Tensors of three dtypes and shapes, summed over the ranks in buckets of 64 bytes (several per dtype)."""
+    scale = rank + 1
+    tensors = [torch.full((5,), 0.5 * scale, dtype=torch.float64), torch.arange(7) * scale,
+               torch.ones(3, 2) * scale, torch.full((20,), 0.25 * scale, dtype=torch.float64)]  # fmt: skip
+    all_reduce_sum(tensors, dist.group.WORLD, bucket_bytes=64)
+    return tensors
+
+
 def rank_main(rank: int, world: int, port: int, model_dir: Path, out_dir: Path) -> None:
     """One rank of the group (a spawned process): every case, its results saved for the test to compare."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         model = policy(model_dir)
-        torch.save({case: run_case(model, case, dist.group.WORLD) for case in CASES}, out_dir / f"rank{rank}.pt")
+        results: dict[str, Any] = {case: run_case(model, case, dist.group.WORLD) for case in CASES}
+        results["summed"] = bucket_sums(rank)
+        torch.save(results, out_dir / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -118,6 +129,10 @@ def test_two_ranks_take_the_step_of_one_process(tiny_model_dir: Path, tmp_path: 
                 torch.testing.assert_close(together["weights"][name], weight, rtol=1e-9, atol=1e-12, msg=f"{case}: {name}")
             assert together["metrics"] == pytest.approx(alone["metrics"], rel=1e-6, abs=1e-9), case
         assert all(torch.equal(ranks[0][case]["weights"][name], ranks[1][case]["weights"][name]) for name in before)
+    expected = [torch.full((5,), 1.5, dtype=torch.float64), torch.arange(7) * 3, torch.ones(3, 2) * 3,
+                torch.full((20,), 0.75, dtype=torch.float64)]  # fmt: skip
+    for results in ranks:
+        assert all(torch.equal(got, want) and got.dtype == want.dtype for got, want in zip(results["summed"], expected))
 
 
 def test_micro_batches_are_shared_out_by_packed_tokens() -> None:
