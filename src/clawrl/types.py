@@ -302,3 +302,5 @@ class PolicyVersion:
     num_samples: int = 0
     created_at: float = 0.0
     lineage: str = SHARED_LINEAGE  # the line of versions it belongs to: one shared by everyone, or one per user
+    pruned: bool = False  # its directory was removed (--keep-versions): the record stays, the weights are gone
+    pinned: bool = False  # kept whatever --keep-versions says (`clawrl versions pin`)

@@ -28,6 +28,7 @@ from clawrl.cli.records import (
     cmd_sessions_list,
     cmd_sessions_show,
     cmd_versions_list,
+    cmd_versions_pin,
     cmd_versions_rollback,
 )
 from clawrl.config import (
@@ -197,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     rollback.add_argument("--lineage", default=SHARED_LINEAGE, help="whose pointer moves (default: the shared lineage)")
     add_config_flags(rollback, StoreConfig)
     rollback.set_defaults(handler=cmd_versions_rollback)
+    for name, pinned, help_text in (("pin", True, "keep a version's weights whatever --keep-versions says, and its "
+                                     "parents back K steps"), ("unpin", False, "let --keep-versions remove a pinned "
+                                     "version's weights again")):  # fmt: skip
+        pin = versions.add_parser(name, help=help_text)
+        pin.add_argument("version", help="the version, e.g. v3")
+        pin.add_argument("--lineage", default=SHARED_LINEAGE, help="whose version (default: the shared lineage)")
+        add_config_flags(pin, StoreConfig)
+        pin.set_defaults(handler=cmd_versions_pin, pinned=pinned)
 
     bench = commands.add_parser("bench", help="benchmarks of the running system").add_subparsers(dest="bench_command", required=True)
     learn = bench.add_parser("learn", help="does the agent learn a simulated user's preference? arms x seeds, held-out "

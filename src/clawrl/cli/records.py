@@ -1,4 +1,4 @@
-"""The commands over a run's store: `clawrl versions` (list, rollback), `clawrl sessions` (list,
+"""The commands over a run's store: `clawrl versions` (list, rollback, pin, unpin), `clawrl sessions` (list,
 show), `clawrl export`, `clawrl feedback` and `clawrl dashboard`."""
 
 from __future__ import annotations
@@ -19,22 +19,24 @@ from clawrl.preflight import check_port, check_writable_file
 def cmd_versions_list(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-
     training = _store(args).training
     serving = training.serving_version(args.lineage)
     versions = [
         {"version": row.version, "lineage": row.lineage, "created_at": row.created_at, "parent": row.parent,
-         "metrics": asdict(row.metrics), "step": row.step, "kind": row.kind, "serving": row.version == serving}
+         "metrics": asdict(row.metrics), "step": row.step, "kind": row.kind, "serving": row.version == serving,
+         "pinned": row.pinned, "pruned": row.pruned}
         for row in training.versions(args.lineage)
     ]  # fmt: skip
     if args.json:
         _print_json(versions)
         return 0
-    print(f"{'version':>7} {'parent':>6} {'step':>5} {'samples':>7} {'loss':>9} {'reward':>7} created")
+    print(f"{'version':>7} {'parent':>6} {'step':>5} {'samples':>7} {'loss':>9} {'reward':>7} {'weights':<7} created")
     for item in versions:
         metrics, marker = item["metrics"], "  <- serving" if item["serving"] else ""
+        weights = "pruned" if item["pruned"] else "pinned" if item["pinned"] else "kept"
         print(f"{'v' + str(item['version']):>7} {'v' + str(item['parent']):>6} {item['step']:>5} {metrics.get('num_samples', 0):>7} "
-              f"{metrics.get('loss', 0.0):>9.4f} {metrics.get('mean_reward', 0.0):>7.3f} {_local_time(item['created_at'])}{marker}")
+              f"{metrics.get('loss', 0.0):>9.4f} {metrics.get('mean_reward', 0.0):>7.3f} {weights:<7} "
+              f"{_local_time(item['created_at'])}{marker}")
     if serving == 0:
         print("serving: v0 (the base model)")
     return 0
@@ -46,18 +48,44 @@ def _local_time(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-def cmd_versions_rollback(args: argparse.Namespace) -> int:
+def _version_number(text: str) -> int | None:
+    """`v3` or `3` as 3; None for anything else."""
+    digits = text.lower().removeprefix("v")
+    return int(digits) if digits.isdigit() else None
 
-    text = args.version.lower().removeprefix("v")
-    if not text.isdigit():
+
+def cmd_versions_rollback(args: argparse.Namespace) -> int:
+    from clawrl.store.pruning import VersionPrunedError
+
+    number = _version_number(args.version)
+    if number is None:
         print(f"error: {args.version!r} is not a version (write v3 or 3)", file=sys.stderr)
         return 2
     try:
-        _store(args).training.rollback(int(text), args.lineage)
-    except KeyError as error:
+        _store(args).training.rollback(number, args.lineage)
+    except (KeyError, VersionPrunedError) as error:
         print(f"error: {error.args[0]}", file=sys.stderr)
         return 1
-    print(f"serving v{int(text)}; the trainer continues from its weights")
+    print(f"serving v{number}; the trainer continues from its weights")
+    return 0
+
+
+def cmd_versions_pin(args: argparse.Namespace) -> int:
+    """`versions pin` and `versions unpin`: which one is `args.pinned`."""
+    from clawrl.store.pruning import VersionPrunedError
+
+    number = _version_number(args.version)
+    if number is None or number == 0:
+        print(f"error: {args.version!r} is not a published version (write v3 or 3; v0, the base, is always kept)",
+              file=sys.stderr)
+        return 2
+    try:
+        _store(args).training.set_pinned(number, args.pinned, args.lineage)
+    except (KeyError, VersionPrunedError) as error:
+        print(f"error: {error.args[0]}", file=sys.stderr)
+        return 1
+    print(f"v{number} is pinned: --keep-versions keeps it and its parents" if args.pinned
+          else f"v{number} is no longer pinned: --keep-versions may remove its weights")
     return 0
 
 

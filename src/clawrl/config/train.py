@@ -190,6 +190,20 @@ class TrainConfig(LossConfig):
     )
     report_project: str = Field("clawrl", min_length=1, description="The trackers' project (MLflow: experiment) name.")
     train_poll_s: float = Field(1.0, gt=0, description="Pause between looks for new judged turns when idle.")
+    keep_versions: int | None = Field(
+        None,
+        ge=1,
+        description="Bound the disk that policy versions take: after each publish the trainer removes the weights of "
+        "every version of the lineage except the serving one, the pinned ones (`clawrl versions pin`), the parents of "
+        "each of those back K steps, and the newest; their rows stay, marked pruned (a rollback to one is refused). "
+        "Unset: every version is kept (each is a directory of weights and optimizer state).",
+    )
+    keep_versions_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="With --keep-versions, how long a version stays on disk after it stopped being kept: serving may "
+        "still be loading it, or (vLLM) read an adapter it evicted again while requests on it finish.",
+    )
     episode_gamma: float = Field(
         0.9,
         gt=0,

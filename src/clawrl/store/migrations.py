@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -80,6 +80,15 @@ def _opt_outs(connection: Connection) -> None:
                 connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {column}"))
 
 
+def _retained_versions(connection: Connection) -> None:
+    """v10 marks the versions whose weights `--keep-versions` removed (`pruned`) and those a person
+    keeps for good (`pinned`: `clawrl versions pin`). Nothing stored before was either."""
+    present = _columns(connection, "policy_versions")
+    for column in ("pruned", "pinned"):
+        if column not in present:
+            connection.execute(text(f"ALTER TABLE policy_versions ADD COLUMN {column} BOOLEAN NOT NULL DEFAULT FALSE"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -93,6 +102,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     7: _empty_answers_index,
     8: _session_owners,
     9: _opt_outs,
+    10: _retained_versions,
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, select, text, true
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, false, select, text, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from clawrl.store.encryption import EncryptedJSON, EncryptedText
@@ -256,6 +256,10 @@ class PolicyVersionRow(Base):
     num_samples: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, index=True)
+    # True: its directory was removed by --keep-versions (the row stays, so lineage and history read on)
+    pruned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # True: `clawrl versions pin`: never pruned, nor its parents back --keep-versions steps
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class PolicyPointerRow(Base):

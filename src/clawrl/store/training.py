@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.forgetting import high_water
+from clawrl.store.pruning import SERVING, VersionPrunedError, mark_pruned, serving_pointer, unkept
 from clawrl.store.schema import (
     EpisodeRow,
     FeedbackRow,
@@ -35,8 +36,6 @@ from clawrl.store.schema import (
     turn_ids_of,
 )
 from clawrl.types import SHARED_LINEAGE, DropReason, Judgment, PointerReason, PolicyVersion, Sample, SampleStatus, TrainingExample, Turn
-
-SERVING = "serving"  # the pointer serving follows and the trainer trains from
 
 
 @dataclass
@@ -228,7 +227,7 @@ class TrainingStore:
         """
         now = time.time()
         with self.database.write() as db:
-            if _pointer(db, version.lineage, lock=True) != version.parent:
+            if serving_pointer(db, version.lineage, lock=True) != version.parent:
                 raise PointerMovedError(f"serving moved off v{version.parent} during the step")
             marked = db.execute(
                 update(SampleRow)
@@ -244,7 +243,7 @@ class TrainingStore:
     def serving_version(self, lineage: str = SHARED_LINEAGE) -> int:
         """The version of `lineage` serving should answer with (0, the base model, when nothing was published)."""
         with self.database.read() as db:
-            return _pointer(db, lineage)
+            return serving_pointer(db, lineage)
 
     def serving_target(self, lineage: str = SHARED_LINEAGE) -> tuple[int, PointerReason, PolicyVersion | None]:
         """The lineage's serving pointer, why it was last moved (publish | rollback) and its version
@@ -280,9 +279,12 @@ class TrainingStore:
             named |= set(db.scalars(select(PolicyPointerRow.lineage).distinct()))
         return sorted(named)
 
-    def version_numbers(self, lineage: str) -> list[int]:
-        """The lineage's version numbers, ascending: how many steps a sample's behaviour version is behind."""
+    def version_numbers(self, lineage: str, with_pruned: bool = True) -> list[int]:
+        """The lineage's version numbers, ascending: how many steps a sample's behaviour version is behind;
+        without `with_pruned`, only those that still have their weights."""
         query = select(PolicyVersionRow.version).where(PolicyVersionRow.lineage == lineage).order_by(PolicyVersionRow.version)
+        if not with_pruned:
+            query = query.where(~PolicyVersionRow.pruned)
         with self.database.read() as db:
             return list(db.scalars(query))
 
@@ -312,23 +314,46 @@ class TrainingStore:
             return max(db.scalar(select(func.max(PolicyVersionRow.version))) or 0, high_water(db)) + 1
 
     def rollback(self, version: int, lineage: str = SHARED_LINEAGE) -> None:
-        """Point the lineage's serving (and its trainer) at an earlier version; 0 is the base model."""
+        """Point the lineage's serving (and its trainer) at an earlier version; 0 is the base model.
+        KeyError for a version not in the lineage, VersionPrunedError for one whose weights are gone."""
         with self.database.write() as db:
-            row = db.get(PolicyVersionRow, version) if version != 0 else None
-            if version != 0 and (row is None or row.lineage != lineage):
-                raise KeyError(f"no policy version v{version} in lineage {lineage!r}")
-            if version == 0 and not _lineage_exists(db, lineage):  # the base: a pointer only for a lineage there is
+            serving_pointer(db, lineage, lock=True)  # first: a prune deciding meanwhile waits for this
+            if version != 0:
+                _version_of(db, version, lineage, unpruned=True)
+            elif not _lineage_exists(db, lineage):  # the base: a pointer only for a lineage there is
                 raise KeyError(f"no lineage {lineage!r} (the shared one, or a user's: `clawrl users list`)")
-            _pointer(db, lineage, lock=True)
             _set_pointer(db, lineage, version, "rollback", time.time())
 
+    def set_pinned(self, version: int, pinned: bool, lineage: str = SHARED_LINEAGE) -> PolicyVersion:
+        """Pin a version (`--keep-versions` never removes it, nor its parents back K steps) or unpin it.
+        KeyError for a version not in the lineage; VersionPrunedError to pin one whose weights are gone."""
+        with self.database.write() as db:
+            serving_pointer(db, lineage, lock=True)  # as a rollback: a prune decides before or after, never between
+            row = _version_of(db, version, lineage, unpruned=pinned)
+            row.pinned = pinned
+            return records.policy_version(row)
 
-def _pointer(db: Session, lineage: str, lock: bool = False) -> int:
-    """The serving version; with `lock`, the pointer row stays locked until the transaction ends,
-    so that on a server database a rollback and a publish cannot interleave (SQLite's writers
-    take turns anyway)."""
-    row = db.get(PolicyPointerRow, (lineage, SERVING), with_for_update=lock)
-    return row.version if row is not None else 0
+    def unkept_versions(self, lineage: str, keep_steps: int) -> list[int]:
+        """The lineage's versions with weights on disk that `--keep-versions keep_steps` need not keep."""
+        with self.database.read() as db:
+            return unkept(db, lineage, keep_steps)
+
+    def mark_pruned(self, lineage: str, versions: list[int], keep_steps: int) -> list[int]:
+        """Mark those of `versions` that are still not kept as pruned (`store/pruning.py`): the caller
+        removes their directories once this has committed. Returns the versions marked."""
+        with self.database.write() as db:
+            return mark_pruned(db, lineage, versions, keep_steps)
+
+
+def _version_of(db: Session, version: int, lineage: str, unpruned: bool) -> PolicyVersionRow:
+    """The row of `version` of `lineage` (KeyError: none); with `unpruned`, VersionPrunedError when its weights are gone."""
+    row = db.get(PolicyVersionRow, version)
+    if row is None or row.lineage != lineage:
+        raise KeyError(f"no policy version v{version} in lineage {lineage!r}")
+    if unpruned and row.pruned:
+        raise VersionPrunedError(f"v{version} was pruned by --keep-versions: its weights are gone (its record stays); "
+                                 "`clawrl versions list` shows the versions kept, `clawrl versions pin` keeps one")
+    return row
 
 
 def _lineage_exists(db: Session, lineage: str) -> bool:

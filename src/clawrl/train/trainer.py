@@ -17,7 +17,8 @@ in the serving process: the GIL and the CPU are shared. Each round it
    directory, so a switch between users costs one load and nothing is lost on a restart);
 4. writes the new version directory and registers it, marking its samples trained and moving the
    serving pointer, in one store transaction (`store/training.py`). If a rollback happened during
-   the step, the step is thrown away and its samples stay ready.
+   the step, the step is thrown away and its samples stay ready. With `--keep-versions K` it then
+   removes the weights of the lineage's versions no one needs (`versions/retention.py`).
 
 Resuming is exact: a version directory carries the optimizer and RNG state, and the store says
 which samples are trained. A version directory without a store row (the trainer was killed
@@ -55,6 +56,7 @@ from clawrl.train.trackers import open_trackers
 from clawrl.train.workers import WorkerGroup, WorkersLost
 from clawrl.types import SHARED_LINEAGE, PolicyVersion, ScoredResponse, TrainingExample
 from clawrl.versions.files import Manifest, discard_unregistered, verify_version, write_version
+from clawrl.versions.retention import VersionPruner
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,8 @@ class Trainer:
         )
         self.head = 0  # the version the weights in memory are: the starting weights so far
         self.judging = store.judging
+        self.pruner = (VersionPruner(self.training, self.run_dir, config.keep_versions, config.keep_versions_grace_s)
+                       if config.keep_versions is not None else None)  # fmt: skip
         self.trackers = open_trackers(list(config.report_to), self.run_dir, config.report_project,
                                       {**config.model_dump(mode="json"), "model": str(engine_config.model), "method": self.method})  # fmt: skip
 
@@ -124,14 +128,14 @@ class Trainer:
             self.workers.start()
         on_disk = {path.name for path in (self.run_dir / "policy").iterdir()} if (self.run_dir / "policy").is_dir() else set()
         for lineage in sorted(on_disk | set(self.training.lineages())):
-            registered = set(self.training.version_numbers(lineage))
+            with_weights = set(self.training.version_numbers(lineage, with_pruned=False))
             try:
-                discarded = discard_unregistered(self.run_dir, lineage, registered)
+                discarded = discard_unregistered(self.run_dir, lineage, with_weights)
             except ValueError:  # a pointer named like a path (refused since; a store from before may hold one)
                 log.warning("skipped lineage %r: not a lineage name, so no directory of it is looked at", lineage)
                 continue
             for path in discarded:
-                log.warning("discarded %s: written but never registered (the trainer stopped in between)", path)
+                log.warning("discarded %s: never registered, or pruned (a trainer stopped in between)", path)
         self._follow_pointer(self.lineage)
 
     def run(self, max_steps: int | None = None, idle_exit_s: float | None = None,
@@ -238,6 +242,8 @@ class Trainer:
             return
         self.head, self.policy.step = version, step
         self._report(version, parent, metrics)
+        if self.pruner is not None:
+            self.pruner.prune(self.lineage)
         return_freed_memory()  # the step's activations: memory the host gets back until the next step
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # and on a GPU the server's keys and values may use them in between

@@ -122,7 +122,8 @@ def verify_version(path: Path, sha256: str, *, trainer_state: bool = False) -> M
 
 
 def discard_unregistered(run_dir: Path, lineage: str, registered: set[int]) -> list[Path]:
-    """Remove the lineage's temporary directories and version directories the store has no row for."""
+    """Remove the lineage's temporary directories and the version directories not in `registered`:
+    those the store has no row for, and (the trainer passes only the unpruned) those it pruned."""
     root = lineage_root(run_dir, lineage)
     removed = []
     for path in sorted(root.iterdir()) if root.is_dir() else []:
