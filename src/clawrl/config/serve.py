@@ -53,6 +53,14 @@ class ServeConfig(ComponentSettings):
         gt=0,
         description="How often serving looks in the store for a newly published (or rolled back) policy version.",
     )
+    retain_days: float | None = Field(
+        None,
+        gt=0,
+        description="Remove turns older than this many days, trained on or not, with all that hangs on them (next "
+        "states, verdicts and hints, samples, feedback, queue rows) and the sessions and episodes left with no turn: a "
+        "background pass of the server at start and every ten minutes, a few hundred turns per transaction. Unset: "
+        "turns are kept until their user is forgotten.",
+    )
     dashboard: bool = Field(
         True,
         description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "

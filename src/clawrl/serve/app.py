@@ -32,6 +32,7 @@ from clawrl.errors import APIError, describe_validation_error, install_error_han
 from clawrl.serve.metrics import ServeMetrics, timed_stream
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
+from clawrl.store.retention import remove_older_than
 from clawrl.trainer_process import TrainerProcess
 from clawrl.types import AdaptersMode
 
@@ -59,6 +60,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
         background = [asyncio.create_task(_close_idle_sessions(store, config.session_idle_timeout_s,
                                                                config.episode_idle_timeout_s))]  # fmt: skip
         background.append(asyncio.create_task(policy.run_forever()))
+        if config.retain_days is not None:
+            background.append(asyncio.create_task(_remove_expired_turns(store, config.retain_days)))
         if judge is not None:
             background.append(asyncio.create_task(judge.run_forever()))
         try:
@@ -243,3 +246,21 @@ async def _close_idle_sessions(store: Store, idle_s: float, episode_idle_s: floa
             log.info("closed %d idle session(s)", closed)
         if abandoned:
             log.warning("ended %d abandoned episode(s) as failed (no request or result for %gs)", abandoned, episode_idle_s)
+
+
+RETENTION_PERIOD_S = 600.0  # between retention passes: days are the unit, so ten minutes late costs nothing
+
+
+async def _remove_expired_turns(store: Store, days: float) -> None:
+    """`--retain-days`: a pass at start, then every `RETENTION_PERIOD_S`, off the event loop (a thread),
+    in short transactions (`store/retention.py`), so requests go on being answered and recorded."""
+    while True:
+        try:
+            removed = await asyncio.to_thread(remove_older_than, store, days)
+        except Exception:  # a busy database must not end retention; the next pass tries again
+            log.exception("removing turns older than %g days failed", days)
+        else:
+            if removed:
+                log.info("removed turns older than %g days (--retain-days): %s", days,
+                         ", ".join(f"{count} {table}" for table, count in sorted(removed.items())))  # fmt: skip
+        await asyncio.sleep(RETENTION_PERIOD_S)

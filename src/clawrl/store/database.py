@@ -106,11 +106,13 @@ class Database:
         with self._reader() as session:
             yield session
 
-    def scrub(self) -> bool:
+    def scrub(self, vacuum: bool = True) -> bool:
         """After rows were deleted for good (a forgotten user), leave no copy of them in SQLite's files:
         VACUUM rebuilds the database from the rows that remain, then a TRUNCATE checkpoint copies
         that into the file and empties the write-ahead log, where every page ever written stays
-        until it is overwritten. Returns whether the log was emptied (False: a reader in another
+        until it is overwritten. Without `vacuum` (retention's passes) only the checkpoint runs:
+        `secure_delete` zeroed the rows in the pages already, and a VACUUM would hold the write lock
+        for as long as it rewrites the whole file. Returns whether the log was emptied (False: a reader in another
         process held it past the busy timeout; the next checkpoint overwrites it). On PostgreSQL a
         deleted row is gone from every query and dump at once; its dead tuple is reclaimed by
         autovacuum, which this does not wait for."""
@@ -120,7 +122,8 @@ class Database:
             connection = self.engine.raw_connection()  # not a Session: VACUUM runs outside a transaction
             try:
                 cursor = connection.cursor()
-                cursor.execute("VACUUM")
+                if vacuum:
+                    cursor.execute("VACUUM")
                 busy = cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
                 cursor.close()
             finally:

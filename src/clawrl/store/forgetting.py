@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import CompoundSelect, Select, delete, func, select
 from sqlalchemy.orm import Session as DBSession
 
 from clawrl.store.schema import (
@@ -94,16 +94,24 @@ def forget_rows(db: DBSession, user_id: str, remove_account: bool) -> ForgetRepo
     trained_shared = _trained_shared(db, user_id)
     versions = _lineage_rows(db, user_id)
     _raise_high_water(db, max((row.version for row in versions), default=0))
-    turns, sessions = turn_ids_of(user_id), select(SessionRow.id).where(SessionRow.user_id == user_id)
-    rows = {table.__tablename__: _deleted(db, delete(table).where(table.turn_id.in_(turns))) for table in _ON_TURNS}
-    rows[EpisodeRow.__tablename__] = _deleted(db, delete(EpisodeRow).where(EpisodeRow.session_id.in_(sessions)))
-    rows[TurnRow.__tablename__] = _deleted(db, delete(TurnRow).where(TurnRow.session_id.in_(sessions)))
-    rows[SessionRow.__tablename__] = _deleted(db, delete(SessionRow).where(SessionRow.user_id == user_id))
+    rows = delete_records(db, turn_ids_of(user_id), select(SessionRow.id).where(SessionRow.user_id == user_id))
     rows[PolicyVersionRow.__tablename__] = _deleted(db, delete(PolicyVersionRow).where(PolicyVersionRow.lineage == user_id))
     rows[PolicyPointerRow.__tablename__] = _deleted(db, delete(PolicyPointerRow).where(PolicyPointerRow.lineage == user_id))
     rows[UserRow.__tablename__] = _deleted(db, delete(UserRow).where(UserRow.id == user_id)) if remove_account else 0
     return ForgetReport(user_id, remove_account, rows, [row.version for row in versions], [row.path for row in versions],
                         trained_shared)  # fmt: skip
+
+
+def delete_records(db: DBSession, turns: Select[Any] | list[str], sessions: Select[Any] | CompoundSelect) -> dict[str, int]:
+    """Delete `turns` with everything that hangs on them, then the episodes and rows of `sessions`,
+    inside the caller's write transaction; the rows deleted per table. What forgetting a user and
+    retention (`store/retention.py`) both remove: a query for `sessions` is run after the turns
+    are gone, so it may ask for sessions left with none."""
+    rows = {table.__tablename__: _deleted(db, delete(table).where(table.turn_id.in_(turns))) for table in _ON_TURNS}
+    rows[TurnRow.__tablename__] = _deleted(db, delete(TurnRow).where(TurnRow.id.in_(turns)))
+    rows[EpisodeRow.__tablename__] = _deleted(db, delete(EpisodeRow).where(EpisodeRow.session_id.in_(sessions)))
+    rows[SessionRow.__tablename__] = _deleted(db, delete(SessionRow).where(SessionRow.id.in_(sessions)))
+    return rows
 
 
 def high_water(db: DBSession) -> int:

@@ -77,9 +77,18 @@ class TurnStore:
         for _ in range(RECORD_ATTEMPTS - 1):
             try:
                 return self._record_turns_once(writes, nows)
-            except IntegrityError:
-                continue  # another writer created a row first; the next try finds it
+            except IntegrityError:  # another writer created a row first; the next try finds it
+                writes = self._without_removed_continuations(writes)
         return self._record_turns_once(writes, nows)
+
+    def _without_removed_continuations(self, writes: list[TurnWrite]) -> list[TurnWrite]:
+        """`writes`, with no next state for a turn that is gone (removed by retention or a forget while
+        the request was answered): the new turn is recorded all the same, its next state has no turn."""
+        continued = {write.continues.turn_id for write in writes if write.continues is not None}
+        with self.database.read() as db:
+            present = set(db.scalars(select(TurnRow.id).where(TurnRow.id.in_(continued)))) if continued else set()
+        return [dataclasses.replace(write, continues=None) if write.continues is not None and write.continues.turn_id
+                not in present else write for write in writes]  # fmt: skip
 
     def _record_turns_once(self, writes: list[TurnWrite], nows: list[float]) -> list[int]:
         with self.database.write() as db:
