@@ -121,7 +121,7 @@ def test_rotation_moves_every_row_to_the_new_key(backend: str, tiny_model_dir: P
     store.close()
     rotating = Store(url, new.then(old))
     report = rotate(rotating, batch=1)  # one row a transaction: the batches' cursor is tested too
-    assert sum(report.rewritten.values()) == 18 and report.left == {} and report.changed_meanwhile == 0
+    assert sum(report.rewritten.values()) == 20 and report.left == {} and report.changed_meanwhile == 0
     rotating.close()
     with pytest.raises(DataKeyError, match=f"encrypted with key id {new.current_id}, which the key given"):
         Store(url, old)
@@ -203,9 +203,9 @@ def test_cli_reads_with_the_key_refuses_without_it_and_rotates(tiny_model_dir: P
     rotated = clawrl("data", "rotate-key", "--new-key-file", str(new), "--encrypt-key-file", str(old), *where, "--json")
     assert rotated.returncode == 0, rotated.stderr
     report = json.loads(rotated.stdout)
-    # 2 turns x 5 encrypted values (tools and tool calls are null), 1 next state, 1 feedback, a hint and its
+    # 2 turns x 6 encrypted values (tools and tool calls are null), 1 next state, 1 feedback, a hint and its
     # candidates, a sample's hint and three teacher arrays
-    assert report["rewritten"] == {"turns": 10, "next_states": 1, "feedback": 1, "judgments": 2, "samples": 4}
+    assert report["rewritten"] == {"turns": 12, "next_states": 1, "feedback": 1, "judgments": 2, "samples": 4}
     assert report["left"] == {} and report["changed_meanwhile"] == 0 and report["log_emptied"]
     assert found_in(run_dir) == []
     refused = clawrl("sessions", "show", "s", *where, "--encrypt-key-file", str(old))
@@ -222,7 +222,7 @@ def test_rotate_key_encrypts_a_store_kept_in_clear(tiny_model_dir: Path, tmp_pat
     store.close()
     assert found_in(run_dir)
     rotated = clawrl("data", "rotate-key", "--new-key-file", str(key), "--run-dir", str(run_dir))
-    assert rotated.returncode == 0 and "re-encrypted 18 value(s)" in rotated.stdout, rotated.stdout + rotated.stderr
+    assert rotated.returncode == 0 and "re-encrypted 20 value(s)" in rotated.stdout, rotated.stdout + rotated.stderr
     assert found_in(run_dir) == []
     assert_reads_back(Store.for_run_dir(run_dir, ring(key)))
     refused = clawrl("sessions", "list", "--run-dir", str(run_dir))

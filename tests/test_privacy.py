@@ -166,12 +166,14 @@ def test_train_false_turns_are_recorded_and_never_judged_nor_sampled(privacy_ser
     # a session whose first request opts out: all of it is never trained on, the 👎 on its last turn too
     no_train = converse(setup, "alice", "not-this-one", [({"X-Clawrl-Train": "false"}, {}), ({}, {}), ({}, {"train": True})])
     assert post(setup, "alice", "/feedback", {"turn": by_header, "score": 1}).status_code == 200
-    settled(setup, [first, last])
+    settled(setup, [last])
     samples_made(setup, tiny_model_dir)
     opted_out = [by_header, by_body, *no_train]
     assert [store.turns.turn(turn_id).opt_out for turn_id in opted_out] == ["request", "request", "request", "session", "session"]
     assert all(store.judging.judgment(turn_id) is None and store.training.sample(turn_id) is None for turn_id in opted_out)
-    assert all(store.training.sample(turn_id) is not None for turn_id in (first, last))
+    # `first` was followed by an opted-out request: its words are no next state, so nothing judges `first`
+    assert store.turns.next_states([first]) == {} and store.judging.judgment(first) is None
+    assert store.training.sample(last) is not None
     # what applied, as the owner reads it back
     page = httpx.get(f"{setup.server.base_url}/sessions/alice/mixed", headers={"Authorization": f"Bearer {setup.keys['alice']}"})
     assert page.status_code == 200 and page.json()["train"] is True

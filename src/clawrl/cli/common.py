@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,29 @@ def data_keys(config: StoreConfig) -> Any:
     return read_key_file(config.encrypt_key_file, "--encrypt-key-file")
 
 
+KEY_FILE_MAX_BYTES = 64 * 1024  # a thousand keys' lines; what is longer is not a key file
+
+
 def read_key_file(path: Path, flag: str) -> Any:
+    """The key ring in `path`. At most `KEY_FILE_MAX_BYTES` are read, so that a wrong path (a log, a
+    link to /dev/zero) is one error at once, never a process filling its memory; a file that others
+    than its owner may read is used, with a warning: whoever reads it reads the store."""
     try:
-        text = path.read_text()
+        with path.open("rb") as file:
+            raw = file.read(KEY_FILE_MAX_BYTES + 1)
+            mode = os.fstat(file.fileno()).st_mode
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as error:
         raise StartupError(f"{flag} {path}: cannot read it ({getattr(error, 'strerror', None) or error})",
                            "give a file `clawrl data new-key --out FILE` wrote") from None
-    return read_keys(text, f"{flag} {path}")
+    if len(raw) > KEY_FILE_MAX_BYTES:
+        raise StartupError(f"{flag} {path}: too large to be a key file (over {KEY_FILE_MAX_BYTES} bytes)",
+                           "give a file `clawrl data new-key --out FILE` wrote")
+    ring = read_keys(text, f"{flag} {path}")
+    if stat.S_ISREG(mode) and mode & 0o077:
+        print(f"warning: {flag} {path} can be read or written by others (mode {stat.S_IMODE(mode):04o}): whoever reads "
+              f"it can read the store; chmod 600 {path}", file=sys.stderr)
+    return ring
 
 
 def read_keys(text: str, where: str) -> Any:

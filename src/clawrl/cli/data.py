@@ -39,22 +39,29 @@ def cmd_data_new_key(args: argparse.Namespace) -> int:
 def cmd_data_rotate_key(args: argparse.Namespace) -> int:
     from clawrl.store.rotation import rotate
 
+    if args.batch < 1:  # 0 read no row and reported success; a negative LIMIT is none on SQLite
+        raise StartupError(f"--batch {args.batch}: give a number of rows of 1 or more")
     config = config_from_args(StoreConfig, args)
     new = read_key_file(Path(args.new_key_file), "--new-key-file")
     store = _open_store(config, must_exist=True, keys=new.then(data_keys(config)))
     report = rotate(store, batch=args.batch)
-    if args.json:
+    if args.json:  # the same warnings and exit status as the text: a script must not take a half rotation for done
         _print_json(asdict(report))
-        return 0
-    print(f"rotated to key id {report.key_id}: re-encrypted {sum(report.rewritten.values())} value(s) "
-          f"({', '.join(f'{table} {count}' for table, count in report.rewritten.items()) or 'none'}), "
-          f"{report.already} already under it, {report.changed_meanwhile} changed meanwhile")
+    else:
+        print(f"rotated to key id {report.key_id}: re-encrypted {sum(report.rewritten.values())} value(s) "
+              f"({', '.join(f'{table} {count}' for table, count in report.rewritten.items()) or 'none'}), "
+              f"{report.already} already under it, {report.changed_meanwhile} changed meanwhile")
     if report.left:
         print(f"warning: {sum(report.left.values())} value(s) are still under key id {', '.join(report.left)}: a loop "
               "still writes with the old key; restart it with the new key first in its key file and run this again",
               file=sys.stderr)
-        return 1
-    return 0
+    if report.left_in_clear:
+        print(f"warning: {report.left_in_clear} value(s) are still in clear: a loop started without a key still writes; "
+              "restart it with the new key and run this again", file=sys.stderr)
+    if not report.log_emptied:  # as `clawrl users forget` says it: the old ciphertexts are in the log until then
+        print("warning: another process held the write-ahead log: the values as they were under the old key stay in "
+              "it until its next checkpoint overwrites them", file=sys.stderr)
+    return 1 if report.left or report.left_in_clear else 0
 
 
 def add_data_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

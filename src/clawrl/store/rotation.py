@@ -31,6 +31,9 @@ class RotationReport:
     already: int = 0  # values that were under the new key already
     changed_meanwhile: int = 0  # values a loop rewrote between the read and the write: left as it wrote them
     left: dict[str, int] = field(default_factory=dict)  # key id -> values still under it after the pass
+    # values still in clear after the pass: a loop started without a key wrote them meanwhile (it
+    # opened the store while it was in clear, so it was never refused); not rotated, not done
+    left_in_clear: int = 0
     log_emptied: bool = True
 
 
@@ -39,15 +42,16 @@ def rotate(database: Database, batch: int = 200) -> RotationReport:
     ring = database.keys
     assert ring is not None, "a rotation needs the ring new + old"
     report = RotationReport(ring.current_id)
-    left: Counter[str] = Counter()
+    left: Counter[str | None] = Counter()
     for table in Base.metadata.sorted_tables:
         columns = [column for column in table.columns if isinstance(column.type, EncryptedText | EncryptedJSON)]
         if columns:
             _rotate_table(database, ring, table, columns, batch, report)
             _count_left(database, ring, table, columns, left)
-    report.left = dict(left)
+    report.left_in_clear = left.pop(None, 0)
+    report.left = {under: count for under, count in left.items() if under is not None}
     with database.locked_meta() as connection:
-        set_key_ids(connection, [ring.current_id, *left])
+        set_key_ids(connection, [ring.current_id, *report.left])
     report.log_emptied = database.scrub()
     return report
 
@@ -71,13 +75,18 @@ def _rotate_table(database: Database, ring: KeyRing, table: Table, columns: list
         after = rows[-1][0]
 
 
-def _count_left(database: Database, ring: KeyRing, table: Table, columns: list[Column[Any]], left: Counter[str]) -> None:
-    """Count the values still under another key than the new one (a loop wrote them meanwhile with the old key)."""
+def _count_left(database: Database, ring: KeyRing, table: Table, columns: list[Column[Any]],
+                left: Counter[str | None]) -> None:
+    """Count the values still under another key than the new one (a loop wrote them meanwhile with
+    the old key) and, under None, those still in clear (a loop with no key wrote them meanwhile):
+    both are what a rotation that reported success would leave readable without the new key."""
     with database.read() as db:
         for column in columns:
             for (stored,) in db.execute(select(cast(column, Text)).where(column.isnot(None))):
                 under = column.type.stored_key_id(stored)
-                if under is not None and under != ring.current_id:
+                if under is None and _needs_rewrite(column, stored, ring, RotationReport(ring.current_id)):
+                    left[None] += 1
+                elif under is not None and under != ring.current_id:
                     left[under] += 1
 
 
@@ -96,8 +105,11 @@ def _needs_rewrite(column: Column[Any], stored: str | None, ring: KeyRing, repor
 
 def _rewrite(db: Any, table: Table, key: Column[Any], row: Any, stale: list[Column[Any]], report: RotationReport) -> None:
     """Write the row's stale values back through their columns' types (so under the new key), if
-    the row still holds what was read."""
-    clear = db.execute(select(*stale).where(key == row[0])).one()  # decrypted by the columns' types
+    the row still holds what was read. A row gone since the batch's read (a forget committed in
+    between, on PostgreSQL where the batch holds no lock on it) has nothing left to rotate."""
+    clear = db.execute(select(*stale).where(key == row[0])).first()  # decrypted by the columns' types
+    if clear is None:
+        return
     unchanged = and_(*[cast(column, Text) == getattr(row, column.name) for column in stale])
     done = db.execute(update(table).where(key == row[0], unchanged).values(dict(zip(stale, clear, strict=True))))
     if done.rowcount:

@@ -84,7 +84,9 @@ class TurnRow(Base):
     policy_version: Mapped[int] = mapped_column(Integer, index=True)
     messages: Mapped[list[dict[str, Any]]] = mapped_column(EncryptedJSON("turns.messages"))  # the request's messages, normalised
     tools: Mapped[list[dict[str, Any]] | None] = mapped_column(EncryptedJSON("turns.tools"), nullable=True)
-    sampling: Mapped[dict[str, Any]] = mapped_column(JSON)  # temperature, top_p, max_tokens, stop, seed
+    # temperature, top_p, max_tokens, stop, seed and the grammar: the stop strings are the client's and
+    # the grammar is compiled from their response_format schema or tools (their words), so encrypted
+    sampling: Mapped[dict[str, Any]] = mapped_column(EncryptedJSON("turns.sampling"))
     prompt_token_ids: Mapped[list[int]] = mapped_column(EncryptedJSON("turns.prompt_token_ids"))
     response_token_ids: Mapped[list[int]] = mapped_column(EncryptedJSON("turns.response_token_ids"))
     response_logprobs: Mapped[list[float]] = mapped_column(EncryptedJSON("turns.response_logprobs"))

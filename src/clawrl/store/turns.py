@@ -97,7 +97,8 @@ class TurnStore:
     def _write_turn(self, db: DBSession, write: TurnWrite, now: float) -> int:
         """One turn's rows: an upsert of the session that counts the turn and returns its index,
         the turn, and the next state it carries unless the earlier turn already has one (the first
-        continuation wins: a regenerated or branched request never overwrites it). A session is
+        continuation wins: a regenerated or branched request never overwrites it) or the request
+        opted out of training (the turn before is then judged by its feedback alone). A session is
         no-train for good when the request that starts it opts out (`Turn.opt_out` "request"): its
         later turns are recorded as opted out by the session, unless they say why themselves.
 
@@ -115,7 +116,9 @@ class TurnStore:
         index, opt_out = counted - 1, turn.opt_out or (None if session_train else "session")
         row = records.turn_row(dataclasses.replace(turn, index=index, created_at=now, opt_out=opt_out))
         connection.execute(insert_turn, _row_values(row))
-        if continues is not None:
+        # A request that opted out of training (itself, or its user) carries no next state: its words
+        # would otherwise score the turn before it and, as the judge's hint, teach it (DESIGN §12)
+        if continues is not None and turn.opt_out is None:
             row = records.next_state_row(dataclasses.replace(continues, created_at=now))
             if connection.execute(insert_next_state, _row_values(row)).first() is not None:
                 queue_for_judging(db, continues.turn_id)
