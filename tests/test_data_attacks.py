@@ -380,3 +380,86 @@ def test_a_train_false_request_never_judges_the_turn_before_it(tiny_model_dir: P
     assert store.turns.turn("t1").opt_out == "request"
     assert store.judging.judge_backlog()[0] == 0
     assert "t0" not in store.turns.next_states(["t0"])
+
+
+# --------------------------------------------------------------------------- old ciphertexts on disk
+
+
+def raw_values(url: str, where: str) -> list[str]:
+    """The encrypted values of the turns, next states and feedback `where` selects, as the database
+    holds them (a 48-character stretch of each ciphertext's base64: enough to be unique)."""
+    engine = sqlalchemy.create_engine(url)
+    with engine.connect() as connection:
+        rows = connection.execute(sqlalchemy.text(
+            f"SELECT CAST(messages AS TEXT) FROM turns WHERE {where} UNION ALL "
+            f"SELECT CAST(response_text AS TEXT) FROM turns WHERE {where} UNION ALL "
+            f"SELECT text FROM feedback WHERE turn_id IN (SELECT id FROM turns WHERE {where})")).scalars().all()  # fmt: skip
+    engine.dispose()
+    tokens = [value.strip('"') for value in rows if value and ENCRYPTED in value]
+    assert tokens, where
+    return [token.rsplit(":", 1)[1][20:68] for token in tokens]
+
+
+def test_a_forget_on_an_encrypted_store_leaves_none_of_her_ciphertexts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With a key the canary is never on disk in clear, so a byte search for it proves nothing: what
+    a forget must remove is her ciphertexts (a key that leaks later opens them), from the database,
+    its free pages and its write-ahead log. Bob's stay, and read."""
+    run_dir, key = tmp_path / "run", write_key(tmp_path / "k.key")
+    ring = KeyRing.from_text(key.read_text(), "k")
+    store = Store.for_run_dir(run_dir, ring)
+    store.users.add("alice")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    talk(store, tokenizer, session="alice/s", user_id="alice", prefix="a")
+    talk(store, tokenizer, session="bob/s", user_id="bob", prefix="b")
+    store.close()
+    url = f"sqlite:///{run_dir / 'clawrl.db'}"
+    hers, his = raw_values(url, "id LIKE 'a%'"), raw_values(url, "id LIKE 'b%'")
+    assert all(found_in(run_dir, token) for token in hers)
+    forgot = clawrl("users", "forget", "alice", "--yes", "--run-dir", str(run_dir), "--encrypt-key-file", str(key))
+    assert forgot.returncode == 0, forgot.stderr
+    assert [token for token in hers if found_in(run_dir, token)] == []
+    assert all(found_in(run_dir, token) for token in his)
+    assert CANARY in Store.for_run_dir(run_dir, ring).turns.turn("b0").response_text
+
+
+def test_a_rotation_leaves_no_ciphertext_of_the_old_key_on_disk(tiny_model_dir: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """After `rotate-key` only the new key's values are in the files: the old ones (what a leaked old
+    key opens) are gone from the database's pages and its write-ahead log."""
+    run_dir, old, new = tmp_path / "run", write_key(tmp_path / "old.key"), write_key(tmp_path / "new.key")
+    store = Store.for_run_dir(run_dir, KeyRing.from_text(old.read_text(), "old"))
+    talk(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+    store.close()
+    before = raw_values(f"sqlite:///{run_dir / 'clawrl.db'}", "1 = 1")
+    assert all(found_in(run_dir, token) for token in before)
+    status, _, err = in_process(capsys, "data", "rotate-key", "--new-key-file", str(new), "--encrypt-key-file", str(old),
+                                "--run-dir", str(run_dir))  # fmt: skip
+    assert status == 0, err
+    assert [token for token in before if found_in(run_dir, token)] == []
+    assert CANARY in Store.for_run_dir(run_dir, KeyRing.from_text(new.read_text(), "new")).turns.turn("t0").response_text
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_an_export_is_its_owners_alone(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An export holds the conversations in clear, encrypted store or not: the file it creates is
+    0600 like the store's (whatever the umask lets others read), and a user's holds only theirs."""
+    run_dir, key = tmp_path / "run", write_key(tmp_path / "k.key")
+    store = Store.for_run_dir(run_dir, KeyRing.from_text(key.read_text(), "k"))
+    store.users.add("alice")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    talk(store, tokenizer, session="alice/s", user_id="alice", prefix="a")
+    Conversation(store, tokenizer).turn("b0", "bob/s", "bob-only-words", "ok", user_id="bob")
+    store.close()
+    previous = os.umask(0o022)
+    try:
+        exports = ((["users", "export", "alice"], tmp_path / "alice.jsonl"), (["export"], tmp_path / "all.jsonl"))
+        for command, out in exports:
+            status, _, err = in_process(capsys, *command, "--out", str(out), "--run-dir", str(run_dir), "--encrypt-key-file", str(key))
+            assert status == 0, err
+            assert out.stat().st_mode & 0o777 == 0o600, command
+    finally:
+        os.umask(previous)
+    mine = (tmp_path / "alice.jsonl").read_text()
+    assert CANARY in mine and "bob-only-words" not in mine

@@ -8,6 +8,7 @@ user's export (`clawrl users export`, `GET /v1/me/data`) is the same lines, of t
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -105,10 +106,12 @@ def session_detail(store: Store, session_id: str) -> dict[str, Any] | None:
 
 def export_jsonl(store: Store, out: Path, user_id: str | None = None) -> int:
     """Write one line per main turn (of `user_id`'s sessions, or of everyone's), in arrival order;
-    returns the number of lines."""
+    returns the number of lines. A file it creates is its owner's alone (0600), as the store's is:
+    it holds the same conversations, in clear even where the store is encrypted; one that exists
+    keeps its mode."""
     out.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with out.open("w", encoding="utf-8") as handle:
+    with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
         for line in export_lines(store, user_id):
             handle.write(line)
             count += 1
