@@ -413,8 +413,17 @@ def store_bytes(run_dir: Path) -> int:
     return sum(path.stat().st_size for path in run_dir.glob("clawrl.db*") if path.is_file())
 
 
+def version_dirs(root: Path) -> int:
+    """How many version directories are under `root` (RUN_DIR/policy/LINEAGE/vN)."""
+    return sum(1 for path in root.glob("*/v*") if path.is_dir()) if root.is_dir() else 0
+
+
+def _kept(keep_versions: int | None) -> str:
+    return f"--keep-versions {keep_versions}" if keep_versions is not None else "every one is kept"
+
+
 def tree_bytes(root: Path) -> int:
-    """Bytes of the files under `root` (the policy versions: every one is kept)."""
+    """Bytes of the files under `root` (the policy versions: every one, unless `--keep-versions`)."""
     total, stack = 0, [root]
     while stack:
         try:
@@ -630,6 +639,8 @@ def start_server(args: argparse.Namespace, model_dir: Path, run_dir: Path, port:
         "--method", "combine", "--batch-size", str(args.batch_size), "--judge-poll-s", "0.1", "--policy-poll-s", "0.25",
         "--train-poll-s", "0.5", "--session-idle-timeout-s", str(args.session_idle_timeout_s),
     ]  # fmt: skip
+    if args.keep_versions is not None:
+        command += ["--keep-versions", str(args.keep_versions), "--keep-versions-grace-s", str(args.keep_versions_grace_s)]
     with log_path.open("wb") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -770,6 +781,10 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         "policy_dir": {
             "bytes": tree_bytes(run_dir / "policy"),
             "bytes_per_version": round(tree_bytes(run_dir / "policy") / max(1, len(versions))),
+            "keep_versions": args.keep_versions,
+            "versions_on_disk": version_dirs(run_dir / "policy"),
+            # [seconds since the sampler started, bytes under policy/]: bounded with --keep-versions
+            "policy_dir_bytes": [[sample["t_s"], sample["policy_bytes"]] for sample in samples],
         },
         "versions": {
             "published": len(versions),
@@ -848,8 +863,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"- Store: {store['bytes'] / 2**20:.1f} MiB ({store['bytes_per_turn']} bytes per turn); turns {rows.get('turns')} "
         f"(cancelled {rows.get('turns_cancelled')}), sessions {rows.get('sessions')}, next states {rows.get('next_states')}, "
         f"judgments {rows.get('judgments')}, feedback {rows.get('feedback')}, samples {rows.get('samples_by_status')}.",
-        f"- Policy versions on disk (every one is kept): {results['policy_dir']['bytes'] / 2**20:.0f} MiB, "
-        f"{results['policy_dir']['bytes_per_version'] / 1024:.0f} KiB per version.",
+        f"- Policy versions on disk ({_kept(results['policy_dir']['keep_versions'])}): "
+        f"{results['policy_dir']['versions_on_disk']} directories, {results['policy_dir']['bytes'] / 2**20:.1f} MiB at the "
+        f"end, at most {max((b for _, b in results['policy_dir']['policy_dir_bytes']), default=0) / 2**20:.1f} MiB "
+        f"sampled; {results['policy_dir']['bytes_per_version'] / 1024:.0f} KiB per version published.",
         f"- Versions: {versions['published']} published; served (by /healthz) {versions['served_by_healthz'][:3]}…"
         f"{versions['served_by_healthz'][-3:]} ({len(versions['served_by_healthz'])} seen); answers by version "
         f"{len(versions['seen_in_answers'])} distinct; publish to served mean {versions['publish_to_served_mean_s']} s; "
@@ -878,6 +895,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "keep-alive timeout: see `keep-alive race`)")
     parser.add_argument("--settle-s", type=float, default=5.0, help="pause after the load before reading the final versions")
     parser.add_argument("--start-timeout-s", type=float, default=300.0, help="how long clawrl serve may take to answer with its trainer running")
+    parser.add_argument("--keep-versions", type=int, default=None,
+                        help="serve's --keep-versions K (default: keep every version, as clawrl does by default)")
+    parser.add_argument("--keep-versions-grace-s", type=float, default=60.0, help="serve's --keep-versions-grace-s")
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temp dir, removed)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak.json"), help="JSON results")
     parser.add_argument("--json", action="store_true", help="print the JSON results instead of the markdown tables")
