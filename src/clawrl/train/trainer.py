@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sqlalchemy.exc import SQLAlchemyError
 from transformers import AutoTokenizer, PreTrainedModel
 
 from clawrl.allocator import return_freed_memory
@@ -243,7 +244,10 @@ class Trainer:
         self.head, self.policy.step = version, step
         self._report(version, parent, metrics)
         if self.pruner is not None:
-            self.pruner.prune(self.lineage)
+            try:
+                self.pruner.prune(self.lineage)
+            except SQLAlchemyError:  # a busy store must not stop training: the next publish prunes what this did not
+                log.exception("removing unkept versions of %s failed", self.lineage)
         return_freed_memory()  # the step's activations: memory the host gets back until the next step
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # and on a GPU the server's keys and values may use them in between
