@@ -456,10 +456,36 @@ def test_an_export_is_its_owners_alone(tiny_model_dir: Path, tmp_path: Path, cap
     try:
         exports = ((["users", "export", "alice"], tmp_path / "alice.jsonl"), (["export"], tmp_path / "all.jsonl"))
         for command, out in exports:
-            status, _, err = in_process(capsys, *command, "--out", str(out), "--run-dir", str(run_dir), "--encrypt-key-file", str(key))
+            status, _, err = in_process(capsys, *command, "--out", str(out), "--run-dir", str(run_dir),
+                                        "--encrypt-key-file", str(key))  # fmt: skip
             assert status == 0, err
             assert out.stat().st_mode & 0o777 == 0o600, command
     finally:
         os.umask(previous)
     mine = (tmp_path / "alice.jsonl").read_text()
     assert CANARY in mine and "bob-only-words" not in mine
+
+
+# --------------------------------------------------------------------------- sessions and forget
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_turn_never_joins_a_session_another_user_took_while_it_was_answered(
+    backend: str, tiny_model_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Alice's first request names its session "inbox": resolved to "alice/inbox" (free then), and
+    while it is answered the admin (the default user, who may name any session) starts "alice/inbox".
+    Her turn must not be counted into the admin's session: there her words would be out of her
+    export's and her forget's reach. It goes to "alice/~inbox", the name her next "inbox" finds."""
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'clawrl.db'}"
+    store = Store(url)
+    store.users.add("alice")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    Conversation(store, tokenizer).turn("admin0", "alice/inbox", "the admin's own note", "ok")
+    Conversation(store, tokenizer).turn("a0", "alice/inbox", f"alice says {CANARY}", "ok", user_id="alice")
+    admins = store.turns.session("alice/inbox")
+    assert admins.user_id == "default" and admins.num_turns == 1
+    hers = store.turns.turn("a0")
+    assert hers.session_id == "alice/~inbox" and store.turns.session(hers.session_id).user_id == "alice"
+    store.users.forget("alice", remove_account=False)
+    assert store.turns.turn("a0") is None and store.turns.turn("admin0") is not None

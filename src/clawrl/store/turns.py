@@ -108,11 +108,22 @@ class TurnStore:
         """
         count_turn, insert_turn, insert_next_state = _turn_statements(self.database.is_sqlite)
         turn, continues, connection = write.turn, write.continues, db.connection()
-        counted, session_train = connection.execute(count_turn, {
-            "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
-            "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
-            "user_id": write.user_id, "train": turn.opt_out != "request",
-        }).one()  # fmt: skip
+        for _attempt in range(SESSION_NAME_ATTEMPTS):
+            counted = connection.execute(count_turn, {
+                "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
+                "done": write.session_done, "done_reason": "client" if write.session_done else None, "num_turns": 1,
+                "user_id": write.user_id, "train": turn.opt_out != "request",
+            }).first()  # fmt: skip
+            if counted is not None:
+                break
+            # Another user's session took this id after the request's session was resolved (while it
+            # was being answered): never join it (their records would hold this user's words, out of
+            # reach of this user's export and forget); the next `~` variant, as `owned_session_id`
+            # names it and so finds it again for this user's next request.
+            turn = dataclasses.replace(turn, session_id=_next_variant(turn.session_id, write.user_id))
+        else:
+            raise IntegrityError("recording a turn", None, ValueError("every variant of the session id is another's"))
+        counted, session_train = counted
         index, opt_out = counted - 1, turn.opt_out or (None if session_train else "session")
         row = records.turn_row(dataclasses.replace(turn, index=index, created_at=now, opt_out=opt_out))
         connection.execute(insert_turn, _row_values(row))
@@ -280,12 +291,23 @@ def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
             index_elements=[sessions.c.id],
             set_={"done": upsert.excluded.done, "done_reason": upsert.excluded.done_reason,
                   "updated_at": upsert.excluded.updated_at, "num_turns": sessions.c.num_turns + 1},
+            where=sessions.c.user_id == upsert.excluded.user_id,  # another's session: no row (see `_write_turn`)
         ).returning(sessions.c.num_turns, sessions.c.train)  # fmt: skip
         insert_next_state = (
             insert(next_states).on_conflict_do_nothing(index_elements=[next_states.c.turn_id]).returning(next_states.c.turn_id)
         )
         _TURN_STATEMENTS[is_sqlite] = (count_turn, TurnRow.__table__.insert(), insert_next_state)
     return _TURN_STATEMENTS[is_sqlite]
+
+
+SESSION_NAME_ATTEMPTS = 8  # as serve/auth.py's OWNED_NAME_ATTEMPTS
+
+
+def _next_variant(session_id: str, user_id: str) -> str:
+    """The `~`-marked variant of a session id that serve/auth.py's `owned_session_id` tries next
+    ("alice/~inbox" for alice, "~alice/inbox" for the default user)."""
+    head = "" if user_id == DEFAULT_USER else f"{user_id}/"
+    return head + "~" + session_id.removeprefix(head)
 
 
 def _row_values(row: Any) -> dict[str, Any]:
