@@ -126,6 +126,16 @@ def fit(
 # --------------------------------------------------------------------------- a real server
 
 
+@dataclasses.dataclass
+class ServerSetup:
+    """A module's real server, its users' keys (name -> key), its store and run directory."""
+
+    server: ServerThread
+    keys: dict[str, str]
+    store: Store
+    run_dir: Path
+
+
 def start_server(
     model_dir: Path, run_dir: Path, judge: JudgeConfig | None = None, engine: Engine | None = None,
     adapters: AdaptersMode = "shared", keys: KeyRing | None = None, **serve_options: Any,
@@ -137,8 +147,9 @@ def start_server(
     engine_config = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1)
     engine = engine if engine is not None else build_engine(engine_config)
     store = Store.for_run_dir(run_dir, keys)
-    worker = build_worker(store, judge, engine, engine_config) if judge is not None else None
-    return ServerThread(engine, store, ServeConfig(port=free_port(), **serve_options), worker, adapters)
+    config = ServeConfig(port=free_port(), **serve_options)
+    worker = build_worker(store, judge, engine, engine_config, memory_notes=config.memory_limit) if judge is not None else None
+    return ServerThread(engine, store, config, worker, adapters)
 
 
 class BorrowedEngine(Engine):

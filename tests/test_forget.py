@@ -114,6 +114,8 @@ def test_forget_removes_every_row_and_version_of_the_user_and_nothing_of_anyone_
     _session(talk, "bob", "s1", "bob's own words")
     talk.turn("alice-ep-0", "alice/ep", f"an episode step: {canary}", "done", user_id="alice")
     store.episodes.start(Episode("alice/ep", "toolcall", "t", "g", 1, 0))
+    store.memory.remember("alice", f"remember {canary}", "user", limit=4)  # a memory note (issue 35) is hers too
+    store.memory.remember("bob", "bob's own note", "user", limit=4)
     trainer = _trainer(tiny_model_dir, Store(url), run_dir, "per-user")
     assert trainer.run(max_steps=3) == 3  # alice, bob, alice: alice's second version is the newest number
     first, bobs, second = store.training.versions()
@@ -129,14 +131,14 @@ def test_forget_removes_every_row_and_version_of_the_user_and_nothing_of_anyone_
     report = forget_user(store, "alice", remove_account=True, run_dir=run_dir)
     assert report.rows == {"next_states": 4, "feedback": 2, "judgments": 4, "judge_leases": 0, "judge_queue": 0,
                            "sample_queue": 0, "samples": 4, "episodes": 1, "turns": 7, "sessions": 3,
-                           "policy_versions": 2, "policy_pointers": 1, "users": 1}  # fmt: skip
+                           "memory_notes": 1, "policy_versions": 2, "policy_pointers": 1, "users": 1}  # fmt: skip
     assert report.lineage_versions == [first.version, second.version] and report.trained_shared == []
     assert report.directories_removed == [str(run_dir / "policy" / "alice")] and report.log_emptied
     assert not (run_dir / "policy" / "alice").exists() and Path(bobs.path).is_dir()
     assert _holdings(store, "alice") == {"sessions": [], "turns": [], "samples": {}, "versions": [], "serving": 0}
     assert [user.id for user in store.users.list()] == ["bob"] and store.episodes.episode("alice/ep") is None
     assert all(store.turns.turn(turn_id) is None for turn_id in alices)
-    assert _holdings(store, "bob") == bob_before
+    assert _holdings(store, "bob") == bob_before and [note.text for note in store.memory.notes("bob")] == ["bob's own note"]
     if backend == "sqlite":
         assert found_in(run_dir, canary) == []
     else:

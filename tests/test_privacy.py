@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,9 @@ import sqlalchemy
 from transformers import AutoTokenizer
 
 from clawrl.config import JudgeConfig
-from clawrl.serve.runner import ServerThread
 from clawrl.store import Store
 from clawrl.train.samples import SampleBuilder
+from tests.helpers import ServerSetup as Setup
 from tests.helpers import record, start_server, user, wait_for_judgment, wait_until
 
 ADMIN_KEY = "sk-admin-privacy"
@@ -66,14 +65,6 @@ def test_a_version_8_store_has_opted_out_of_nothing(backend: str, tmp_path: Path
 
 
 # --------------------------------------------------------------------------- one server, four users
-
-
-@dataclass
-class Setup:
-    server: ServerThread
-    keys: dict[str, str]
-    store: Store
-    run_dir: Path
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,8 @@ class Turn:
     index: int = -1  # position within the session, from 0
     created_at: float = 0.0
     opt_out: OptOut | None = None  # why it is never judged nor trained on; None: it may be
+    # the user's memory notes rendered into `prompt_token_ids` (`--memory on`), oldest first; None: none
+    memory_note_ids: list[int] | None = None
 
     @property
     def trainable(self) -> bool:
@@ -178,6 +180,22 @@ class Feedback:
     score: int  # +1 or -1
     text: str | None = None
     created_at: float = 0.0
+
+
+MemoryNoteSource = Literal["hint", "feedback", "user"]  # the judge's chosen hint, a feedback text, typed in
+
+
+@dataclass
+class MemoryNote:
+    """Something a user taught, kept to be said again in their later prompts (`--memory on`, DESIGN §13)."""
+
+    id: int
+    user_id: str
+    text: str
+    source: MemoryNoteSource
+    turn_id: str | None  # the turn it was taught on; None for a note the user added
+    created_at: float  # when it was first taught
+    updated_at: float  # when it was last taught (a note taught again is the newest): what "newest kept" ranks by
 
 
 @dataclass

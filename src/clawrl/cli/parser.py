@@ -11,6 +11,7 @@ from clawrl.cli.data import add_data_commands
 from clawrl.cli.envs import cmd_envs_list, cmd_envs_serve, cmd_rollout
 from clawrl.cli.flags import _add_global_flags, add_config_flags
 from clawrl.cli.loops import cmd_judge, cmd_serve, cmd_train
+from clawrl.cli.memory import add_memory_commands
 from clawrl.cli.models import cmd_build_random, cmd_build_tiny, cmd_plan
 from clawrl.cli.users import (
     cmd_users_add,
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(show, StoreConfig)
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=cmd_sessions_show)
+
+    add_memory_commands(commands)
 
     users = commands.add_parser("users", help="the people who use this server, each with a key of their own")
     user_commands = users.add_subparsers(dest="users_command", required=True)

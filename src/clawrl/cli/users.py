@@ -65,7 +65,7 @@ def cmd_users_export(args: argparse.Namespace) -> int:
     except UserError as error:
         return _refused(error)
     count = export_jsonl(store, Path(args.out), user_id=args.name)
-    print(f"wrote {args.name}'s {count} main turns to {args.out}")
+    print(f"wrote {count} lines of {args.name}'s to {args.out}: their main turns, then their memory notes")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -61,11 +62,31 @@ class ServeConfig(ComponentSettings):
         "background pass of the server at start and every ten minutes, a few hundred turns per transaction. Unset: "
         "turns are kept until their user is forgotten.",
     )
+    memory: Literal["on", "off"] = Field(
+        "off",
+        description="Memory notes (DESIGN §13): with `on`, the judge's chosen hint of a turn and the text of explicit "
+        "feedback become notes of the turn's user (of the run, without users), which are appended to the end of the "
+        "system prompt of their later main turns at once, before any training has learnt them. The recorded turn "
+        "keeps the exact token ids fed, notes included, and which notes they were. A user sees and edits theirs "
+        "with `clawrl memory` and /v1/me/memory.",
+    )
+    memory_notes: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="With --memory on, how many notes each user keeps (the newest; a note taught again is the newest) "
+        "and every prompt of theirs carries: each costs its tokens on every turn.",
+    )
     dashboard: bool = Field(
         True,
         description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
         "score, read from the store (protected by --api-key when one is set).",
     )
+
+    @property
+    def memory_limit(self) -> int | None:
+        """The notes kept per user when memory is on; None when it is off (nothing is noted nor injected)."""
+        return self.memory_notes if self.memory == "on" else None
 
     @field_validator("side_turn_system_regex")
     @classmethod

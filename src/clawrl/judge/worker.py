@@ -112,6 +112,8 @@ class JudgeWorker:
     """Claims judgeable turns, judges them with `backend`, picks hints with `selector`, writes verdicts.
 
     Without a selector (a standalone worker with no local model) the longest hint candidate wins.
+    With `memory_notes` (`clawrl serve --memory on`: the notes kept per user) the chosen hint of each
+    verdict written becomes a note of the turn's user, which their next prompts carry.
     """
 
     def __init__(
@@ -121,8 +123,10 @@ class JudgeWorker:
         config: JudgeConfig,
         worker_id: str | None = None,
         selector: HintSelector | None = None,
+        memory_notes: int | None = None,
     ) -> None:
         self.store, self.backend, self.config, self.selector = store, backend, config, selector
+        self.memory_notes = memory_notes
         self.worker_id = worker_id or f"judge-{uuid.uuid4().hex[:12]}"
         self.judged = 0
 
@@ -162,6 +166,8 @@ class JudgeWorker:
         judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps)
         written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
+        if written and judgment.hint is not None and self.memory_notes is not None:
+            await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, judgment.hint, "hint", self.memory_notes)
         return written
 
     async def _overlaps(self, case: TurnContext, verdict: BackendVerdict) -> list[int | None] | None:
@@ -178,8 +184,10 @@ def build_worker(
     serving_engine: Engine | None = None,
     engine_config: EngineConfig | None = None,
     teacher: Teacher = "base",
+    memory_notes: int | None = None,
 ) -> JudgeWorker | None:
     """The judge loop as configured (None with `--judge off`); ValueError when it cannot judge.
+    `memory_notes`: the serving side's `ServeConfig.memory_limit` (its hints become notes).
 
     Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
     engine can read: inside `clawrl serve` it uses the serving engine, under the weights of the
@@ -191,4 +199,4 @@ def build_worker(
     selector = None
     if serving_engine is not None:
         selector = OverlapSelector(serving_engine, config.hint_top_k, teacher_version=0 if teacher == "base" else None)
-    return JudgeWorker(store, backend, config, selector=selector)
+    return JudgeWorker(store, backend, config, selector=selector, memory_notes=memory_notes)

@@ -23,7 +23,7 @@ from clawrl.config import ServeConfig
 from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
 from clawrl.judge.worker import JudgeWorker
-from clawrl.serve import messages_api, openapi, records_api, responses_api, schemas
+from clawrl.serve import memory_api, messages_api, openapi, records_api, responses_api, schemas
 from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, reaches, scoped_session_id
 from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
@@ -142,6 +142,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     responses_api.add_routes(app, service, config, metrics, keys)
     messages_api.add_routes(app, service, config, metrics, keys)
     records_api.add_routes(app, store, authorize, policy)
+    memory_api.add_routes(app, store, authorize, config)
 
     @app.post("/v1/feedback", **openapi.FEEDBACK)
     async def feedback(request: Request) -> schemas.FeedbackResponse:
@@ -154,6 +155,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
             raise APIError(400, message, "invalid_value", param) from None
         turn_id = await asyncio.to_thread(_feedback_target, store, item, caller)
         feedback_id = await asyncio.to_thread(store.turns.add_feedback, turn_id, item.score, item.text)
+        if item.text and config.memory_limit is not None:  # a correction acts on the user's next prompt (--memory on)
+            await asyncio.to_thread(store.memory.remember_for_turn, turn_id, item.text, "feedback", config.memory_limit)
         metrics.feedback.labels(str(item.score)).inc()
         return schemas.FeedbackResponse(id=feedback_id, turn=turn_id, score=item.score)
 

@@ -38,6 +38,7 @@ from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
 from clawrl.serve import schemas
 from clawrl.serve.auth import ADMIN, Caller
 from clawrl.serve.contract import request_grammar
+from clawrl.serve.memory import with_notes
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.privacy import opt_out, stored
 from clawrl.serve.sessions import (
@@ -49,7 +50,7 @@ from clawrl.serve.sessions import (
 )
 from clawrl.store import Store
 from clawrl.store.turns import TurnWrite
-from clawrl.types import DEFAULT_USER, FinishReason, NextState, Turn, TurnSampling
+from clawrl.types import DEFAULT_USER, FinishReason, MemoryNote, NextState, Turn, TurnKind, TurnSampling
 from clawrl.versions.follower import PolicyFollower
 
 log = logging.getLogger(__name__)
@@ -217,8 +218,9 @@ class ChatService:
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
         opted_out = opt_out(headers, request.train, caller)
         explicit = explicit_session(headers, request.session_id, request.user, caller)
+        notes = await self._memory_notes(kind, caller.user_id)
         try:
-            prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, messages, tools)
+            prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, with_notes(messages, notes), tools)
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
             raise APIError(400, f"The model's chat template refused these messages: {error}", "invalid_messages", "messages") from None
         max_tokens = self._response_budget(request, len(prompt_token_ids))
@@ -252,9 +254,18 @@ class ChatService:
             finish_reason="stop",
             message_hashes=conversation_hashes(messages),
             opt_out=opted_out,
+            memory_note_ids=[note.id for note in notes] or None,
         )
         return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop,
                                recorded=stored(recorded, request.store, caller), user_id=caller.user_id)
+
+    async def _memory_notes(self, kind: TurnKind, user_id: str) -> list[MemoryNote]:
+        """The notes a turn's prompt carries: its user's, on a main turn with --memory on (a side turn,
+        a title or a summary, is answered as the client asked)."""
+        limit = self.config.memory_limit
+        if limit is None or kind != "main":
+            return []
+        return await asyncio.to_thread(self.store.memory.injected, user_id, limit)
 
     async def identify(self, generation: Generation) -> SessionIdentity:
         """The request's session, once its lookup (started by `prepare`) has answered; the turn

@@ -5,17 +5,19 @@ episode's session. Store refusals become OpenAI-style 4xx error objects here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from clawrl.errors import APIError, describe_validation_error
 from clawrl.serve import schemas
 from clawrl.store.episodes import EpisodeEndedError, EpisodeExistsError, EpisodeStore, StepCountError, UnknownEpisodeError
 from clawrl.types import Episode, EpisodeStatus
 
+Body = TypeVar("Body", bound=BaseModel)
 
-def parse_body(schema: type[schemas.EpisodeStartRequest] | type[schemas.EpisodeResultRequest], body: Any) -> Any:
+
+def parse_body(schema: type[Body], body: Any) -> Body:
     """`body` validated against `schema`, or a 400 error object saying what is wrong."""
     try:
         return schema.model_validate(body)

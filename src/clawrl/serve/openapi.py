@@ -30,6 +30,7 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     schemas.ChatCompletionRequest,
     ResponsesRequest,
     schemas.FeedbackRequest,
+    schemas.MemoryNoteRequest,
     schemas.EpisodeStartRequest,
     schemas.EpisodeResultRequest,
 )
@@ -173,6 +174,28 @@ ME_DATA_DELETE: dict[str, Any] = {
         **errors(400, 401, why={400: "The admin's key: it has no records of its own (`clawrl users forget NAME` "
                                 "forgets a user)."}),
     },
+}
+
+_NOTES = {"description": "The caller's notes.", "content": {"application/json": {"schema": {"type": "object"}}}}
+ME_MEMORY: dict[str, Any] = {
+    "summary": "List your memory notes",
+    "description": "The notes kept for the caller (the admin's key, or no key: the run's, made without a user's "
+    "key), oldest first: the judge's chosen hints and feedback texts (`--memory on`) and notes added here. With "
+    "`--memory on` the newest `--memory-notes` are appended to the system prompt of the caller's main turns.",
+    "responses": {200: _NOTES, **errors(401)},
+}
+ME_MEMORY_ADD: dict[str, Any] = {
+    "summary": "Add a memory note",
+    "description": "Keeps `text` as the caller's newest note (a note already kept, compared without case, spacing "
+    "and closing punctuation, becomes the newest instead of being repeated); past `--memory-notes` the oldest goes.",
+    "responses": {200: {"description": "The note kept.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                  **errors(400, 401, 413)},
+    "openapi_extra": request_body(schemas.MemoryNoteRequest),
+}
+ME_MEMORY_REMOVE: dict[str, Any] = {
+    "summary": "Remove one memory note",
+    "responses": {200: {"description": "The note is gone.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                  **errors(400, 401, 404, why={400: "The id is not a number.", 404: "The caller has no note with this id."})},
 }
 
 EPISODE_START: dict[str, Any] = {

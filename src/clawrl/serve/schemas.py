@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from clawrl.store.memory import MAX_NOTE_CHARS
 from clawrl.wire import ChatMessage, WireModel
 
 
@@ -187,6 +188,16 @@ def checked_forced_call(choice: Any, info: ValidationInfo) -> Any:
     if forces_a_call(choice) and not info.data.get("tools"):
         raise ValueError("tool_choice forces a tool call, but the request has no tools")
     return choice
+
+
+class MemoryNoteRequest(WireModel):
+    """`POST /v1/me/memory`: a note the caller adds to their memory (`--memory on` says it in their prompts)."""
+
+    text: Annotated[
+        str,
+        Field(min_length=1, max_length=MAX_NOTE_CHARS, pattern=r"\S",
+              description="What the model should remember about the caller: a sentence or three."),
+    ]
 
 
 class FeedbackRequest(WireModel):

@@ -2,8 +2,8 @@
 
 A user's records hang on their sessions (`sessions.user_id`): the sessions' turns, and on each turn
 its next state, feedback, judgment, judge lease, queue rows and sample, plus the episodes played
-in those sessions. Their lineage (`--adapters per-user`: named as they are) is its version rows
-and serving pointer. All of it goes in one write, so a reader sees the user whole or not at all,
+in those sessions, and their memory notes (by `user_id`). Their lineage (`--adapters per-user`: named
+as they are) is its version rows and serving pointer. All of it goes in one write, so a reader sees the user whole or not at all,
 and a trainer step that used their samples fails to register (its samples are gone:
 `SamplesTakenError`) instead of publishing a version nobody owns.
 
@@ -31,6 +31,7 @@ from clawrl.store.schema import (
     JudgeLeaseRow,
     JudgeQueueRow,
     JudgmentRow,
+    MemoryNoteRow,
     Meta,
     NextStateRow,
     PolicyPointerRow,
@@ -86,7 +87,8 @@ def owns_anything(db: DBSession, user_id: str) -> bool:
     """Whether any session or lineage of `user_id`'s is stored (a removed user's records stay theirs)."""
     session = db.scalar(select(SessionRow.id).where(SessionRow.user_id == user_id).limit(1))
     lineage = db.scalar(select(PolicyPointerRow.lineage).where(PolicyPointerRow.lineage == user_id).limit(1))
-    return session is not None or lineage is not None or _lineage_rows(db, user_id) != []
+    note = db.scalar(select(MemoryNoteRow.id).where(MemoryNoteRow.user_id == user_id).limit(1))
+    return session is not None or lineage is not None or note is not None or _lineage_rows(db, user_id) != []
 
 
 def forget_rows(db: DBSession, user_id: str, remove_account: bool) -> ForgetReport:
@@ -97,6 +99,7 @@ def forget_rows(db: DBSession, user_id: str, remove_account: bool) -> ForgetRepo
     rows = delete_records(db, turn_ids_of(user_id), select(SessionRow.id).where(SessionRow.user_id == user_id))
     rows[PolicyVersionRow.__tablename__] = _deleted(db, delete(PolicyVersionRow).where(PolicyVersionRow.lineage == user_id))
     rows[PolicyPointerRow.__tablename__] = _deleted(db, delete(PolicyPointerRow).where(PolicyPointerRow.lineage == user_id))
+    rows[MemoryNoteRow.__tablename__] = _deleted(db, delete(MemoryNoteRow).where(MemoryNoteRow.user_id == user_id))
     rows[UserRow.__tablename__] = _deleted(db, delete(UserRow).where(UserRow.id == user_id)) if remove_account else 0
     return ForgetReport(user_id, remove_account, rows, [row.version for row in versions], [row.path for row in versions],
                         trained_shared)  # fmt: skip

@@ -2,7 +2,9 @@
 
 Export rows have the same keys and value types on every line (messages normalised, tool schemas
 as a JSON string), so `datasets.load_dataset("json", ...)` can infer one schema for the file. One
-user's export (`clawrl users export`, `GET /v1/me/data`) is the same lines, of their sessions only.
+user's export (`clawrl users export`, `GET /v1/me/data`) is the same lines, of their sessions only,
+followed by their memory notes, one line each with the single key `memory_note` (skip those lines to
+load the turns as a dataset).
 """
 
 from __future__ import annotations
@@ -139,5 +141,17 @@ def export_lines(store: Store, user_id: str | None = None) -> Iterator[str]:
             "next_state_role": view["role"] if view else None,
             "next_state": view["messages"] if view else [],
             "opt_out": turn.opt_out,  # why it is never trained on (null: it may be): a dataset made of it honours that
+            "memory_note_ids": turn.memory_note_ids,  # the notes rendered into prompt_token_ids (--memory on)
         }
         yield json.dumps(row, ensure_ascii=False) + "\n"
+    if user_id is not None:
+        yield from note_lines(store, user_id)
+
+
+def note_lines(store: Store, user_id: str) -> Iterator[str]:
+    """A user's memory notes as the last lines of their export, one `{"memory_note": {...}}` each: a user's
+    export is all of their records, and the notes are theirs (everyone's export, a dataset of turns, has none)."""
+    for note in store.memory.notes(user_id):
+        view = {"id": note.id, "text": note.text, "source": note.source, "turn_id": note.turn_id,
+                "created_at": _iso(note.created_at), "updated_at": _iso(note.updated_at)}  # fmt: skip
+        yield json.dumps({"memory_note": view}, ensure_ascii=False) + "\n"

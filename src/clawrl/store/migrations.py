@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -89,6 +89,13 @@ def _retained_versions(connection: Connection) -> None:
             connection.execute(text(f"ALTER TABLE policy_versions ADD COLUMN {column} BOOLEAN NOT NULL DEFAULT FALSE"))
 
 
+def _memory_notes(connection: Connection) -> None:
+    """v11 adds `memory_notes` (which `create_all` has made) and records on a turn which notes its prompt
+    held (`memory_note_ids`): no turn stored before held any."""
+    if "memory_note_ids" not in _columns(connection, "turns"):
+        connection.execute(text("ALTER TABLE turns ADD COLUMN memory_note_ids JSON"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -103,6 +110,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     8: _session_owners,
     9: _opt_outs,
     10: _retained_versions,
+    11: _memory_notes,
 }
 
 

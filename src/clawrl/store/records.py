@@ -19,6 +19,7 @@ from clawrl.store.schema import (
     EpisodeRow,
     FeedbackRow,
     JudgmentRow,
+    MemoryNoteRow,
     NextStateRow,
     PolicyVersionRow,
     SampleRow,
@@ -31,6 +32,7 @@ from clawrl.types import (
     Feedback,
     HintCandidate,
     Judgment,
+    MemoryNote,
     NextState,
     PolicyVersion,
     Sample,
@@ -86,6 +88,10 @@ def next_state_row(record: NextState) -> NextStateRow:
 
 def feedback(row: FeedbackRow) -> Feedback:
     return _record(Feedback, row)
+
+
+def memory_note(row: MemoryNoteRow) -> MemoryNote:
+    return _record(MemoryNote, row)
 
 
 def judgment(row: JudgmentRow) -> Judgment:

@@ -101,6 +101,8 @@ class TurnRow(Base):
     message_hashes: Mapped[list[str]] = mapped_column(JSON)
     latency_s: Mapped[float] = mapped_column(Float)
     opt_out: Mapped[str | None] = mapped_column(String(8), nullable=True)  # request | session | user: never judged
+    # ids of the memory notes rendered into prompt_token_ids (`--memory on`); null: none was
+    memory_note_ids: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (
         UniqueConstraint("session_id", "index"),
         # Recent main turns answered with nothing, which every request that starts a session looks
@@ -130,6 +132,23 @@ class FeedbackRow(Base):
     text: Mapped[str | None] = mapped_column(EncryptedText("feedback.text"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
+
+
+class MemoryNoteRow(Base):
+    """A note of what a user taught (a chosen hint, a feedback text, or typed in), said again in their
+    later prompts with `--memory on` (DESIGN §13). A user's few notes are read whole, so the text is
+    compared for duplicates after decryption: no hash of it is stored beside it (a hash of a short
+    sentence gives it away to anyone who guesses it). `turn_id` has no foreign key: a note outlives
+    the turn it came from (retention), it is its user's record, forgotten with them."""
+
+    __tablename__ = "memory_notes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_id: Mapped[str] = mapped_column(String(64), index=True)
+    text: Mapped[str] = mapped_column(EncryptedText("memory_notes.text"))
+    source: Mapped[str] = mapped_column(String(16))  # hint | feedback | user
+    turn_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class JudgmentRow(Base):

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.forgetting import ForgetReport, forget_rows, owns_anything
-from clawrl.store.schema import SessionRow, UserRow
+from clawrl.store.schema import UserRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, User
 
 KEY_PREFIX = "sk-clawrl-"
@@ -72,7 +72,7 @@ class UserStore:
 
     def _owns_records(self, name: str) -> bool:
         with self.database.read() as db:
-            return db.scalars(select(SessionRow.id).where(SessionRow.user_id == name).limit(1)).first() is not None
+            return owns_anything(db, name)
 
     def get(self, name: str) -> User:
         with self.database.read() as db:
