@@ -37,7 +37,10 @@ from clawrl.train.trainer import Trainer
 from clawrl.types import Episode
 from clawrl.versions.files import MANIFEST
 from clawrl.versions.forgetting import forget_user
-from tests.helpers import CORRECTION, Conversation, PostgresServer, start_server, user, wait_for_judgment, wait_until
+from tests.helpers import (
+    CORRECTION, Conversation, PostgresServer, judgment, ready_sample, record, start_server, user, version, wait_for_judgment,
+    wait_until,
+)
 
 ADMIN_KEY = "sk-admin-forget"
 MODEL = "m"
@@ -183,6 +186,57 @@ def test_forgetting_a_user_of_the_shared_lineage_lists_the_versions_that_trained
     # the shared versions stay, weights and all: their manifests name her sample ids (no text of hers)
     assert [version.version for version in store.training.versions()] == [hers.version, his.version]
     assert found_in(run_dir, canary) == []
+
+
+def test_forget_with_retrain_rebuilds_the_shared_lineage_without_the_user(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """v1 trained on bob, v2 on alice, v3 on bob again. `--retrain` serves v1 again and makes v3's
+    samples (bob's) ready, so the trainer's next step is v4 = v1 + bob's, with nothing of alice's."""
+    run_dir = tmp_path / "run"
+    store = Store.for_run_dir(run_dir)
+    for name in ("alice", "bob"):
+        store.users.add(name)
+    talk = Conversation(store, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+    def step() -> None:
+        trainer = _trainer(tiny_model_dir, Store.for_run_dir(run_dir), run_dir, "shared")
+        assert trainer.run(max_steps=1) == 1
+        trainer.close()
+
+    for user_id, name in (("bob", "s0"), ("alice", "s1"), ("bob", "s2")):
+        _session(talk, user_id, name, f"{user_id}'s words")
+        step()
+    v1, v2, v3 = (version.version for version in store.training.versions())
+    bobs_later = [sample for sample in store.training.samples_for([f"bob-s2-{index}" for index in range(2)]).values()]
+    assert {sample.trained_version for sample in bobs_later} == {v3}
+    forgot = clawrl("users", "forget", "alice", "--yes", "--retrain", "--run-dir", str(run_dir), "--json")
+    assert forgot.returncode == 0, forgot.stderr
+    assert json.loads(forgot.stdout)["retrained"] == {"lineage": "shared", "rolled_back_to": v1, "undone_versions": [v3, v2],
+                                                      "samples_ready_again": 2}  # fmt: skip
+    assert store.training.serving_version() == v1  # served at once: the follower swaps it in as after a rollback
+    step()
+    rebuilt = store.training.versions()[-1]
+    assert (rebuilt.parent, rebuilt.num_samples) == (v1, 2)
+    assert json.loads((Path(rebuilt.path) / MANIFEST).read_text())["sample_ids"] == [f"bob-s2-{index}" for index in range(2)]
+    assert store.training.serving_version() == rebuilt.version and store.training.sample_counts().get("ready", 0) == 0
+    again = clawrl("users", "forget", "bob", "--yes", "--retrain", "--run-dir", str(run_dir))
+    assert again.returncode == 0 and "retrain: the shared lineage serves v0 again" in again.stdout, again.stdout + again.stderr
+
+
+def test_retrain_cannot_go_back_to_a_pruned_version_and_the_forget_stands(tmp_path: Path) -> None:
+    store = Store.for_run_dir(tmp_path)
+    for name in ("alice", "bob"):
+        store.users.add(name)
+    for number, user_id in enumerate(("bob", "alice"), start=1):
+        turn_id = f"{user_id}-t"
+        record(store, turn_id, f"{user_id}/s", [user("q")], "a", user_id=user_id)
+        store.judging.record_judgment(judgment(turn_id))
+        store.training.add_samples([ready_sample(turn_id)])
+        store.training.register_version(version(number, number - 1), [turn_id])
+    with store.write() as db:  # as --keep-versions leaves v1: the record, no weights
+        db.execute(sqlalchemy.text("UPDATE policy_versions SET pruned = TRUE WHERE version = 1"))
+    report = forget_user(store, "alice", remove_account=True, retrain=True)
+    assert report.retrained is None and "v1 was pruned" in (report.retrain_refused or "")
+    assert store.turns.list_sessions(user_id="alice") == [] and store.training.serving_version() == 2
 
 
 # --------------------------------------------------------------------------- one server, three users

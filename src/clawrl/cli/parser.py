@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     user_forget.add_argument("name", help="the user's name")
     add_config_flags(user_forget, StoreConfig)
     user_forget.add_argument("--yes", action="store_true", help="do it: forgetting cannot be undone")
+    user_forget.add_argument("--retrain", action="store_true", help="with --adapters shared: serve the shared lineage's "
+                             "last version before the user's first sample again, and have its trainer rebuild it "
+                             "from there on the other users' samples")
     user_forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     user_forget.set_defaults(handler=cmd_users_forget)
 

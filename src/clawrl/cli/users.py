@@ -78,24 +78,35 @@ def cmd_users_forget(args: argparse.Namespace) -> int:
         return 2
     config = config_from_args(StoreConfig, args)
     try:
-        report = forget_user(_open_store(config, must_exist=True), args.name, remove_account=True, run_dir=config.run_dir)
+        report = forget_user(_open_store(config, must_exist=True), args.name, remove_account=True, run_dir=config.run_dir,
+                             retrain=args.retrain)  # fmt: skip
     except UserError as error:
         return _refused(error)
     if args.json:
         _print_json(report.as_json())
-        return 0
+        return 0 if report.retrain_refused is None else 1
     removed = ", ".join(f"{count} {table}" for table, count in report.rows.items() if count) or "no rows"
     print(f"forgot {report.user}: removed {removed}")
     for directory in report.directories_removed:
         print(f"removed {directory}")
     if report.trained_shared:
         versions = ", ".join(f"v{item.version} ({item.lineage}, {item.samples} samples)" for item in report.trained_shared)
-        print(f"kept: {versions} trained on {report.user}'s samples; their weights keep that influence "
-              "(rebuilding the lineage without them is not built)")  # fmt: skip
+        print(f"{versions} trained on {report.user}'s samples; their weights keep that influence")
+    if report.retrained is not None:
+        retrained = report.retrained
+        undone = ", ".join(f"v{version}" for version in retrained.undone_versions)
+        print(f"retrain: the {retrained.lineage} lineage serves v{retrained.rolled_back_to} again (undone: {undone}); "
+              f"its trainer trains {retrained.samples_ready_again} samples of other users again from there")
+    elif report.retrain_refused is not None:
+        print(f"error: forgot {report.user}, but cannot retrain: {report.retrain_refused}", file=sys.stderr)
+    elif args.retrain and report.trained_shared:
+        print("retrain: nothing to undo: the shared lineage's serving version no longer descends from those versions")
+    elif report.trained_shared:
+        print("--retrain rebuilds the shared lineage without them")
     if not report.log_emptied:
         print("warning: another process held the database's write-ahead log; the removed rows may stay in it until "
               "its next checkpoint", file=sys.stderr)  # fmt: skip
-    return 0
+    return 0 if report.retrain_refused is None else 1
 
 
 def _opt_outs(user: User) -> str:

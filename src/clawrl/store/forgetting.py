@@ -9,8 +9,10 @@ and a trainer step that used their samples fails to register (its samples are go
 
 What stays: versions of other lineages (the shared one) whose steps trained on the user's samples.
 Their weights carry the user's influence and their manifests list the user's sample ids (turn
-ids: no text); the report names them, and removing that influence means retraining the lineage
-without the user, which is not built.
+ids: no text); the report names them. `--retrain` removes that influence from what is served:
+`TrainingStore.retrain_from` points the lineage back at the last version before the user's first
+sample and makes the other users' samples of the undone steps ready again, and the trainer
+rebuilds the lineage from there without the user.
 
 A forgotten lineage's version numbers are never given out again: the highest is kept in `meta`
 (`next_version_number` reads it), because an engine may still hold the forgotten version under its
@@ -59,6 +61,16 @@ class TrainedOn:
 
 
 @dataclass
+class Retrained:
+    """A lineage's steps undone to be trained again without a forgotten user (`--retrain`)."""
+
+    lineage: str
+    rolled_back_to: int  # the version serving (and the trainer) went back to: the last one before the user's samples
+    undone_versions: list[int]  # the serving version's ancestors from the first that trained on the user, newest first
+    samples_ready_again: int  # other users' samples those steps trained, to be trained anew
+
+
+@dataclass
 class ForgetReport:
     """What forgetting a user removed, and what of theirs stays in weights shared with others."""
 
@@ -69,6 +81,8 @@ class ForgetReport:
     version_paths: list[str]  # those versions' directories, for the caller to remove (the store writes no files)
     trained_shared: list[TrainedOn]  # versions of other lineages trained on their samples: kept, with their influence
     directories_removed: list[str] = field(default_factory=list)
+    retrained: Retrained | None = None  # `--retrain`: the shared lineage rebuilt from before the user's samples
+    retrain_refused: str | None = None  # `--retrain` could not go back (the version before the user was pruned)
     log_emptied: bool = True  # SQLite: the write-ahead log was emptied after the rows went (Database.scrub)
 
     def as_json(self) -> dict[str, Any]:
@@ -79,6 +93,8 @@ class ForgetReport:
             "lineage_versions": self.lineage_versions,
             "directories_removed": self.directories_removed,
             "shared_versions_trained_on_user": [vars(item) for item in self.trained_shared],
+            "retrained": vars(self.retrained) if self.retrained is not None else None,
+            "retrain_refused": self.retrain_refused,
             "log_emptied": self.log_emptied,
         }
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
-from clawrl.store.forgetting import high_water
+from clawrl.store.forgetting import Retrained, high_water
 from clawrl.store.pruning import SERVING, VersionPrunedError, mark_pruned, serving_pointer, unkept
 from clawrl.store.schema import (
     EpisodeRow,
@@ -324,6 +324,29 @@ class TrainingStore:
                 raise KeyError(f"no lineage {lineage!r} (the shared one, or a user's: `clawrl users list`)")
             _set_pointer(db, lineage, version, "rollback", time.time())
 
+    def retrain_from(self, first: int, lineage: str = SHARED_LINEAGE) -> Retrained | None:
+        """Undo the lineage's steps from version `first` on and have them trained again without what
+        was deleted since (a forgotten user's samples): serving (and its trainer) points at `first`'s
+        parent, and the samples that the serving version's ancestors from `first` on trained are
+        ready again, in one transaction, so the trainer steps on them anew from there (those its
+        staleness rule still takes). None when `first` is no ancestor of the serving version (a
+        rollback undid it already). VersionPrunedError when the parent's weights are gone."""
+        with self.database.write() as db:
+            serving = serving_pointer(db, lineage, lock=True)  # first: a publish meanwhile fails on the moved pointer
+            undone = _ancestry(db, serving, first)
+            if not undone:
+                return None
+            parent = _version_of(db, first, lineage, unpruned=False).parent
+            if parent != 0:
+                _version_of(db, parent, lineage, unpruned=True)
+            samples = db.execute(
+                update(SampleRow)
+                .where(SampleRow.trained_version.in_(undone))
+                .values(status="ready", trained_version=None, settled_at=None)
+            ).rowcount
+            _set_pointer(db, lineage, parent, "rollback", time.time())
+            return Retrained(lineage, parent, undone, samples)
+
     def set_pinned(self, version: int, pinned: bool, lineage: str = SHARED_LINEAGE) -> PolicyVersion:
         """Pin a version (`--keep-versions` never removes it, nor its parents back K steps) or unpin it.
         KeyError for a version not in the lineage; VersionPrunedError to pin one whose weights are gone."""
@@ -354,6 +377,18 @@ def _version_of(db: Session, version: int, lineage: str, unpruned: bool) -> Poli
         raise VersionPrunedError(f"v{version} was pruned by --keep-versions: its weights are gone (its record stays); "
                                  "`clawrl versions list` shows the versions kept, `clawrl versions pin` keeps one")
     return row
+
+
+def _ancestry(db: Session, version: int, first: int) -> list[int]:
+    """`version` and its parents back to `first`, newest first; [] when `first` is not among them."""
+    path = []
+    while version != 0:
+        path.append(version)
+        if version == first:
+            return path
+        row = db.get(PolicyVersionRow, version)
+        version = row.parent if row is not None else 0
+    return []
 
 
 def _lineage_exists(db: Session, lineage: str) -> bool:

@@ -15,13 +15,24 @@ from pathlib import Path
 
 from clawrl.store import Store
 from clawrl.store.forgetting import ForgetReport
+from clawrl.store.pruning import VersionPrunedError
+from clawrl.types import SHARED_LINEAGE
 from clawrl.versions.files import lineage_root
 
 
-def forget_user(store: Store, name: str, remove_account: bool, run_dir: Path | None = None) -> ForgetReport:
-    """Forget `name` (UserError when there is nothing of theirs); the report, with the directories removed."""
+def forget_user(store: Store, name: str, remove_account: bool, run_dir: Path | None = None, retrain: bool = False) -> ForgetReport:
+    """Forget `name` (UserError when there is nothing of theirs); the report, with the directories removed.
+    With `retrain`, the shared lineage goes back to the last version before the user's first sample
+    (served at once, without a pause: the follower swaps it in) and its trainer rebuilds it without
+    them (`TrainingStore.retrain_from`)."""
     report = store.users.forget(name, remove_account)
     report.directories_removed = [str(path) for path in _remove_lineage(name, report.version_paths, run_dir)]
+    shared = [item.version for item in report.trained_shared if item.lineage == SHARED_LINEAGE]
+    if retrain and shared:
+        try:
+            report.retrained = store.training.retrain_from(min(shared), SHARED_LINEAGE)
+        except VersionPrunedError as error:  # the forget stands; only the rebuild cannot start
+            report.retrain_refused = str(error)
     return report
 
 
