@@ -23,7 +23,7 @@ from clawrl.model.chat import render_prompt, teacher_prompt_ids
 from clawrl.serve.memory import NOTES_HEADING
 from clawrl.store import Store
 from clawrl.store.encryption import KeyRing, new_key
-from clawrl.store.memory import NoteError
+from clawrl.store.memory import NoSuchNote, NoteError, SameNote
 from clawrl.store.migrations import SCHEMA_VERSION
 from tests.helpers import ServerSetup, record, start_server, user, wait_for_judgment, wait_until
 
@@ -62,6 +62,13 @@ def test_notes_are_kept_once_newest_first_and_per_user(backend: str, tmp_path: P
         memory.remove("bob", first.id)  # alice's note: not bob's to remove
     with pytest.raises(NoteError):
         memory.remember("alice", "   ", "user", limit=3)
+    with pytest.raises(NoSuchNote):
+        memory.edit("bob", first.id, "Be terse.")
+    with pytest.raises(SameNote):
+        memory.edit("alice", first.id, "no bold")  # what another of her notes says
+    edited = memory.edit("alice", first.id, "Be terse.")
+    assert (edited.id, edited.text, edited.source) == (first.id, "Be terse.", "user")
+    assert [note.text for note in memory.injected("alice", 3)] == ["Be terse.", "No bold.", "End with the answer line."]
     memory.remove("alice", first.id)
     assert [note.text for note in memory.notes("alice")] == ["No bold.", "End with the answer line."]
     assert [note.user_id for note in memory.notes("bob")] == ["bob"]
@@ -192,6 +199,12 @@ def test_a_corrections_hint_is_in_the_users_next_prompt_until_removed(memory_ser
     assert listed.returncode == 0, listed.stderr
     assert [(item["id"], item["text"], item["source"]) for item in json.loads(listed.stdout)] == [(note.id, HINT, "hint")]
     assert setup.call("DELETE", "bob", f"/me/memory/{note.id}").status_code == 404  # not bob's
+    assert setup.call("PATCH", "bob", f"/me/memory/{note.id}", {"text": "Be rude."}).status_code == 404
+    edited = clawrl("memory", "edit", str(note.id), "Use fewer words, and no lists.", "--user", "alice", "--run-dir",
+                    str(setup.run_dir))  # fmt: skip
+    assert edited.returncode == 0, edited.stderr
+    patched = setup.call("PATCH", "alice", f"/me/memory/{note.id}", {"text": HINT})
+    assert (patched.status_code, patched.json()["text"], patched.json()["id"]) == (200, HINT, note.id)
     removed = clawrl("memory", "remove", str(note.id), "--user", "alice", "--run-dir", str(setup.run_dir))
     assert removed.returncode == 0, removed.stderr
     messages += [answer_of(third), user("Thanks. And oolong?")]
@@ -212,6 +225,8 @@ def test_feedback_text_becomes_a_note_listed_exported_and_forgotten(memory_serve
     listed = setup.call("GET", "carol", "/me/memory").json()
     assert [(item["text"], item["source"]) for item in listed["data"]] == [(text, "feedback"), ("Call me Cee.", "user")]
     assert (listed["memory"], listed["limit"]) == ("on", 4)
+    clash = setup.call("PATCH", "carol", f"/me/memory/{added.json()['id']}", {"text": text.upper()})
+    assert clash.status_code == 409 and clash.json()["error"]["code"] == "note_exists"  # two notes would say one thing
     _, fed = fed_text(setup, tiny_model_dir, setup.chat("carol", [user("And a limerick?")]))
     assert fed.index(text) < fed.index("Call me Cee.") < fed.index("And a limerick?")  # a system message of their own
     exported = [json.loads(line) for line in setup.call("GET", "carol", "/me/data").text.splitlines()]
@@ -234,6 +249,9 @@ def test_feedback_text_becomes_a_note_listed_exported_and_forgotten(memory_serve
     ("DELETE", "/me/memory/seven", None, 400, "note_id"),
     ("DELETE", "/me/memory/99999999999999999999999", None, 400, "note_id"),
     ("DELETE", "/me/memory/999999", None, 404, "note_id"),
+    ("PATCH", "/me/memory/999999", {"text": "Be terse."}, 404, "note_id"),
+    ("PATCH", "/me/memory/seven", {"text": "Be terse."}, 400, "note_id"),
+    ("PATCH", "/me/memory/1", {"text": ""}, 400, "text"),
 ])  # fmt: skip
 def test_bad_memory_requests_are_4xx_error_objects(memory_server: Setup, method: str, path: str, body: Any, status: int,
                                                    param: str) -> None:  # fmt: skip
@@ -259,7 +277,8 @@ def test_memory_needs_a_key_and_the_admins_notes_are_the_runs(memory_server: Set
     assert [(item["id"], item["text"], item["source"]) for item in shown] == [(int(typed.stdout), "Typed in by the admin.", "user")]
     assert clawrl("memory", "remove", typed.stdout.strip(), *run).returncode == 0
     assert memory_server.store.memory.notes("default") == []
-    for refused in (("list", "--user", "nobody"), ("add", "hello", "--user", "nobody"), ("add", "   "), ("remove", "424242")):
+    for refused in (("list", "--user", "nobody"), ("add", "hello", "--user", "nobody"), ("add", "   "), ("remove", "424242"),
+                    ("edit", "424242", "hello")):  # fmt: skip
         answered = clawrl("memory", *refused, *run)
         assert answered.returncode == 1 and "error:" in answered.stderr and "Traceback" not in answered.stderr, refused
 

@@ -1,4 +1,4 @@
-"""`clawrl memory`: list, add and remove the memory notes a user's prompts carry (`--memory on`, DESIGN §13).
+"""`clawrl memory`: list, add, edit and remove the memory notes a user's prompts carry (`--memory on`, DESIGN §13).
 
 Without `--user` the notes are the run's: those of the records made without a user's key, which a
 server with no users keeps. They are the same notes `/v1/me/memory` shows their owner's key.
@@ -51,6 +51,16 @@ def cmd_memory_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_memory_edit(args: argparse.Namespace) -> int:
+    try:
+        note = _store(args).memory.edit(args.user, args.id, args.text)
+    except NoteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"note {note.id} of {args.user}'s now reads: {note.text}", file=sys.stderr)
+    return 0
+
+
 def cmd_memory_remove(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
@@ -75,7 +85,7 @@ def _unknown_user(store: Any, name: str) -> int | None:
 
 
 def add_memory_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    memory = commands.add_parser("memory", help="the notes a user's prompts carry with --memory on: list, add, remove")
+    memory = commands.add_parser("memory", help="the notes a user's prompts carry with --memory on: list, add, edit, remove")
     memory_commands = memory.add_subparsers(dest="memory_command", required=True)
     listing = memory_commands.add_parser("list", help="a user's notes, oldest first: id, where it came from, text")
     listing.add_argument("--json", action="store_true", help="print JSON")
@@ -85,10 +95,14 @@ def add_memory_commands(commands: argparse._SubParsersAction) -> None:  # type: 
     add.add_argument("--memory-notes", type=int, default=DEFAULT_LIMIT,
                      help="how many notes the user keeps: past it the oldest go (the server's --memory-notes)")
     add.set_defaults(handler=cmd_memory_add)
+    edit = memory_commands.add_parser("edit", help="say one of a user's notes in other words (it keeps its id)")
+    edit.add_argument("id", type=int, help="the note's id (`clawrl memory list`)")
+    edit.add_argument("text", help="what the note says now")
+    edit.set_defaults(handler=cmd_memory_edit)
     remove = memory_commands.add_parser("remove", help="remove one of a user's notes")
     remove.add_argument("id", type=int, help="the note's id (`clawrl memory list`)")
     remove.set_defaults(handler=cmd_memory_remove)
-    for action in (listing, add, remove):
+    for action in (listing, add, edit, remove):
         action.add_argument("--user", default=DEFAULT_USER,
                             help=f"whose notes (default: {DEFAULT_USER!r}, the run's, made without a user's key)")
         add_config_flags(action, StoreConfig)

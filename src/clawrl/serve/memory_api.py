@@ -1,5 +1,5 @@
-"""`GET` and `POST /v1/me/memory`, `DELETE /v1/me/memory/{id}`: a caller sees, adds and removes their own
-memory notes (all of them go with the rest of their records: `DELETE /v1/me/data`).
+"""`GET` and `POST /v1/me/memory`, `PATCH` and `DELETE /v1/me/memory/{id}`: a caller sees, adds, edits and
+removes their own memory notes (all of them go with the rest of their records: `DELETE /v1/me/data`).
 
 The notes are the caller's, by their key: a user's key reaches only theirs (another user's note id is
 a 404, as one that does not exist), and the admin's key, or no key on a server without one, reaches
@@ -24,7 +24,7 @@ from clawrl.serve.auth import Caller
 from clawrl.serve.bodies import read_json
 from clawrl.serve.episodes import parse_body
 from clawrl.store import Store
-from clawrl.store.memory import NoteError
+from clawrl.store.memory import NoSuchNote, NoteError, SameNote
 from clawrl.types import MemoryNote
 
 MAX_ID_DIGITS = 18  # a note id fits a 64-bit integer column
@@ -54,13 +54,34 @@ def add_routes(app: FastAPI, store: Store, authorize: Callable[[Request], Awaita
             raise APIError(400, f"{error}.", "invalid_value", "text") from None
         return note_view(note)
 
+    @app.patch("/v1/me/memory/{note_id}", **openapi.ME_MEMORY_EDIT)
+    async def edit_note(request: Request, note_id: str) -> dict[str, Any]:
+        caller = await authorize(request)
+        number = _note_number(note_id)
+        item = parse_body(schemas.MemoryNoteRequest, await read_json(request, config.max_body_bytes))
+        try:
+            note = await asyncio.to_thread(store.memory.edit, caller.user_id, number, item.text)
+        except NoSuchNote:
+            raise APIError(404, f"You have no note {number}.", "note_not_found", "note_id") from None
+        except SameNote as error:
+            raise APIError(409, f"{error}; remove one of them instead.", "note_exists", "text") from None
+        except NoteError as error:
+            raise APIError(400, f"{error}.", "invalid_value", "text") from None
+        return note_view(note)
+
     @app.delete("/v1/me/memory/{note_id}", **openapi.ME_MEMORY_REMOVE)
     async def remove_note(request: Request, note_id: str) -> dict[str, Any]:
         caller = await authorize(request)
-        if not (note_id.isascii() and note_id.isdigit() and len(note_id) <= MAX_ID_DIGITS):
-            raise APIError(400, f"A note's id is a number; '{note_id}' is not.", "invalid_value", "note_id")
+        number = _note_number(note_id)
         try:
-            await asyncio.to_thread(store.memory.remove, caller.user_id, int(note_id))
-        except NoteError:
-            raise APIError(404, f"You have no note {note_id}.", "note_not_found", "note_id") from None
-        return {"id": int(note_id), "object": "memory.note.deleted", "deleted": True}
+            await asyncio.to_thread(store.memory.remove, caller.user_id, number)
+        except NoSuchNote:
+            raise APIError(404, f"You have no note {number}.", "note_not_found", "note_id") from None
+        return {"id": number, "object": "memory.note.deleted", "deleted": True}
+
+
+def _note_number(note_id: str) -> int:
+    """A path's note id as a number, or a 400 (a word, or more digits than an id column holds: never a 500)."""
+    if not (note_id.isascii() and note_id.isdigit() and len(note_id) <= MAX_ID_DIGITS):
+        raise APIError(400, f"A note's id is a number; '{note_id}' is not.", "invalid_value", "note_id")
+    return int(note_id)

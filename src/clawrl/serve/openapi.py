@@ -192,6 +192,15 @@ ME_MEMORY_ADD: dict[str, Any] = {
                   **errors(400, 401, 413)},
     "openapi_extra": request_body(schemas.MemoryNoteRequest),
 }
+ME_MEMORY_EDIT: dict[str, Any] = {
+    "summary": "Edit a memory note",
+    "description": "Replaces the text of one of the caller's notes: it keeps its id and its place among the notes, "
+    "becomes the caller's own (`source` \"user\") and the newest.",
+    "responses": {200: {"description": "The note as it reads now.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                  **errors(400, 401, 404, 409, 413, why={404: "The caller has no note with this id.",
+                                                          409: "Another note of the caller's says that already."})},
+    "openapi_extra": request_body(schemas.MemoryNoteRequest),
+}
 ME_MEMORY_REMOVE: dict[str, Any] = {
     "summary": "Remove one memory note",
     "responses": {200: {"description": "The note is gone.", "content": {"application/json": {"schema": {"type": "object"}}}},

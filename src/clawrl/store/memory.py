@@ -29,6 +29,14 @@ class NoteError(ValueError):
     """A note that cannot be kept or found, with a message for the person who asked."""
 
 
+class NoSuchNote(NoteError):
+    """The user has no note with that id (another user's is not theirs to see)."""
+
+
+class SameNote(NoteError):
+    """An edit would make a note say what another of the user's notes says already."""
+
+
 def normalised(text: str) -> str:
     """What two notes are compared by: case, spacing, Unicode form and closing punctuation aside
     ("Use fewer words." and "use fewer  words" are one note)."""
@@ -93,13 +101,28 @@ class MemoryStore:
         newest = sorted(self.notes(user_id), key=lambda note: (note.updated_at, note.id))[-limit:]
         return sorted(newest, key=lambda note: note.id)
 
+    def edit(self, user_id: str, note_id: int, text: str) -> MemoryNote:
+        """Say one of `user_id`'s notes in their words: it keeps its id and place in the block and is
+        theirs (`source` "user") and the newest. NoSuchNote for an id of none of theirs; SameNote when
+        another of their notes says it already (remove one of them instead)."""
+        kept = checked_text(text)
+        with self.database.write() as db:
+            row = db.get(MemoryNoteRow, note_id)
+            if row is None or row.user_id != user_id:
+                raise NoSuchNote(f"there is no note {note_id} of {user_id}'s")
+            same = self._same_note(db, user_id, kept)
+            if same is not None and same.id != note_id:
+                raise SameNote(f"note {same.id} of {user_id}'s says that already")
+            row.text, row.source, row.updated_at = kept, "user", time.time()
+            return records.memory_note(row)
+
     def remove(self, user_id: str, note_id: int) -> None:
-        """Remove one of `user_id`'s notes; a NoteError if they have none with that id (another
-        user's is not found either)."""
+        """Remove one of `user_id`'s notes; NoSuchNote if they have none with that id (another user's
+        is not found either)."""
         with self.database.write() as db:
             statement = delete(MemoryNoteRow).where(MemoryNoteRow.id == note_id, MemoryNoteRow.user_id == user_id)
             if db.execute(statement).rowcount == 0:
-                raise NoteError(f"there is no note {note_id} of {user_id}'s")
+                raise NoSuchNote(f"there is no note {note_id} of {user_id}'s")
 
     def _same_note(self, db: DBSession, user_id: str, text: str) -> MemoryNoteRow | None:
         wanted = normalised(text)
