@@ -423,10 +423,10 @@ def describe_failure(error: BaseException) -> str | None:
     if sqlalchemy_errors is not None and isinstance(error, sqlalchemy_errors.OperationalError):
         detail = _first_line(error.orig if error.orig is not None else error)
         return f"error: the store's database failed ({detail}); check --database-url or --run-dir{debug_hint}"
-    migrations = sys.modules.get("clawrl.store.migrations")
     encryption = sys.modules.get("clawrl.store.encryption")
     if encryption is not None and isinstance(error, encryption.DataKeyError):
         return f"error: {error}"
+    migrations = sys.modules.get("clawrl.store.migrations")
     if migrations is not None and isinstance(error, migrations.SchemaTooNewError):
         return f"error: {error}; upgrade clawrl, or use another store"
     return None

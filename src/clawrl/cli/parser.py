@@ -165,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     user_forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     user_forget.set_defaults(handler=cmd_users_forget)
 
-    export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
     add_data_commands(commands)
 
+    export = commands.add_parser("export", help="write every main turn as JSON lines (loadable with `datasets`)")
     add_config_flags(export, StoreConfig)
     export.add_argument("--out", required=True, help="the .jsonl file to write")
     export.set_defaults(handler=cmd_export)
