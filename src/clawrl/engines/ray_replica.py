@@ -49,9 +49,10 @@ EngineFactory = Callable[[EngineConfig, "str | None"], Engine]
 
 
 def connect_ray() -> None:
-    """Join the cluster at RAY_ADDRESS, or start one on this machine; once per process."""
+    """Join the cluster at RAY_ADDRESS, or start one on this machine; once per process. The actors'
+    logs (their engines' warnings) come to this process's stderr."""
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False, log_to_driver=False)
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False)
 
 
 class EngineActor:
