@@ -85,7 +85,8 @@ def test_a_replica_that_fails_is_taken_out_and_requests_go_to_the_other(tiny_mod
             ids = prompt_ids(engine, TOPIC)
             running = [engine.generate(ids, sampling) for _ in range(3)]  # A's prefix: all on one replica
             replica = next(index for index, _, started in engine.replica_requests() if started == 3)
-            await asyncio.sleep(0.05)
+            while not any(stream.first_step_at for stream in running):  # under load: tokens already streamed
+                await asyncio.sleep(0.001)
             await engine.replicas[replica].close()  # the replica dies under load
             during = await asyncio.gather(*(collect(stream) for stream in running), return_exceptions=True)
             after = [await collect(engine.generate(ids, sampling)) for _ in range(3)]
