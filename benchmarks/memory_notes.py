@@ -34,7 +34,7 @@ import httpx
 from clawrl.config import EngineConfig, ServeConfig
 from clawrl.engines import build_engine
 from clawrl.model.chat import render_prompt
-from clawrl.serve.memory import notes_block, with_notes
+from clawrl.model.notes import notes_block, with_notes
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store

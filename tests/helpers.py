@@ -46,11 +46,12 @@ from clawrl.envs.web.browser import browser_unavailable
 from clawrl.judge.worker import build_worker
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import render_prompt
+from clawrl.model.notes import with_notes
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.store import Store
 from clawrl.store.encryption import KeyRing
 from clawrl.store.training import TrainingStore
-from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, AdaptersMode, Judgment, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
+from clawrl.types import DEFAULT_USER, SHARED_LINEAGE, AdaptersMode, Judgment, MemoryNote, NextState, PolicyVersion, Sample, ScoredResponse, SessionIdSource, StepMetrics, Turn, TurnSampling
 from clawrl.versions.files import Manifest, write_version
 
 # --------------------------------------------------------------------------- the weather tool round trip
@@ -255,16 +256,18 @@ class Conversation:
         self.store, self.tokenizer = store, tokenizer
 
     def turn(self, turn_id: str, session: str, question: str, answer: str, *, after: str | None = None, done: bool = False,
-             user_id: str = DEFAULT_USER) -> None:  # fmt: skip
+             user_id: str = DEFAULT_USER, notes: list[MemoryNote] | None = None) -> None:  # fmt: skip
         """Record `answer` to `question` as a main turn (of a session of `user_id`'s); `after` names the
-        turn it continues (whose next state `question` becomes), `done` ends the session with it."""
+        turn it continues (whose next state `question` becomes), `done` ends the session with it;
+        `notes`: served with these memory notes in its prompt, as `--memory on` serves it."""
         messages = [{"role": "user", "content": question}]
         response = self.tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+        fed = render_prompt(self.tokenizer, with_notes(messages, notes or []), None)
         record(
             self.store, turn_id, session, messages, answer, continues_turn_id=after, next_state=messages,
-            session_done=done, id_source="header", model="tiny", prompt_token_ids=render_prompt(self.tokenizer, messages, None),
-            user_id=user_id,
+            session_done=done, id_source="header", model="tiny", prompt_token_ids=fed, user_id=user_id,
             response_token_ids=response, response_logprobs=[-1.0] * len(response),
+            memory_note_ids=[note.id for note in notes] if notes else None,
         )  # fmt: skip
 
     def judge(self, turn_id: str, score: int, hint: str | None = None) -> None:

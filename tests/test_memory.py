@@ -20,12 +20,13 @@ from transformers import AutoTokenizer
 
 from clawrl.config import JudgeConfig
 from clawrl.model.chat import render_prompt, teacher_prompt_ids
-from clawrl.serve.memory import NOTES_HEADING
+from clawrl.model.notes import NOTES_HEADING
 from clawrl.store import Store
 from clawrl.store.encryption import KeyRing, new_key
 from clawrl.store.memory import NoSuchNote, NoteError, SameNote
 from clawrl.store.migrations import SCHEMA_VERSION
-from tests.helpers import ServerSetup, record, start_server, user, wait_for_judgment, wait_until
+from clawrl.types import Sample
+from tests.helpers import ServerSetup, judgment, record, start_server, user, wait_for_judgment, wait_until
 
 ADMIN_KEY = "sk-admin-memory"
 MODEL = "tiny"
@@ -107,15 +108,46 @@ def _as_version_10(url: str) -> None:
     """The store at `url` as clawrl wrote it before memory notes (schema v10)."""
     engine = sqlalchemy.create_engine(url)
     with engine.begin() as db:
+        db.execute(sqlalchemy.text("ALTER TABLE samples DROP COLUMN student_prompt_token_ids"))
         db.execute(sqlalchemy.text("ALTER TABLE turns DROP COLUMN memory_note_ids"))
         db.execute(sqlalchemy.text("DROP TABLE memory_notes"))
         db.execute(sqlalchemy.text("UPDATE meta SET value='10' WHERE key='schema_version'"))
     engine.dispose()
 
 
+def _as_version_11(url: str) -> None:
+    """The store at `url` as clawrl wrote it before notes were trained in and retired (schema v11)."""
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as db:
+        db.execute(sqlalchemy.text("ALTER TABLE samples DROP COLUMN student_prompt_token_ids"))
+        db.execute(sqlalchemy.text("ALTER TABLE memory_notes DROP COLUMN retired_at"))
+        db.execute(sqlalchemy.text("UPDATE meta SET value='11' WHERE key='schema_version'"))
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_version_11_store_gains_trained_in_and_retired_notes(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = store_at(backend, tmp_path, request)
+    store = Store(url)
+    record(store, "t1", "s1", [user("q")], "a")
+    store.judging.record_judgment(judgment("t1"))
+    store.training.add_samples([Sample("t1", "ready", "rl", 1.0, 0)])
+    kept = store.memory.remember("default", "Be brief.", "user", limit=4)
+    store.close()
+    _as_version_11(url)
+    store = Store(url)
+    assert store.training.sample("t1").student_prompt_token_ids is None  # trained as fed, as before
+    assert [(note.id, note.retired_at) for note in store.memory.notes("default")] == [(kept.id, None)]  # active
+    record(store, "t2", "s2", [user("q")], "a")
+    store.judging.record_judgment(judgment("t2"))
+    store.training.add_samples([Sample("t2", "ready", "opd", 0.0, 0, student_prompt_token_ids=[1, 2, 3])])
+    assert store.training.sample("t2").student_prompt_token_ids == [1, 2, 3]
+    store.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_version_10_store_gains_memory_notes(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    assert SCHEMA_VERSION == 11
+    assert SCHEMA_VERSION == 12
     url = store_at(backend, tmp_path, request)
     store = Store(url)
     record(store, "t1", "s1", [user("q")], "a")

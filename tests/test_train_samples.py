@@ -14,6 +14,7 @@ from clawrl.config import EngineConfig
 from clawrl.engines.hf import HFEngine
 from clawrl.messages import teacher_messages
 from clawrl.model.chat import render_prompt
+from clawrl.model.notes import with_notes
 from clawrl.model.scoring import score_response
 from clawrl.store import Store
 from clawrl.train.samples import SampleBuilder, centred, decide
@@ -199,3 +200,71 @@ def test_teacher_logprobs_follow_the_engine_score_contract_under_the_hinted_prom
     # the hint really changes the teacher: it is not the student's own distribution
     student = score_response(model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
     assert not torch.allclose(torch.tensor(student), torch.tensor(row.teacher_logprobs), atol=1e-3)
+
+
+NOTE = "Answer in one short line."
+
+
+def noted_builder(store: Store, tokenizer: Any, model: Any, method: str = "combine") -> SampleBuilder:
+    """A builder that trains memory notes in (`--memory-train without-notes`), as the trainer builds it."""
+    return SampleBuilder(store.training, tokenizer, method, lambda p, r, k, _grammar: score_response(model, p, r, k),
+                         lambda: "base", user_notes=store.memory.notes)  # fmt: skip
+
+
+def test_a_turn_served_with_notes_trains_its_student_without_them(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    """The notes are the teacher's context and not the student's; with no hint, the teacher's prompt
+    is exactly the ids the turn was fed, and a +1 without a hint still distils the notes."""
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    note = store.memory.remember("default", NOTE, "user", limit=4)
+    talk = Conversation(store, tokenizer)
+    talk.turn("n1", "S", "Write a note about Friday.", "Friday: lunch.", notes=[note])
+    talk.turn("n2", "S", "thanks", "You are welcome.", after="n1", notes=[note])
+    talk.judge("n1", 1)
+    noted_builder(store, tokenizer, model).build()
+    row, turn = store.training.sample("n1"), store.turns.turn("n1")
+    bare = render_prompt(tokenizer, turn.messages, None)
+    assert NOTE in tokenizer.decode(turn.prompt_token_ids) and NOTE not in tokenizer.decode(bare)
+    assert row.kind == "combined" and row.reward == 1.0 and row.student_prompt_token_ids == bare
+    fed = score_response(model, turn.prompt_token_ids, turn.response_token_ids, 0).logprobs
+    torch.testing.assert_close(torch.tensor(row.teacher_logprobs), torch.tensor(fed), rtol=0, atol=1e-5)
+    example = store.training.ready_samples(10)[0]
+    assert example.prompt_token_ids == bare and example.turn.prompt_token_ids == turn.prompt_token_ids
+
+
+def test_a_noted_turns_hint_joins_its_notes_in_the_teachers_prompt(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    kept = store.memory.remember("default", NOTE, "user", limit=4)
+    removed = store.memory.remember("default", "Say it in French.", "user", limit=4)
+    talk = Conversation(store, tokenizer)
+    talk.turn("n1", "S", "Write a note about Friday.", "**Friday**: lunch.", notes=[kept, removed])
+    talk.turn("n2", "S", "too AI-like, rewrite it without the bold", "Friday: lunch.", after="n1", notes=[kept, removed])
+    talk.judge("n1", -1, HINT)
+    store.memory.remove("default", removed.id)  # the user took it back: it is not trained in
+    noted_builder(store, tokenizer, model).build()
+    row, turn = store.training.sample("n1"), store.turns.turn("n1")
+    teacher_prompt = render_prompt(tokenizer, with_notes(teacher_messages(turn.messages, HINT), [kept]), None)
+    expected = score_response(model, teacher_prompt, turn.response_token_ids, 0).logprobs
+    torch.testing.assert_close(torch.tensor(row.teacher_logprobs), torch.tensor(expected), rtol=0, atol=1e-5)
+    assert "French" not in tokenizer.decode(teacher_prompt) and HINT in tokenizer.decode(teacher_prompt)
+    assert row.student_prompt_token_ids == render_prompt(tokenizer, turn.messages, None)
+
+
+def test_notes_the_user_removed_leave_no_teacher_and_as_served_trains_the_prompt_fed(tmp_path: Path, tiny: tuple[Any, Any]) -> None:
+    tokenizer, model = tiny
+    store = Store.for_run_dir(tmp_path)
+    note = store.memory.remember("default", NOTE, "user", limit=4)
+    talk = Conversation(store, tokenizer)
+    for index in range(2):
+        talk.turn(f"a{index}", f"S{index}", "Write a note about Friday.", "Friday: lunch.", notes=[note])
+        talk.turn(f"b{index}", f"S{index}", "thanks", "Welcome.", after=f"a{index}", notes=[note])
+        talk.judge(f"a{index}", 1)
+    builder(store, tokenizer, model).build(limit=1)  # as served: the turn's own prompt, no teacher (no hint)
+    as_served = store.training.sample("a0")
+    assert as_served.kind == "rl" and as_served.student_prompt_token_ids is None and as_served.teacher_logprobs is None
+    store.memory.remove("default", note.id)
+    noted_builder(store, tokenizer, model).build()
+    gone = store.training.sample("a1")
+    assert gone.kind == "rl" and gone.teacher_logprobs is None
+    assert gone.student_prompt_token_ids == render_prompt(tokenizer, store.turns.turn("a1").messages, None)

@@ -542,3 +542,46 @@ def test_a_response_decoded_under_a_grammar_is_trained_under_its_masks(tiny_mode
     batch = pack_examples([constrained, on_policy_sample(model, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), torch.device("cpu"))
     assert batch.allowed_bits is not None and batch.allowed_bits.shape[:2] == batch.response_ids.shape
     assert (batch.allowed_bits[1] == -1).all()  # the unconstrained row: every token allowed
+
+
+def test_a_turn_served_with_notes_trains_without_them_weighted_for_the_prompt_it_was_sampled_under(tiny_model_dir: Path) -> None:
+    """A note-served turn trains its student on the request without the notes (`student_prompt_token_ids`),
+    while its behaviour log-probs were taken with them: the step is the float64 reference's
+    −Σ_t min(π_old(a_t | no notes) / π_b(a_t | notes), cap) · A_t · ∇log π(a_t | no notes) / N, and its
+    importance weights are those ratios."""
+    policy = load_policy(tiny_model_dir).double()
+    train(policy, [on_policy_sample(policy, tiny_model_dir, 0, 1.0)], LossConfig(method="rl"), steps=1)  # B ≠ 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    question, answer = CONVERSATIONS[1]
+    bare_prompt, response = encode(tiny_model_dir, question, answer)
+    noted_messages = [{"role": "system", "content": "Notes:\n- Answer in one short line.\n- Mention the sea."},
+                      {"role": "user", "content": question}]  # fmt: skip
+    noted_prompt = tokenizer.encode(tokenizer.apply_chat_template(noted_messages, add_generation_prompt=True, tokenize=False),
+                                    add_special_tokens=False)  # fmt: skip
+    # sampled with the notes; float32, as the trainer packs behaviour and teacher log-probs
+    behaviour = logprobs_of(policy, noted_prompt, response).float().double()
+    teacher = (behaviour + 0.2).float().double().tolist()
+    example = training_example("noted", noted_prompt, response, behaviour.tolist(), 1.0, teacher_logprobs=teacher,
+                               student_prompt_token_ids=bare_prompt)  # fmt: skip
+    config = LossConfig(method="combine", is_cap=1.5)
+    # the reference: one unpadded float64 forward of the bare prompt, the gradient written out
+    trainable = {name: p for name, p in policy.named_parameters() if p.requires_grad}
+    policy.zero_grad()
+    logits = policy(input_ids=torch.tensor([bare_prompt + response])).logits[0, len(bare_prompt) - 1 : -1]
+    student = torch.log_softmax(logits, -1).gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+    old = student.detach()
+    weights = torch.exp(old - behaviour).clamp(max=config.is_cap)
+    advantage = config.w_rl * 1.0 + config.w_opd * (torch.tensor(teacher, dtype=torch.float64) - old).clamp(-config.opd_clip, config.opd_clip)
+    (-(weights * advantage * student).sum() / len(response)).backward()
+    expected = {name: p.grad.detach().clone() for name, p in trainable.items()}
+    policy.zero_grad()
+    assert not torch.allclose(weights, torch.ones_like(weights), atol=1e-3)  # the notes moved the behaviour log-probs
+    metrics = update_step(copy.deepcopy(policy), torch.optim.SGD([torch.zeros(1)], lr=1.0), [example], config, micro_batch_size=1)
+    # (the step's statistics are float32 sums)
+    assert metrics.mean_is_weight == pytest.approx(weights.mean().item(), rel=1e-6)
+    assert metrics.logprob_drift == pytest.approx((old - behaviour).abs().mean().item(), rel=1e-6)
+    delta = sgd_delta(policy, [example], config, 1)
+    for name, gradient in expected.items():
+        assert gradient.abs().max() > 0, name
+        # to float32 rounding of the packed log-probs, relative to the gradient's size
+        torch.testing.assert_close(delta[name], -gradient, rtol=1e-5, atol=1e-7 * gradient.abs().max().item())

@@ -196,6 +196,7 @@ class MemoryNote:
     turn_id: str | None  # the turn it was taught on; None for a note the user added
     created_at: float  # when it was first taught
     updated_at: float  # when it was last taught (a note taught again is the newest): what "newest kept" ranks by
+    retired_at: float | None = None  # when the weights were found to follow it unprompted; None: active
 
 
 @dataclass
@@ -261,6 +262,9 @@ class Sample:
     teacher_logprobs: list[float] | None = None  # log pi_T of the turn's response tokens under the hinted prompt
     teacher_topk_ids: list[list[int]] | None = None  # --opd-topk K: the teacher's top-K ids per response position
     teacher_topk_logprobs: list[list[float]] | None = None  # their log-probs, aligned with teacher_topk_ids
+    # the prompt the student is scored and trained under, when not the turn's prompt_token_ids: a turn
+    # served with memory notes, trained without them (`--memory-train without-notes`)
+    student_prompt_token_ids: list[int] | None = None
     trained_version: int | None = None  # the version whose step used it
     created_at: float = 0.0
 
@@ -274,6 +278,11 @@ class TrainingExample:
     # for a turn decoded under a grammar: [R, W] int32 masks of the tokens each position could be sampled
     # from (`model.constraints.allowed_bits`, a torch tensor), set by the trainer; None: unconstrained
     allowed_bits: Any = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt the student is scored and trained under: the ids fed, unless the sample names another."""
+        return self.sample.student_prompt_token_ids or self.turn.prompt_token_ids
 
 
 @dataclass

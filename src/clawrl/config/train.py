@@ -180,6 +180,13 @@ class TrainConfig(LossConfig):
         "moves what all answers share, not only what the judge liked; centring cancels that common part. 0 is off "
         "(the raw score, as upstream). Episode samples are group-normalised already and never centred.",
     )
+    memory_train: Literal["without-notes", "as-served"] = Field(
+        "without-notes",
+        description="How a turn served with memory notes (`clawrl serve --memory on`) trains: `without-notes` (the "
+        "student is the request as the client sent it, the OPD teacher the request with its notes, so the weights "
+        "learn to do unprompted what the notes ask, and the importance weight corrects for the notes the answer was "
+        "sampled under) or `as-served` (the turn trains on the prompt it was fed, notes in, like any other turn).",
+    )
     train_seed: int = Field(0, description="Seed of the trainer (LoRA initialisation, any sampling).")
     report_to: Trackers = Field(
         default_factory=list,

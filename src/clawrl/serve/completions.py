@@ -38,7 +38,7 @@ from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
 from clawrl.serve import schemas
 from clawrl.serve.auth import ADMIN, Caller
 from clawrl.serve.contract import request_grammar
-from clawrl.serve.memory import with_notes
+from clawrl.model.notes import with_notes
 from clawrl.serve.metrics import ServeMetrics
 from clawrl.serve.privacy import opt_out, stored
 from clawrl.serve.sessions import (

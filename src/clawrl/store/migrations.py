@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -96,6 +96,16 @@ def _memory_notes(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE turns ADD COLUMN memory_note_ids JSON"))
 
 
+def _memory_training(connection: Connection) -> None:
+    """v12 records the prompt a sample's student is trained under when it is not the turn's
+    (`samples.student_prompt_token_ids`) and when a note was retired (`memory_notes.retired_at`):
+    nothing stored before had either."""
+    if "student_prompt_token_ids" not in _columns(connection, "samples"):
+        connection.execute(text("ALTER TABLE samples ADD COLUMN student_prompt_token_ids JSON"))
+    if "retired_at" not in _columns(connection, "memory_notes"):
+        connection.execute(text("ALTER TABLE memory_notes ADD COLUMN retired_at FLOAT"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -111,6 +121,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     9: _opt_outs,
     10: _retained_versions,
     11: _memory_notes,
+    12: _memory_training,
 }
 
 

@@ -149,6 +149,9 @@ class MemoryNoteRow(Base):
     turn_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    # when the weights were found to follow it without being told (`--memory-retire`): kept in the
+    # record and the export, no longer injected; None while it is active
+    retired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JudgmentRow(Base):
@@ -230,6 +233,9 @@ class SampleRow(Base):
     teacher_logprobs: Mapped[list[float] | None] = mapped_column(EncryptedJSON("samples.teacher_logprobs"), nullable=True)
     teacher_topk_ids: Mapped[list[list[int]] | None] = mapped_column(EncryptedJSON("samples.teacher_topk_ids"), nullable=True)
     teacher_topk_logprobs: Mapped[list[list[float]] | None] = mapped_column(EncryptedJSON("samples.teacher_topk_logprobs"), nullable=True)
+    # the prompt the student is trained under when it is not the one fed (a turn served with memory
+    # notes, trained without them: `--memory-train without-notes`); None: the turn's prompt_token_ids
+    student_prompt_token_ids: Mapped[list[int] | None] = mapped_column(EncryptedJSON("samples.student_prompt_token_ids"), nullable=True)
     trained_version: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     created_at: Mapped[float] = mapped_column(Float)
     settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # when trained or dropped

@@ -24,6 +24,17 @@ to every answer (the question's numbers, the opener) cancels between praise and 
 a lineage per user (`per_user`) the window is the user's own scores (DESIGN §12: a user's lineage
 learns from that user's turns only, and another user's verdicts must not move its rewards).
 
+A turn served with memory notes (`--memory on`) under `--memory-train without-notes` is trained
+to answer as the notes asked without them (DESIGN §13): the notes are hindsight hints the serving
+prompt already held. Its teacher prompt is the request with its notes (and the judge's hint, when
+there is one), so such a turn has a teacher even without a hint (the table's "hint" column reads
+"hint or notes"); its student prompt (`Sample.student_prompt_token_ids`) is the request rendered
+as the client sent it, with no notes. The behaviour log-probs were taken under the prompt with the
+notes, so the update's importance weight is π_old(a | no notes) / π_b(a | notes), truncated as for
+any stale sample. The notes are the ones the turn was served with (`Turn.memory_note_ids`) as they
+read now: one the user removed since is left out, one they edited says what they say now. Under
+`as-served` a note-served turn trains as recorded, notes in the student's prompt.
+
 Teacher log-probs are forced-decoding log-probs of the turn's recorded response token ids under the
 teacher prompt (`engines.chat.teacher_prompt_ids`: the recorded request with the hint appended to
 its last user message, rendered by the same chat template with the same tools as serving, the
@@ -40,15 +51,19 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from clawrl.model.chat import teacher_prompt_ids
+from clawrl.model.chat import render_prompt, teacher_prompt_ids
+from clawrl.model.notes import with_notes
 from clawrl.store.training import JudgedTurn, TrainingStore
-from clawrl.types import DropReason, Method, Sample, SampleKind, ScoredResponse, Turn
+from clawrl.messages import teacher_messages
+from clawrl.types import DropReason, MemoryNote, Method, Sample, SampleKind, ScoredResponse, Turn
 
 log = logging.getLogger(__name__)
 
 # (prompt ids, response ids, top_k, the grammar the response was decoded under or None) -> teacher-forced
 # log-probs, as Engine.score returns them (under the grammar's masks when there is one)
 TeacherScorer = Callable[[list[int], list[int], int, str | None], ScoredResponse]
+# a user's memory notes, every one still kept (`MemoryStore.notes`)
+UserNotes = Callable[[str], list[MemoryNote]]
 
 
 @dataclass(frozen=True)
@@ -60,11 +75,12 @@ class Decision:
     needs_teacher: bool
 
 
-def decide(score: int, hint: str | None, method: Method) -> Decision:
-    """The table above, filtered by what `method` can learn from."""
+def decide(score: int, hint: str | None, method: Method, noted: bool = False) -> Decision:
+    """The table above, filtered by what `method` can learn from; `noted`: the turn's memory notes
+    are trained in (they give a teacher as a hint does)."""
     uses_reward, uses_teacher = method in ("rl", "combine"), method in ("opd", "combine")
     reward = float(score) if uses_reward else 0.0  # `opd` distils only: every sample is OPD-only
-    teacher = hint is not None and uses_teacher
+    teacher = (hint is not None or noted) and uses_teacher
     if reward != 0:
         return Decision("combined" if teacher else "rl", reward, teacher)
     if teacher:
@@ -94,12 +110,14 @@ class SampleBuilder:
         max_context_tokens: int | None = None,
         reward_baseline_samples: int = 0,
         per_user: bool = False,
+        user_notes: UserNotes | None = None,
     ) -> None:
         self.training, self.tokenizer, self.method = training, tokenizer, method
         self.teacher, self.teacher_name, self.topk = teacher, teacher_name, topk
         self.max_context_tokens = max_context_tokens
         self.reward_baseline_samples = reward_baseline_samples
         self.per_user = per_user  # a lineage per user: each user's own reward baseline window
+        self.user_notes = user_notes  # `--memory-train without-notes`: how a note-served turn's notes read now
 
     def build(self, limit: int = 64) -> int:
         """Give every judged turn (up to `limit`, oldest first) its sample row; returns how many."""
@@ -122,7 +140,8 @@ class SampleBuilder:
 
     def _sample_for(self, item: JudgedTurn, recent_scores: deque[float]) -> Sample:
         turn, judgment = item.turn, item.judgment
-        decision = decide(judgment.score, judgment.hint, self.method)
+        notes = self._served_notes(item.user_id, turn)
+        decision = decide(judgment.score, judgment.hint, self.method, noted=bool(notes))
         reward = decision.reward
         if self.reward_baseline_samples and reward != 0:
             reward = centred(reward, recent_scores)
@@ -135,6 +154,8 @@ class SampleBuilder:
             behaviour_version=turn.policy_version,
             hint=judgment.hint,
         )
+        if notes is not None:  # trained without the notes it was served with
+            base.student_prompt_token_ids = render_prompt(self.tokenizer, turn.messages, turn.tools)
         if not (item.has_next_state or item.has_feedback):
             return _dropped(base, "no_next_state")
         if not turn.trainable or not turn.response_token_ids:
@@ -147,8 +168,7 @@ class SampleBuilder:
                 return base
             return _dropped(base, "no_signal")
         if decision.needs_teacher:
-            assert judgment.hint is not None
-            scored = self._teacher_scores(turn, judgment.hint)
+            scored = self._teacher_scores(turn, judgment.hint, notes or [])
             if scored is None:
                 return _dropped(base, "teacher_too_long")
             base.teacher = self.teacher_name()
@@ -157,8 +177,25 @@ class SampleBuilder:
                 base.teacher_topk_ids, base.teacher_topk_logprobs = scored.top_token_ids, scored.top_logprobs
         return base
 
-    def _teacher_scores(self, turn: Turn, hint: str) -> ScoredResponse | None:
-        prompt = teacher_prompt_ids(self.tokenizer, turn, hint)
+    def _served_notes(self, user_id: str, turn: Turn) -> list[MemoryNote] | None:
+        """The notes `turn` was served with, as they read now, when they are to be trained in (oldest
+        first, as injected); None when the turn had none or is trained as served."""
+        if self.user_notes is None or not turn.memory_note_ids:
+            return None
+        served = set(turn.memory_note_ids)
+        return [note for note in self.user_notes(user_id) if note.id in served]
+
+    def _teacher_prompt(self, turn: Turn, hint: str | None, notes: list[MemoryNote]) -> list[int]:
+        """The teacher's prompt: the request with the hint, and with the notes the turn is trained without.
+        With the notes unchanged and no hint, this renders exactly the ids the turn was fed."""
+        if not notes:
+            assert hint is not None
+            return teacher_prompt_ids(self.tokenizer, turn, hint)
+        messages = teacher_messages(turn.messages, hint) if hint is not None else turn.messages
+        return render_prompt(self.tokenizer, with_notes(messages, notes), turn.tools)
+
+    def _teacher_scores(self, turn: Turn, hint: str | None, notes: list[MemoryNote]) -> ScoredResponse | None:
+        prompt = self._teacher_prompt(turn, hint, notes)
         if self.max_context_tokens is not None and len(prompt) + len(turn.response_token_ids) > self.max_context_tokens:
             return None
         # under a grammar the teacher scores within its masks too, and gives no top-K: the term would

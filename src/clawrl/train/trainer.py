@@ -104,6 +104,7 @@ class Trainer:
             max_context_tokens=self.max_context_tokens,
             reward_baseline_samples=config.reward_baseline_samples,
             per_user=self.per_user,
+            user_notes=store.memory.notes if config.memory_train == "without-notes" else None,
         )
         self.episode_builder = EpisodeSampleBuilder(
             store.episodes, self.training, self.method, config.episode_gamma, config.step_judge_coef,

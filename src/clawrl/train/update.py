@@ -150,7 +150,7 @@ def pack_examples(
     if weights is None:
         weights = batch_weights(examples, config)
     rows = pack_rows(
-        [example.turn.prompt_token_ids for example in examples],
+        [example.prompt_token_ids for example in examples],
         [example.turn.response_token_ids for example in examples],
         device,
         share_prefix=share_prefix,
@@ -260,8 +260,8 @@ def micro_batches(
     """
 
     def order(example: TrainingExample) -> tuple[Any, ...]:
-        lengths = (len(example.turn.prompt_token_ids), len(example.turn.response_token_ids))
-        return (example.turn.prompt_token_ids, *lengths) if share_prefix else lengths
+        lengths = (len(example.prompt_token_ids), len(example.turn.response_token_ids))
+        return (example.prompt_token_ids, *lengths) if share_prefix else lengths
 
     chunk: list[TrainingExample] = []
     for example in sorted(examples, key=order):
@@ -287,7 +287,7 @@ def _own_chunks(
 
 def packed_tokens(examples: Sequence[TrainingExample], share_prefix: bool) -> int:
     """Token positions `pack_rows` lays out for `examples`: each shared prefix once, then every row's padded rest."""
-    prompts = [example.turn.prompt_token_ids for example in examples]
+    prompts = [example.prompt_token_ids for example in examples]
     responses = [example.turn.response_token_ids for example in examples]
     tree = prefix_tree(prompts) if share_prefix else flat_tree(len(examples))
     return packed_positions(prompts, responses, tree)

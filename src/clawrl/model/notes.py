@@ -1,4 +1,4 @@
-"""Memory notes in a prompt (`--memory on`, DESIGN §13): where they go and how they read.
+"""Memory notes in a prompt (`--memory on`, DESIGN §13): where they go and how they read (serving renders them, the trainer trains them in).
 
 The notes are appended to the end of the first system (or developer) message, or make a system
 message of their own at the front when the client sent none. Why there: an agent resends the whole
