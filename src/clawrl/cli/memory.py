@@ -31,7 +31,8 @@ def cmd_memory_list(args: argparse.Namespace) -> int:
         _print_json([note_view(note) for note in notes])
         return 0
     for note in notes:
-        print(f"{note.id:>6}  {note.source:<8}  {note.text}")
+        state = "active" if note.retired_at is None else "retired"  # retired: the weights follow it, not injected
+        print(f"{note.id:>6}  {note.source:<8}  {state:<7}  {note.text}")
     if not notes:
         print(f"{args.user} has no memory notes", file=sys.stderr)
     return 0
@@ -87,7 +88,7 @@ def _unknown_user(store: Any, name: str) -> int | None:
 def add_memory_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     memory = commands.add_parser("memory", help="the notes a user's prompts carry with --memory on: list, add, edit, remove")
     memory_commands = memory.add_subparsers(dest="memory_command", required=True)
-    listing = memory_commands.add_parser("list", help="a user's notes, oldest first: id, where it came from, text")
+    listing = memory_commands.add_parser("list", help="a user's notes, oldest first: id, where it came from, active or retired, text")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=cmd_memory_list)
     add = memory_commands.add_parser("add", help="keep a note for a user (their newest)")

@@ -77,6 +77,34 @@ class ServeConfig(ComponentSettings):
         description="With --memory on, how many notes each user keeps (the newest; a note taught again is the newest) "
         "and every prompt of theirs carries: each costs its tokens on every turn.",
     )
+    memory_retire: Literal["on", "off"] = Field(
+        "off",
+        description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
+        "when a new policy version is served, each active note is checked on the user's latest answers given with it "
+        "(--memory-retire-turns) by scoring them under the current weights with the user's notes and with that one "
+        "left out; a note whose gap is at most --memory-retire-gap is no longer injected (it stays listed, exported "
+        "and forgettable, and is active again when taught again). A background task: requests never wait for it.",
+    )
+    memory_retire_gap: float = Field(
+        0.05,
+        ge=0,
+        le=10,
+        description="With --memory-retire on, the largest gap, in nats per response token (the mean of log p with "
+        "the note minus log p without it, over the recorded answers), at which a note is retired.",
+    )
+    memory_retire_turns: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="With --memory-retire on, how many of the user's latest main turns served with a note it is "
+        "checked on; a note with fewer such turns is kept.",
+    )
+    memory_retire_every_s: float = Field(
+        30.0,
+        gt=0,
+        description="With --memory-retire on, how often serving looks whether a new policy version is served, and "
+        "so checks the notes again: at most one check per period.",
+    )
     dashboard: bool = Field(
         True,
         description="Serve the dashboard at /dashboard: sessions, verdicts, samples, policy versions and the live "
@@ -87,6 +115,11 @@ class ServeConfig(ComponentSettings):
     def memory_limit(self) -> int | None:
         """The notes kept per user when memory is on; None when it is off (nothing is noted nor injected)."""
         return self.memory_notes if self.memory == "on" else None
+
+    @property
+    def memory_retiring(self) -> bool:
+        """Whether notes are checked and retired: memory and retirement both on."""
+        return self.memory == "on" and self.memory_retire == "on"
 
     @field_validator("side_turn_system_regex")
     @classmethod

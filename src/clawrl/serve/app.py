@@ -30,6 +30,7 @@ from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
 from clawrl.serve.metrics import ServeMetrics, timed_stream
+from clawrl.serve.retirement import NoteRetirer
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
 from clawrl.store.retention import remove_older_than
@@ -51,6 +52,7 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
     metrics = ServeMetrics(store, trainer, engine)
     policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s, per_user=adapters == "per-user")
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name}, policy)
+    retirer = NoteRetirer(engine, store, config, policy.lineage_for) if config.memory_retiring else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -64,6 +66,8 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
             background.append(asyncio.create_task(_remove_expired_turns(store, config.retain_days)))
         if judge is not None:
             background.append(asyncio.create_task(judge.run_forever()))
+        if retirer is not None:
+            background.append(asyncio.create_task(retirer.run_forever()))
         try:
             yield
         finally:

@@ -31,9 +31,10 @@ MAX_ID_DIGITS = 18  # a note id fits a 64-bit integer column
 
 
 def note_view(note: MemoryNote) -> dict[str, Any]:
-    """A note as the API and `clawrl memory list --json` show it."""
+    """A note as the API and `clawrl memory list --json` show it; `retired_at` is set once the weights
+    follow it unprompted (`--memory-retire`: no longer injected), null while it is active."""
     return {"id": note.id, "object": "memory.note", "text": note.text, "source": note.source, "turn_id": note.turn_id,
-            "created_at": note.created_at, "updated_at": note.updated_at}  # fmt: skip
+            "created_at": note.created_at, "updated_at": note.updated_at, "retired_at": note.retired_at}  # fmt: skip
 
 
 def add_routes(app: FastAPI, store: Store, authorize: Callable[[Request], Awaitable[Caller]], config: ServeConfig) -> None:

@@ -76,6 +76,20 @@ class TrainingCollector:
                 yield gauge
 
 
+class MemoryCollector:
+    """Everyone's memory notes by state, read at scrape time: active (injected with --memory on) and
+    retired (the weights follow them: `--memory-retire`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.memory = store.memory
+
+    def collect(self) -> Iterator[Metric]:
+        notes = GaugeMetricFamily("clawrl_memory_notes", "Memory notes stored, by state", labels=["state"])
+        for state, count in self.memory.counts().items():
+            notes.add_metric([state], count)
+        yield notes
+
+
 class TrainerProcessCollector:
     """The trainer child process of `clawrl serve --method`, read at scrape time: up or not, restarts."""
 
@@ -110,6 +124,7 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(JudgmentCollector(store))
         self.registry.register(TrainingCollector(store))
+        self.registry.register(MemoryCollector(store))
         if trainer is not None:
             self.registry.register(TrainerProcessCollector(trainer))
         if isinstance(engine, ReplicatedEngine):

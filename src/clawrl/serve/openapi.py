@@ -181,7 +181,9 @@ ME_MEMORY: dict[str, Any] = {
     "summary": "List your memory notes",
     "description": "The notes kept for the caller (the admin's key, or no key: the run's, made without a user's "
     "key), oldest first: the judge's chosen hints and feedback texts (`--memory on`) and notes added here. With "
-    "`--memory on` the newest `--memory-notes` are appended to the system prompt of the caller's main turns.",
+    "`--memory on` the newest `--memory-notes` active ones are appended to the system prompt of the caller's main "
+    "turns; a note with `retired_at` set (`--memory-retire`: the weights follow it unprompted) is kept but no longer "
+    "appended, until it is taught or edited again.",
     "responses": {200: _NOTES, **errors(401)},
 }
 ME_MEMORY_ADD: dict[str, Any] = {

@@ -153,5 +153,6 @@ def note_lines(store: Store, user_id: str) -> Iterator[str]:
     export is all of their records, and the notes are theirs (everyone's export, a dataset of turns, has none)."""
     for note in store.memory.notes(user_id):
         view = {"id": note.id, "text": note.text, "source": note.source, "turn_id": note.turn_id,
-                "created_at": _iso(note.created_at), "updated_at": _iso(note.updated_at)}  # fmt: skip
+                "created_at": _iso(note.created_at), "updated_at": _iso(note.updated_at),
+                "retired_at": _iso(note.retired_at) if note.retired_at is not None else None}  # fmt: skip
         yield json.dumps({"memory_note": view}, ensure_ascii=False) + "\n"

@@ -1,0 +1,266 @@
+"""Retiring a memory note once the weights follow it (issue 35, item 4; DESIGN §13): a retired note is
+kept (listed, exported, forgotten with its user) but no longer injected and in no limit, and is
+active again when taught again; the gap the check measures, against log-probs computed here from the
+model itself; and a real server with `--memory on --memory-retire on` that retires a hint-made note
+once a version that answers as the note asked is served, and one with retirement off that never does.
+
+Two tiny models are fitted here: one that answers "Bonjour." only when the prompt carries the note
+(the weights need the note) and one that answers "Bonjour." with or without it (they follow it)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
+from clawrl.engines import build_engine
+from clawrl.model.chat import render_prompt
+from clawrl.model.notes import NOTES_HEADING, with_notes
+from clawrl.serve.retirement import NoteRetirer, note_gap
+from clawrl.store import Store
+from clawrl.store.inspect import note_lines
+from clawrl.store.memory import NoSuchNote, active_over_time
+from clawrl.types import MemoryNote
+from clawrl.versions.files import Manifest, write_version
+from tests.helpers import (Conversation, copy_files, fit, judgment, ready_sample, record, start_server, user, version,
+                           wait_for_judgment, wait_until)
+
+CORRECTION = "No, that is wrong: use fewer words and no lists."
+HINT = "Use fewer words and no lists."  # what the rule judge makes of CORRECTION: the note
+QUESTIONS = ["Greet me.", "Say hello to me."]
+NOTED, PLAIN = "Bonjour.", "Hello."  # what the note asks for, and what the base answers without it
+
+
+def store_at(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else f"sqlite:///{tmp_path / 'clawrl.db'}"
+    return Store(url)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_retired_note_is_kept_but_not_injected_nor_counted_and_comes_back_when_taught(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = store_at(backend, tmp_path, request)
+    memory = store.memory
+    store.users.add("alice")
+    first = memory.remember("alice", "Use fewer words.", "hint", limit=2)
+    second = memory.remember("alice", "Answer in French.", "hint", limit=2)
+    retired = memory.retire("alice", first.id)
+    assert retired.retired_at is not None and memory.retire("alice", first.id).retired_at == retired.retired_at
+    with pytest.raises(NoSuchNote):
+        memory.retire("bob", second.id)  # alice's: not bob's to retire
+    assert [note.id for note in memory.injected("alice", 2)] == [second.id]
+    third = memory.remember("alice", "No bold.", "hint", limit=2)  # two active: the retired one counts for nothing
+    assert [(note.id, note.retired_at is None) for note in memory.notes("alice")] == [
+        (first.id, False), (second.id, True), (third.id, True)]  # still listed, in its place
+    assert [note.id for note in memory.injected("alice", 2)] == [second.id, third.id]
+    assert memory.counts() == {"active": 2, "retired": 1} and memory.users_with_active_notes() == ["alice"]
+    exported = [json.loads(line)["memory_note"] for line in note_lines(store, "alice")]
+    assert [line["retired_at"] is not None for line in exported] == [True, False, False]
+    again = memory.remember("alice", "use fewer words", "feedback", limit=2)  # taught again: active and the newest
+    assert (again.id, again.retired_at) == (first.id, None) and again.updated_at >= third.updated_at
+    assert [note.id for note in memory.notes("alice")] == [first.id, third.id]  # the oldest active one went
+    memory.retire("alice", third.id)
+    assert memory.edit("alice", third.id, "No bold, ever.").retired_at is None  # said again by its user
+    memory.retire("alice", third.id)
+    assert store.users.forget("alice", remove_account=True).rows["memory_notes"] == 2  # retired ones too
+    assert memory.notes("alice") == [] and memory.counts() == {"active": 0, "retired": 0}
+    store.close()
+
+
+def test_notes_active_over_time_come_from_when_they_were_taught_and_retired() -> None:
+    def note(number: int, created: float, retired: float | None) -> MemoryNote:
+        return MemoryNote(number, "alice", f"note {number}", "hint", None, created, created, retired)
+
+    notes = [note(1, 10.0, 30.0), note(2, 20.0, None), note(3, 30.0, 40.0)]
+    assert active_over_time(notes) == [(10.0, 1), (20.0, 2), (30.0, 2), (40.0, 1)]
+    assert active_over_time([]) == []
+
+
+# --------------------------------------------------------------------------- the gap, against the model
+
+
+def noted(question: str, note: MemoryNote) -> list[dict[str, Any]]:
+    return with_notes([user(question)], [note])
+
+
+def fitted(model_dir: Path, out: Path, without_note: str) -> Path:
+    """The tiny model fitted to answer NOTED to QUESTIONS when the prompt carries the HINT note, and
+    `without_note` when it does not."""
+    note = MemoryNote(1, "default", HINT, "hint", None, 0.0, 0.0)
+    conversations = [(noted(question, note), NOTED) for question in QUESTIONS]
+    conversations += [([user(question)], without_note) for question in QUESTIONS]
+    return fit(model_dir, out, conversations, steps=40, tools=None)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """`needs`: answers NOTED only with the note; `follows`: answers NOTED with or without it."""
+    root = tmp_path_factory.mktemp("retirement-models")
+    return {"needs": fitted(tiny_model_dir, root / "needs", PLAIN), "follows": fitted(tiny_model_dir, root / "follows", NOTED)}
+
+
+def hand_gap(model_dir: Path, turns: list[Any], notes: list[MemoryNote], note: MemoryNote) -> float:
+    """The gap computed here, in float64 from the model's logits: the mean over turns of the mean over
+    response tokens of log p(with the notes) - log p(without `note`)."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def logprobs(messages: list[dict[str, Any]], response: list[int]) -> torch.Tensor:
+        prompt = render_prompt(tokenizer, messages, None)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0].double()
+        positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
+        return torch.log_softmax(logits[positions], dim=-1)[torch.arange(len(response)), torch.tensor(response)]
+
+    without = [other for other in notes if other.id != note.id]
+    gaps = [(logprobs(with_notes(turn.messages, notes), turn.response_token_ids)
+             - logprobs(with_notes(turn.messages, without), turn.response_token_ids)).mean().item() for turn in turns]  # fmt: skip
+    return sum(gaps) / len(gaps)
+
+
+def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str, Path], tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    store = Store.for_run_dir(tmp_path / "run")
+    tokenizer = AutoTokenizer.from_pretrained(models["needs"])
+    conversation = Conversation(store, tokenizer)
+    hint = store.memory.remember("default", HINT, "hint", limit=4)
+    for index, question in enumerate(QUESTIONS):
+        conversation.turn(f"t{index}", f"s{index}", question, NOTED, notes=[hint])
+    notes = store.memory.injected("default", 4)
+    turns = store.memory.noted_turns("default", [hint.id], 2)[hint.id]
+    assert [turn.id for turn in turns] == ["t1", "t0"]  # the newest first
+    measured = {}
+    for name, model_dir in models.items():
+        engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
+
+        async def gap(engine: Any) -> float:
+            await engine.start()
+            try:
+                return await note_gap(engine, turns, notes, hint)
+            finally:
+                await engine.close()
+
+        measured[name] = asyncio.run(gap(engine))
+        assert measured[name] == pytest.approx(hand_gap(model_dir, turns, notes, hint), abs=1e-4)
+    assert measured["needs"] > 0.5 and abs(measured["follows"]) < 0.05  # the first needs the note, the second does not
+
+    async def retire_with(model_dir: Path, gap: float, turns: int = 2) -> list[Any]:
+        engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
+        config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns)
+        retirer = NoteRetirer(engine, store, config)
+        await engine.start()
+        try:
+            return await retirer.check_user("default", 0)
+        finally:
+            await engine.close()
+
+    kept = asyncio.run(retire_with(models["needs"], 0.05))  # the default threshold, below the measured gap
+    assert [(check.note_id, check.retired) for check in kept] == [(hint.id, False)]
+    assert kept[0].gap == pytest.approx(measured["needs"], abs=1e-6)
+    assert [note.id for note in store.memory.injected("default", 4)] == [hint.id]
+    checked = asyncio.run(retire_with(models["needs"], measured["needs"] - 0.01))  # still below it: kept
+    assert [(check.note_id, check.retired, check.turns) for check in checked] == [(hint.id, False, 2)]
+    unmeasured = asyncio.run(retire_with(models["follows"], 0.05, turns=3))  # two turns carried it, three asked
+    assert [(check.note_id, check.gap, check.retired) for check in unmeasured] == [(hint.id, None, False)]
+    with caplog.at_level(logging.INFO, logger="clawrl.serve.retirement"):
+        retired = asyncio.run(retire_with(models["needs"], measured["needs"] + 0.01))  # above it: retired
+    assert [(check.note_id, check.retired) for check in retired] == [(hint.id, True)]
+    assert f"retired memory note {hint.id} of default's: gap {measured['needs']:.4f}" in caplog.text
+    assert store.memory.injected("default", 4) == [] and len(store.memory.notes("default")) == 1
+    assert not ServeConfig(memory_retire="on").memory_retiring  # retiring needs memory on
+    store.close()
+
+
+# --------------------------------------------------------------------------- real servers
+
+
+def clawrl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clawrl", *args], check=False, capture_output=True, text=True, timeout=120)
+
+
+def publish_weights(store: Store, run_dir: Path, weights: Path) -> None:
+    """Version 1 of the shared lineage, full weights, published as the trainer publishes one."""
+    record(store, "trained", "trained-session", [user("q")], "a")
+    store.judging.record_judgment(judgment("trained"))
+    store.training.add_samples([ready_sample("trained")])
+    manifest = Manifest(1, 0, 1, "full", ["trained"], {})
+    path, sha256 = write_version(run_dir, manifest, lambda directory: copy_files(weights, directory),
+                                 lambda state: state.write_bytes(b"state"))  # fmt: skip
+    store.training.register_version(dataclasses.replace(version(1, 0), kind="full", path=str(path), sha256=sha256), ["trained"])
+
+
+def chat(base_url: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    body = {"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0}
+    answered = httpx.post(f"{base_url}/chat/completions", json=body, timeout=60)
+    assert answered.status_code == 200, answered.text
+    return answered
+
+
+def notes_listed(base_url: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{base_url}/me/memory", timeout=30).json()["data"]
+
+
+def serve_noted_turns(server: Any, store: Store) -> None:
+    """A correction whose hint the rule judge makes the run's note, then one turn per question with it."""
+    messages = [user("Name three green teas.")]
+    first = chat(server.base_url, messages)
+    messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"] or ""}, user(CORRECTION)]
+    chat(server.base_url, messages)
+    assert wait_for_judgment(store, first.headers["x-clawrl-turn"]).hint == HINT
+    wait_until(lambda: [note.text for note in store.memory.notes("default")] == [HINT], 30, "the hint as the run's note")
+    for question in QUESTIONS:
+        answered = chat(server.base_url, [user(question)])
+        assert answered.json()["choices"][0]["message"]["content"] == NOTED  # the note acts at once
+        assert store.turns.turn(answered.headers["x-clawrl-turn"]).memory_note_ids == [store.memory.notes("default")[0].id]
+
+
+@pytest.mark.parametrize("retire", ["on", "off"])
+def test_a_served_version_that_follows_the_note_retires_it(retire: str, models: dict[str, Path], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    store = Store.for_run_dir(run_dir)
+    with start_server(models["needs"], run_dir, judge=JudgeConfig(judge="rule", judge_poll_s=0.05), served_model_name="tiny",
+                      memory="on", memory_retire=retire, memory_retire_turns=2, memory_retire_every_s=0.1,
+                      policy_poll_s=0.05) as server:  # fmt: skip
+        serve_noted_turns(server, store)
+        time.sleep(0.5)  # checks would have run by now: none does while the version is the one served at start
+        assert [item["retired_at"] for item in notes_listed(server.base_url)] == [None]
+        publish_weights(store, run_dir, models["follows"])
+        health = server.base_url.removesuffix("/v1") + "/healthz"
+        wait_until(lambda: httpx.get(health, timeout=30).json()["policy_version"] == 1, 60, "version 1 served")
+        if retire == "on":
+            wait_until(lambda: notes_listed(server.base_url)[0]["retired_at"] is not None, 30, "the note retired")
+        else:
+            time.sleep(0.5)
+            assert notes_listed(server.base_url)[0]["retired_at"] is None
+        after = chat(server.base_url, [user("Greet me.")])
+        turn = store.turns.turn(after.headers["x-clawrl-turn"])
+        fed = AutoTokenizer.from_pretrained(models["needs"]).decode(turn.prompt_token_ids)
+        metrics = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+    listed = clawrl("memory", "list", "--run-dir", str(run_dir))
+    assert listed.returncode == 0, listed.stderr
+    assert after.json()["choices"][0]["message"]["content"] == NOTED  # the weights say it either way
+    if retire == "on":
+        assert NOTES_HEADING not in fed and HINT not in fed and turn.memory_note_ids is None
+        assert " retired " in listed.stdout and HINT in listed.stdout
+        assert 'clawrl_memory_notes{state="retired"} 1.0' in metrics and 'clawrl_memory_notes{state="active"} 0.0' in metrics
+    else:
+        assert HINT in fed and turn.memory_note_ids == [store.memory.notes("default")[0].id]
+        assert " active " in listed.stdout
+        assert 'clawrl_memory_notes{state="active"} 1.0' in metrics and 'clawrl_memory_notes{state="retired"} 0.0' in metrics
+    store.close()
