@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import run_bench
-from clawrl.sim.memory import NOTES_HEADING
+from clawrl.model.notes import NOTES_HEADING
 from clawrl.sim.multi_user import MULTI_USER_TRAIN_DEFAULTS, UserRun, run_multi_user_arm, summarize
 from clawrl.sim.pretrain import PretrainConfig, pretrained_model_path
 from clawrl.sim.results import Evaluation
@@ -67,28 +68,53 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert results["pretrain_seeds"] == [0] and len(results["pretrain_builds"]["0"]["weights_sha256"]) == 64
 
 
-def test_memory_plus_training_arm_trains_and_carries_notes(model_dir: Path, tmp_path: Path) -> None:
+def fed_prompts(store: Store, model_dir: Path) -> list[str]:
+    """The decoded prompt ids of the run's main turns, in the order they were played."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sessions = sorted(store.turns.list_sessions(limit=1000), key=lambda session: session.created_at)
+    turns = [entry.turn for session in sessions for entry in store.turns.session_turns(session.id)]
+    return [tokenizer.decode(turn.prompt_token_ids) for turn in turns if turn.kind == "main"]
+
+
+def test_memory_arm_has_the_server_carry_hints_into_later_prompts(model_dir: Path, tmp_path: Path) -> None:
+    results = bench(tmp_path, model_dir, "memory", sessions=4, eval_every=4)
+    assert set(results["arms"]) == {"memory"}
+    store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
+    prompts = fed_prompts(store, model_dir)
+    assert NOTES_HEADING not in prompts[0]
+    hints = [judgment.hint for judgment in store.judging.judgments_for([turn.id for turn, _ in store.turns.iter_main_turns()]).values()
+             if judgment.hint]  # fmt: skip
+    assert hints, "the simulated student corrected nothing in four sessions"
+    assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)
+    for turn, _ in store.turns.iter_main_turns():  # the requests carried no notes: the server added them
+        assert NOTES_HEADING not in turn.messages[0]["content"]
+    memory = results["arms"]["memory"]["memory"]
+    assert memory["final_with_notes"] == results["arms"]["memory"]["final"]
+    assert 0 <= memory["final_weights_only"] <= 1 and len(memory["notes_active_curve"]) == 4
+    assert memory["notes_active_final"] == len(store.memory.injected("default", 5)) >= 1
+    assert memory["prompt_tokens_added_per_turn"] > 0
+
+
+def test_memory_trained_into_the_weights_trains_its_students_without_the_notes(model_dir: Path, tmp_path: Path) -> None:
+    results = bench(tmp_path, model_dir, "memory_then_weights", sessions=5, eval_every=5)
+    arm = results["arms"]["memory_then_weights"]
+    assert arm["per_seed"][0]["versions"] >= 1 and arm["training"]["samples_trained"] >= 4
+    store = Store.for_run_dir(tmp_path / "runs" / "memory_then_weights-seed0")
+    noted = [turn for turn, _ in store.turns.iter_main_turns() if turn.memory_note_ids]
+    assert noted, "no turn was served with a note"
+    kept = [sample for sample in store.training.samples_for([turn.id for turn in noted]).values() if sample.status != "dropped"]
+    assert kept and all(sample.student_prompt_token_ids is not None for sample in kept)
+    assert set(arm["memory"]) >= {"final_with_notes", "final_weights_only", "notes_active_final", "prompt_tokens_added_per_turn"}
+
+
+def test_memory_plus_training_arm_trains_the_turns_as_served(model_dir: Path, tmp_path: Path) -> None:
     results = bench(tmp_path, model_dir, "memory_combine", sessions=5, eval_every=5)
     arm = results["arms"]["memory_combine"]
     assert arm["per_seed"][0]["versions"] >= 1 and arm["training"]["samples_trained"] >= 4  # combine trained
     store = Store.for_run_dir(tmp_path / "runs" / "memory_combine-seed0")
-    prompts = [turn.messages[0]["content"] for session in store.turns.list_sessions()
-               for turn in (entry.turn for entry in store.turns.session_turns(session.id)) if turn.kind == "main"]
-    assert any(NOTES_HEADING in prompt for prompt in prompts)
-
-
-def test_memory_arm_carries_hints_into_later_system_prompts(model_dir: Path, tmp_path: Path) -> None:
-    results = bench(tmp_path, model_dir, "memory", sessions=4, eval_every=4)
-    assert set(results["arms"]) == {"memory"}
-    store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
-    sessions = sorted(store.turns.list_sessions(), key=lambda session: session.created_at)
-    prompts = [turn.messages[0]["content"] for session in sessions
-               for turn in (entry.turn for entry in store.turns.session_turns(session.id)) if turn.kind == "main"]
-    assert NOTES_HEADING not in prompts[0]
-    hints = [judgment.hint for judgment in store.judging.judgments_for([t.id for s in sessions for t in (entry.turn for entry in store.turns.session_turns(s.id))]).values()
-             if judgment.hint]
-    assert hints, "the simulated student corrected nothing in four sessions"
-    assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)
+    assert any(NOTES_HEADING in prompt for prompt in fed_prompts(store, model_dir))
+    noted = [turn.id for turn, _ in store.turns.iter_main_turns() if turn.memory_note_ids]
+    assert all(sample.student_prompt_token_ids is None for sample in store.training.samples_for(noted).values())
 
 
 def test_the_cli_runs_the_control_arm(model_dir: Path, tmp_path: Path) -> None:

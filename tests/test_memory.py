@@ -246,6 +246,27 @@ def test_a_corrections_hint_is_in_the_users_next_prompt_until_removed(memory_ser
     assert fourth.headers["x-clawrl-session"] == first.headers["x-clawrl-session"]
 
 
+def test_a_request_says_whether_its_prompt_carries_the_notes(memory_server: Setup, tiny_model_dir: Path) -> None:
+    """`X-Clawrl-Memory` (or the body's `memory`) over the default: an evaluation's side turn can ask for the
+    notes, a main turn can go without them; another word is a 400 error object."""
+    setup = memory_server
+    note = setup.call("POST", "bob", "/me/memory", {"text": "Sign off with a haiku."}).json()
+    asked = setup.chat("bob", [user("Write a title for this chat.")], **{"X-Turn-Type": "side", "X-Clawrl-Memory": "on"})
+    side_turn, side_fed = fed_text(setup, tiny_model_dir, asked)
+    assert side_turn.kind == "side" and "Sign off with a haiku." in side_fed and side_turn.memory_note_ids == [note["id"]]
+    without = setup.chat("bob", [user("Name a tea.")], **{"X-Clawrl-Memory": "off"})
+    main_turn, main_fed = fed_text(setup, tiny_model_dir, without)
+    assert main_turn.kind == "main" and NOTES_HEADING not in main_fed and main_turn.memory_note_ids is None
+    body = {"model": MODEL, "messages": [user("Name a tea.")], "max_tokens": 2, "turn_type": "side", "memory": True}
+    in_body = httpx.post(f"{setup.server.base_url}/chat/completions", json=body,
+                         headers={"Authorization": f"Bearer {setup.keys['bob']}"}, timeout=60)  # fmt: skip
+    assert "Sign off with a haiku." in fed_text(setup, tiny_model_dir, in_body)[1]
+    wrong = httpx.post(f"{setup.server.base_url}/chat/completions", json=body | {"memory": None},
+                       headers={"Authorization": f"Bearer {setup.keys['bob']}", "X-Clawrl-Memory": "maybe"}, timeout=60)  # fmt: skip
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "X-Clawrl-Memory"
+    assert setup.call("DELETE", "bob", f"/me/memory/{note['id']}").status_code == 200
+
+
 def test_feedback_text_becomes_a_note_listed_exported_and_forgotten(memory_server: Setup, tiny_model_dir: Path) -> None:
     setup = memory_server
     answered = setup.chat("carol", [user("What is a haiku?")])

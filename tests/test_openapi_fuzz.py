@@ -168,7 +168,7 @@ def test_the_document_describes_the_chat_request_with_clawrls_session_fields(fuz
     assert resolve(doc, call["properties"]["function"])["required"] == ["name"]
     # the same fields as headers
     headers = {p["name"]: p for p in doc["paths"][CHAT]["post"]["parameters"] if p["in"] == "header"}
-    assert set(headers) == {"X-Session-Id", "X-Turn-Type", "X-Session-Done", "X-Clawrl-Train"}
+    assert set(headers) == {"X-Session-Id", "X-Turn-Type", "X-Session-Done", "X-Clawrl-Train", "X-Clawrl-Memory"}
     assert headers["X-Turn-Type"]["schema"]["enum"] == ["main", "side"]
 
 

@@ -28,7 +28,7 @@ from clawrl.sim.chats import (
     hinted_chat,
     remembered_chat,
 )
-from clawrl.sim.memory import NOTES_HEADING
+from clawrl.model.notes import NOTES_HEADING
 from clawrl.sim.personas import PERSONAS, STUDENT, evaluation_hints
 from clawrl.sim.pretrain import PretrainConfig, content_key, encode_chat, pretrained_model_path, tiny_tokenizer, weights_digest
 

@@ -62,11 +62,12 @@ class BenchConfig(ComponentSettings):
 
     model_config = SettingsConfigDict(env_prefix="CLAWRL_BENCH_")
 
-    method: Literal["none", "memory", "rl", "opd", "combine", "memory_combine", "all"] = Field(
+    method: Literal["none", "memory", "rl", "opd", "combine", "memory_combine", "memory_then_weights", "all"] = Field(
         "all",
-        description="Arm to run: `none` (control: no training), `memory` (past hints in the system prompt), `rl`, "
-        "`opd`, `combine` (clawrl serve --method ...), `memory_combine` (memory notes in the prompt while --method "
-        "combine trains), or `all` of them.",
+        description="Arm to run: `none` (control: no training), `memory` (clawrl serve --memory on: the judge's hints "
+        "as notes in later system prompts), `rl`, `opd`, `combine` (clawrl serve --method ...), `memory_combine` "
+        "(memory notes while --method combine trains on the turns as served), `memory_then_weights` (the notes, "
+        "trained into the weights with --memory-train without-notes and retired once followed), or `all` of them.",
     )
     sessions: int = Field(36, ge=1, description="Sessions per arm and seed.")
     seeds: int = Field(3, ge=1, description="Seeds per arm (--first-seed, the next, ...).")

@@ -20,13 +20,20 @@ from typing import Any
 
 from clawrl.types import MemoryNote, Message
 
-NOTES_HEADING = "What this user asked for in earlier conversations (follow it):"
+# The tiny pre-trained model learnt to follow notes under this heading at the end of a system prompt
+# (`sim/chats.py`), as instruction-tuned models follow such a block
+NOTES_HEADING = "Notes from earlier conversations with this user:"
 _SYSTEM_ROLES = ("system", "developer")
 
 
 def notes_block(notes: list[MemoryNote]) -> str:
     """The text the notes add: a heading and one line per note, oldest first."""
-    return "\n".join([NOTES_HEADING, *(f"- {note.text}" for note in notes)])
+    return notes_text([note.text for note in notes])
+
+
+def notes_text(texts: list[str]) -> str:
+    """The heading and one line per text: the block, from the notes' texts alone."""
+    return "\n".join([NOTES_HEADING, *(f"- {text}" for text in texts)])
 
 
 def with_notes(messages: list[Message], notes: list[MemoryNote]) -> list[Message]:

@@ -35,12 +35,12 @@ from clawrl.engines.base import Engine, GenerationStream, LineageNotLoadedError,
 from clawrl.errors import APIError, describe_validation_error, error_body
 from clawrl.messages import conversation_hashes, recorded_fingerprint
 from clawrl.model.chat import ResponseDecoder, parse_tool_calls, render_prompt
+from clawrl.model.notes import with_notes
 from clawrl.serve import schemas
 from clawrl.serve.auth import ADMIN, Caller
 from clawrl.serve.contract import request_grammar
-from clawrl.model.notes import with_notes
 from clawrl.serve.metrics import ServeMetrics
-from clawrl.serve.privacy import opt_out, stored
+from clawrl.serve.privacy import notes_asked, opt_out, stored
 from clawrl.serve.sessions import (
     SessionIdentity,
     explicit_session,
@@ -218,7 +218,7 @@ class ChatService:
         kind = turn_kind(headers, request.turn_type, messages, self.side_regex)
         opted_out = opt_out(headers, request.train, caller)
         explicit = explicit_session(headers, request.session_id, request.user, caller)
-        notes = await self._memory_notes(kind, caller.user_id)
+        notes = await self._memory_notes(notes_asked(headers, request.memory, kind), caller.user_id)
         try:
             prompt_token_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, with_notes(messages, notes), tools)
         except TemplateError as error:  # e.g. a template that insists on alternating user/assistant turns
@@ -259,11 +259,11 @@ class ChatService:
         return PreparedRequest(request, turn, resolving, session_done(headers, request.session_done), sampling, stop,
                                recorded=stored(recorded, request.store, caller), user_id=caller.user_id)
 
-    async def _memory_notes(self, kind: TurnKind, user_id: str) -> list[MemoryNote]:
-        """The notes a turn's prompt carries: its user's, on a main turn with --memory on (a side turn,
-        a title or a summary, is answered as the client asked)."""
+    async def _memory_notes(self, asked: bool, user_id: str) -> list[MemoryNote]:
+        """The notes a turn's prompt carries: its user's, with --memory on, where asked (`privacy.notes_asked`:
+        main turns by default; a side turn, a title or a summary, is answered as the client asked)."""
         limit = self.config.memory_limit
-        if limit is None or kind != "main":
+        if limit is None or not asked:
             return []
         return await asyncio.to_thread(self.store.memory.injected, user_id, limit)
 

@@ -127,6 +127,9 @@ CHAT_COMPLETIONS: dict[str, Any] = {
             _header("X-Clawrl-Train", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
                     "`false` (or `0`, `no`, `off`): recorded, never judged nor "
                     "trained on; on a session's first request, for the whole session (as the body's `train`)."),
+            _header("X-Clawrl-Memory", {"type": "string", "enum": ["on", "off", "true", "false", "1", "0", "yes", "no"]},
+                    "With --memory on: `on` or `off`, whether the prompt carries the user's memory notes (as the "
+                    "body's `memory`); unset: main turns do, side turns do not."),
         ],
     },
 }

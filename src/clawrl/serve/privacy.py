@@ -14,7 +14,7 @@ from __future__ import annotations
 from clawrl.errors import APIError
 from clawrl.serve.auth import Caller
 from clawrl.serve.sessions import TRUE_WORDS
-from clawrl.types import OptOut
+from clawrl.types import OptOut, TurnKind
 
 FALSE_WORDS = {"0", "false", "no", "off"}
 
@@ -35,3 +35,15 @@ def opt_out(headers: dict[str, str], body_train: bool, caller: Caller) -> OptOut
     if not train:
         return "request"
     return None if caller.train else "user"
+
+
+def notes_asked(headers: dict[str, str], body_memory: bool | None, kind: TurnKind) -> bool:
+    """Whether the prompt carries the user's memory notes (with --memory on): the request's word (the
+    `X-Clawrl-Memory` header over the body's `memory`), else main turns do and side turns do not. A
+    side turn that asks for them is how an evaluation sees what the notes do without training on it."""
+    header = headers.get("x-clawrl-memory", "").strip().lower()
+    if header and header not in TRUE_WORDS | FALSE_WORDS:
+        raise APIError(400, "X-Clawrl-Memory must be 'on' or 'off'", "invalid_memory", "X-Clawrl-Memory")
+    if header:
+        return header in TRUE_WORDS
+    return body_memory if body_memory is not None else kind == "main"

@@ -151,6 +151,8 @@ class ChatCompletionRequest(WireModel):
     ] = False
     train: Annotated[bool, Field(description="clawrl: `false`: recorded, never judged nor trained on (as header X-Clawrl-Train); on a session's "
               "first request, for the whole session.")] = True
+    memory: Annotated[bool | None, Field(description="clawrl, with --memory on: whether the prompt carries the user's notes "
+              "(as header X-Clawrl-Memory: on|off); unset: main turns do, side turns do not.")] = None
 
     @field_validator("stop")
     @classmethod

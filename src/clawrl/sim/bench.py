@@ -10,11 +10,19 @@ held-out prompts, sent as side turns so that they are never trained on.
 Arms:
 
 * ``none``: serve and judge, no training (the control);
-* ``memory``: no training; the hints the judge drew from past sessions are put into the system
-  prompt of later ones (``clawrl.sim.memory``), as memory systems do;
+* ``memory``: no training; `clawrl serve --memory on` keeps the hints the judge drew as the user's
+  notes and appends them to the system prompt of later requests, as memory systems do;
 * ``rl``, ``opd``, ``combine``: `clawrl serve --method <arm>`;
-* ``memory_combine``: the memory arm's notes in the system prompt while `--method combine` trains,
-  so that the table answers whether training adds to memory.
+* ``memory_combine``: the memory arm's notes while `--method combine` trains on the turns as served
+  (`--memory-train as-served`: the notes in the student's prompt), so that the table answers whether
+  training adds to memory;
+* ``memory_then_weights``: the notes at once, and training that puts them into the weights
+  (`--memory-train without-notes`: the student without its notes, the teacher with them), with the
+  notes the weights follow retired (`--memory-retire on`).
+
+The memory arms are also scored on the held-out prompts without their notes at the end
+(`RunResult.final_weights_only`: what the weights alone learnt), and record the notes active after
+each session and the prompt tokens the notes added per main turn.
 
 Every run also records, for each judged main turn, the judge's score next to the user's hidden
 ground truth (`persona.satisfied` of the answer, before the user reacts), and, for trained arms,
@@ -43,11 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from transformers import AutoTokenizer
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
+from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import free_port
 from clawrl.sim.answers import on_topic, result_correct
-from clawrl.sim.memory import PromptMemory
+from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT
 from clawrl.sim.models import resolve_model
 from clawrl.sim.personas import PERSONAS, Persona
 from clawrl.sim.pretrain import weights_digest
@@ -57,11 +67,18 @@ from clawrl.sim.stats import training_summary
 from clawrl.sim.users import LLMVoice, ScriptedVoice, UserSession, Voice, problems, satisfies
 from clawrl.store import Store
 from clawrl.store.training import SHARED_LINEAGE, TrainingStore
+from clawrl.types import DEFAULT_USER
 
-ARMS = ("none", "memory", "rl", "opd", "combine", "memory_combine")
-TRAINED_ARMS = ("rl", "opd", "combine", "memory_combine")
-MEMORY_ARMS = ("memory", "memory_combine")  # the hints the judge drew go into later system prompts
-SERVE_METHOD = {"memory_combine": "combine"}  # `clawrl serve --method` of a trained arm, when not its name
+ARMS = ("none", "memory", "rl", "opd", "combine", "memory_combine", "memory_then_weights")
+TRAINED_ARMS = ("rl", "opd", "combine", "memory_combine", "memory_then_weights")
+# `clawrl serve --memory on`: the hints the judge drew go into later system prompts; with how they train
+MEMORY_ARMS = {
+    "memory": [],
+    "memory_combine": ["--memory-train", "as-served"],
+    "memory_then_weights": ["--memory-train", "without-notes", "--memory-retire", "on", "--memory-retire-every-s", "1"],
+}
+MEMORY_NOTES = 5  # notes kept: as many as the client-side memory this arm replaced kept
+SERVE_METHOD = {"memory_combine": "combine", "memory_then_weights": "combine"}  # `--method` when not the arm's name
 CLOSING_MAX_TOKENS = 16  # the answer to "thanks, that's all" is never judged: keep it short
 SERVER_START_TIMEOUT_S = 600.0  # the first start may pre-train the tiny model
 
@@ -78,6 +95,8 @@ def serve_command(arm: str, config: BenchConfig, train_flags: dict[str, Any], ru
     ]
     if arm in TRAINED_ARMS:
         command += ["--method", SERVE_METHOD.get(arm, arm), *flags_for(train_flags)]
+    if arm in MEMORY_ARMS:
+        command += ["--memory", "on", "--memory-notes", str(MEMORY_NOTES), *MEMORY_ARMS[arm]]
     return command + shlex.split(config.serve_args)
 
 
@@ -153,10 +172,13 @@ class Agent:
         self.sampling = {"temperature": temperature, "top_p": top_p}
 
     def complete(self, messages: list[dict[str, str]], seed: int, side: bool = False, done: bool = False,
-                 max_tokens: int | None = None) -> Reply:
+                 max_tokens: int | None = None, notes: bool | None = None) -> Reply:
+        """`notes`: whether the prompt carries the user's memory notes (X-Clawrl-Memory); None: the server's default."""
         headers = {}
         if side:
             headers["X-Turn-Type"] = "side"
+        if notes is not None:
+            headers["X-Clawrl-Memory"] = "on" if notes else "off"
         if done:
             headers["X-Session-Done"] = "true"
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens or self.max_tokens, "seed": seed,
@@ -197,14 +219,16 @@ def workload(config: BenchConfig, persona: Persona, seed: int) -> Workload:
     return Workload(sessions, heldout, seed)
 
 
-def evaluate(agent: Agent, persona: Persona, work: Workload, system_prompt: str, session: int) -> Evaluation:
-    """Answer every held-out prompt (side turns, concurrently, fixed seeds) and score the answers."""
+def evaluate(agent: Agent, persona: Persona, work: Workload, session: int, notes: bool = True) -> Evaluation:
+    """Answer every held-out prompt (side turns, concurrently, fixed seeds) and score the answers;
+    `notes`: with the user's memory notes in the prompt, as their main turns have them (a memory arm's
+    score as served), or without (what the weights alone do)."""
     version = agent.policy_version()
 
     def answer(index: int) -> str:
         message, _ = work.heldout[index]
-        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": message}]
-        return agent.complete(messages, seed=request_seed(work.seed, "heldout", index), side=True).text
+        messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": message}]
+        return agent.complete(messages, seed=request_seed(work.seed, "heldout", index), side=True, notes=notes).text
 
     with ThreadPoolExecutor(max_workers=len(work.heldout)) as pool:
         answers = list(pool.map(answer, range(len(work.heldout))))
@@ -218,14 +242,13 @@ def evaluate(agent: Agent, persona: Persona, work: Workload, system_prompt: str,
     )
 
 
-def play_session(agent: Agent, user: UserSession, system_prompt: str, seed: int,
-                 truths: dict[str, bool] | None = None) -> list[str]:
+def play_session(agent: Agent, user: UserSession, seed: int, truths: dict[str, bool] | None = None) -> list[str]:
     """One session over HTTP; returns the ids of its turns that got a next state.
 
     `truths`, when given, gets each of those turns' hidden ground truth: did the answer satisfy the
     user's preference on the problem it answered (taken before the user reacts and moves on)?
     """
-    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": user.first_message()}]
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": user.first_message()}]
     continued: list[str] = []
     for turn in range(user.max_turns + 1):
         reply = agent.complete(messages, seed=request_seed(seed, turn))
@@ -251,13 +274,29 @@ def wait_for_judgments(store: Store, turn_ids: list[str], timeout_s: float = 60.
     return judgments
 
 
-def remember_hints(store: Store, turn_ids: list[str], memory: PromptMemory) -> None:
-    """Keep the hints the judge drew from the session's turns (the memory arm)."""
+def wait_for_notes(store: Store, turn_ids: list[str], timeout_s: float = 30.0) -> None:
+    """Until the session's turns are judged and the last hint drawn from them is one of the user's notes
+    (the server notes a hint just after its verdict): the next session then meets it."""
     judgments = wait_for_judgments(store, turn_ids)
-    for turn_id in turn_ids:
-        judgment = judgments.get(turn_id)
-        if judgment is not None and judgment.hint:
-            memory.remember(judgment.hint)
+    hints = [judgments[turn_id].hint for turn_id in turn_ids if turn_id in judgments and judgments[turn_id].hint]
+    deadline = time.monotonic() + timeout_s
+    while hints and time.monotonic() < deadline:
+        if any(note.text == hints[-1].strip() for note in store.memory.notes(DEFAULT_USER)):
+            return
+        time.sleep(0.1)
+
+
+def active_notes(store: Store) -> list[str]:
+    """The texts of the notes the user's next main turn carries."""
+    return [note.text for note in store.memory.injected(DEFAULT_USER, MEMORY_NOTES)]
+
+
+def prompt_tokens_added(store: Store, tokenizer: Any) -> float:
+    """Mean over the run's main turns of the prompt tokens the notes added: the ids fed minus the request
+    rendered as the client sent it."""
+    added = [len(turn.prompt_token_ids) - len(render_prompt(tokenizer, turn.messages, turn.tools))
+             for turn, _ in store.turns.iter_main_turns()]  # fmt: skip
+    return sum(added) / len(added) if added else 0.0
 
 
 def catch_up(agent: Agent, store: Store, turn_ids: list[str], batch_size: int, timeout_s: float,
@@ -329,36 +368,40 @@ def run_arm(arm: str, seed: int, config: BenchConfig, train_flags: dict[str, Any
     port = free_port()
     started = time.perf_counter()
     result = RunResult(arm, seed, model_seed=config.model_seed)
-    memory = PromptMemory()
     truths: dict[str, bool] = {}
     with ServerProcess(serve_command(arm, config, train_flags, run_dir, port), run_dir, port) as server:
         agent = Agent(server.base_url, config.model, config.max_tokens, config.temperature, config.top_p)
         store = Store.for_run_dir(run_dir)
         try:
-            evaluated_prompt = memory.system_prompt()
-            result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, 0))
+            evaluated_notes = active_notes(store)
+            result.evaluations.append(evaluate(agent, persona, work, 0))
             for index, session_problems in enumerate(work.sessions, start=1):
                 user = UserSession(persona, session_problems, random.Random(f"user-{seed}-{index}"), voice,
                                    **config.user_noise())
-                system_prompt = memory.system_prompt()
-                continued = play_session(agent, user, system_prompt, request_seed(seed, "session", index), truths)
+                continued = play_session(agent, user, request_seed(seed, "session", index), truths)
                 result.session_satisfied.append(user.satisfied)
                 if arm in MEMORY_ARMS:
-                    remember_hints(store, continued, memory)
+                    wait_for_notes(store, continued)
                 if arm in TRAINED_ARMS and config.catch_up:
                     catch_up(agent, store, continued, train_flags["batch_size"], config.settle_s)
-                if index % config.eval_every == 0 and _evaluation_due(
-                    arm, agent, result, memory.system_prompt() != evaluated_prompt
-                ):
-                    evaluated_prompt = memory.system_prompt()
-                    result.evaluations.append(evaluate(agent, persona, work, evaluated_prompt, index))
+                notes = active_notes(store)
+                if arm in MEMORY_ARMS:
+                    result.notes_active.append(len(notes))
+                if index % config.eval_every == 0 and _evaluation_due(arm, agent, result, notes != evaluated_notes):
+                    evaluated_notes = notes
+                    result.evaluations.append(evaluate(agent, persona, work, index))
                 latest = result.evaluations[-1]
                 progress(SessionDone(arm, seed, index, config.sessions, user.satisfied, latest.score, latest.version))
             if arm in TRAINED_ARMS:
                 settle(agent, store.training, train_flags["batch_size"], config.settle_s)
             result.versions = agent.policy_version()
-            if result.evaluations[-1].session != config.sessions or result.evaluations[-1].version != result.versions:
-                result.evaluations.append(evaluate(agent, persona, work, memory.system_prompt(), config.sessions))
+            if (result.evaluations[-1].session != config.sessions or result.evaluations[-1].version != result.versions
+                    or active_notes(store) != evaluated_notes):
+                result.evaluations.append(evaluate(agent, persona, work, config.sessions))
+            if arm in MEMORY_ARMS:
+                result.final_weights_only = evaluate(agent, persona, work, config.sessions, notes=False)
+                tokenizer = AutoTokenizer.from_pretrained(prepared_model(config))
+                result.prompt_tokens_added_per_turn = prompt_tokens_added(store, tokenizer)
             result.judged = judged_against_truth(store, truths)
             if arm in TRAINED_ARMS:
                 result.training = training_record(store.training)

@@ -41,7 +41,6 @@ from clawrl.sim.bench import (
     Agent, ServerProcess, catch_up, evaluate, model_build, play_session, prepared_model, request_seed, serve_command,
     workload,
 )
-from clawrl.sim.memory import system_prompt_with_notes
 from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
 from clawrl.sim.personas import PERSONAS
 from clawrl.sim.report import command_line, flags_for
@@ -123,20 +122,18 @@ def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchC
     if arm in ADAPTERS:
         command += ["--method", "combine", *flags_for({**train_flags, "adapters": ADAPTERS[arm]})]
     works = {user: workload(config, PERSONAS[user], seed) for user in users}
-    system_prompt = system_prompt_with_notes([])
     results = {user: UserRun(user) for user in users}
     with ServerProcess(command, run_dir, port) as server:
         agents = {user: UserAgent(server.base_url, keys[user], config) for user in users}
         try:
             for user in users:
-                results[user].baseline = evaluate(agents[user], PERSONAS[user], works[user], system_prompt, 0)
+                results[user].baseline = evaluate(agents[user], PERSONAS[user], works[user], 0)
             for index in range(1, config.sessions + 1):
                 for user in users:
                     session = UserSession(PERSONAS[user], works[user].sessions[index - 1],
                                           random.Random(f"user-{user}-{seed}-{index}"), ScriptedVoice(),
                                           **config.user_noise())
-                    continued = play_session(agents[user], session, system_prompt,
-                                             request_seed(seed, user, "session", index))
+                    continued = play_session(agents[user], session, request_seed(seed, user, "session", index))
                     results[user].session_satisfied.append(session.satisfied)
                     if arm == "per_user":  # the user's own samples train the user's own lineage
                         catch_up(agents[user], store, continued, train_flags["batch_size"], config.settle_s,
@@ -146,8 +143,7 @@ def run_multi_user_arm(arm: str, seed: int, users: Sequence[str], config: BenchC
                 progress(RoundDone(arm, seed, index, config.sessions,
                                    {user: agents[user].policy_version() for user in users}))
             for user in users:
-                results[user].final = evaluate(agents[user], PERSONAS[user], works[user], system_prompt,
-                                               config.sessions)
+                results[user].final = evaluate(agents[user], PERSONAS[user], works[user], config.sessions)
         finally:
             for agent in agents.values():
                 agent.close()

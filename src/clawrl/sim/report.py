@@ -37,6 +37,7 @@ ARM_LABELS = {
     "opd": "opd (on-policy distillation)",
     "combine": "combine (RL + OPD)",
     "memory_combine": "memory + combine",
+    "memory_then_weights": "memory, then weights (notes trained in, retired)",
 }
 
 # Sessions to align that upstream (OpenClaw-RL) reported for the matching methods: another model and
@@ -112,14 +113,38 @@ def summarize_arm(runs: Sequence[RunResult], sessions: int) -> dict[str, Any]:
         "curve_high": [max(column) for column in zip(*curves, strict=True)],
         "example_before": runs[0].baseline.example,
         "example_after": runs[0].final.example,
+        **memory_summary(runs),
     }
+
+
+def memory_summary(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """A memory arm's figures (issue 35): the final held-out score with its notes and with the weights
+    alone, the notes active at the end and over the sessions, the prompt tokens added per main turn;
+    nothing for an arm without memory."""
+    if not runs or any(run.final_weights_only is None for run in runs):
+        return {}
+    weights_only = [run.final_weights_only for run in runs if run.final_weights_only is not None]
+    low, high = bootstrap_ci([[float(ok) for ok in evaluation.outcomes] for evaluation in weights_only])
+    active = [run.notes_active for run in runs if run.notes_active]
+    return {"memory": {
+        "final_with_notes": mean([run.final.score for run in runs]),
+        "final_weights_only": mean([evaluation.score for evaluation in weights_only]),
+        "final_weights_only_ci": [low, high],
+        "on_topic_weights_only": mean([evaluation.on_topic_share or 0.0 for evaluation in weights_only]),
+        "notes_active_final": mean([float(counts[-1]) for counts in active]) if active else None,
+        "notes_active_curve": [mean([float(value) for value in column]) for column in zip(*active, strict=True)] if active else [],
+        "prompt_tokens_added_per_turn": mean([run.prompt_tokens_added_per_turn or 0.0 for run in runs]),
+    }}
 
 
 def paired_with_correctness(arms: Mapping[str, Sequence[RunResult]]) -> dict[str, dict[str, Any]]:
     """The paired differences of the final held-out scores, each with the same difference of the
     on-topic and the correct shares beside it (`on_topic_mean`, `on_topic_ci`, `correct_mean`, `correct_ci`)."""
-    finals = {which: {arm: {run.unit: getattr(run.final, which) for run in arm_runs} for arm, arm_runs in arms.items()
-                      if all(getattr(run.final, which) for run in arm_runs)}
+    final = {arm: {run.unit: run.final for run in arm_runs} for arm, arm_runs in arms.items()}
+    final |= {f"{arm}:weights": {run.unit: run.final_weights_only for run in arm_runs if run.final_weights_only}
+              for arm, arm_runs in arms.items() if all(run.final_weights_only for run in arm_runs)}  # fmt: skip
+    finals = {which: {arm: {unit: getattr(evaluation, which) for unit, evaluation in by_unit.items()}
+                      for arm, by_unit in final.items() if all(getattr(e, which) for e in by_unit.values())}
               for which in ("outcomes", "on_topic", "correct")}  # fmt: skip
     paired = paired_differences(finals["outcomes"])
     for which in ("on_topic", "correct"):

@@ -51,6 +51,11 @@ class RunResult:
     training: dict[str, Any] | None = None  # trained arms: `stats.training_summary` of the run
     model_seed: int = 0  # the pre-training seed of the tiny model served (`--model-seed`): the model build
     model_build: dict[str, Any] | None = None  # its pretrain.json's digest and build (`bench.model_build`)
+    # memory arms (`clawrl serve --memory on`): the held-out score at the end without the notes (the
+    # weights alone), the notes active after each session, and the prompt tokens they added per main turn
+    final_weights_only: Evaluation | None = None
+    notes_active: list[int] = field(default_factory=list)
+    prompt_tokens_added_per_turn: float | None = None
 
     @property
     def unit(self) -> str:
@@ -71,14 +76,22 @@ class RunResult:
         data = asdict(self)
         for evaluation, item in zip(self.evaluations, data["evaluations"], strict=True):
             item["score"] = evaluation.score
+        if self.final_weights_only is not None:
+            data["final_weights_only"]["score"] = self.final_weights_only.score
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunResult:
         """A run back from `to_json` (runs.json), e.g. to report runs made by several invocations together."""
-        evaluations = [Evaluation(e["session"], e["version"], list(e["outcomes"]), e["example"],
-                                  list(e.get("on_topic", [])), list(e.get("correct", [])))
-                       for e in data["evaluations"]]
+        evaluations = [_evaluation(e) for e in data["evaluations"]]
+        weights_only = data.get("final_weights_only")
         return cls(data["arm"], data["seed"], evaluations, list(data["session_satisfied"]), data.get("versions", 0),
                    data.get("seconds", 0.0), [(int(score), bool(truth)) for score, truth in data.get("judged", [])],
-                   data.get("training"), data.get("model_seed", 0), data.get("model_build"))
+                   data.get("training"), data.get("model_seed", 0), data.get("model_build"),
+                   _evaluation(weights_only) if weights_only else None, list(data.get("notes_active", [])),
+                   data.get("prompt_tokens_added_per_turn"))
+
+
+def _evaluation(data: dict[str, Any]) -> Evaluation:
+    return Evaluation(data["session"], data["version"], list(data["outcomes"]), data["example"],
+                      list(data.get("on_topic", [])), list(data.get("correct", [])))

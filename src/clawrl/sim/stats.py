@@ -27,6 +27,15 @@ PAIRS = (
     ("opd", "none"),
     ("memory", "none"),
     ("memory_combine", "none"),
+    # memory trained into the weights (issue 35): with its notes, and with the weights alone (":weights",
+    # the held-out prompts asked without the notes) against combined training alone
+    ("memory_then_weights", "none"),
+    ("memory_then_weights", "memory"),
+    ("memory_then_weights", "memory_combine"),
+    ("memory_then_weights:weights", "combine"),
+    ("memory_then_weights:weights", "none"),
+    ("memory_combine:weights", "combine"),
+    ("memory:weights", "none"),
 )
 
 

@@ -154,14 +154,14 @@ class SampleBuilder:
             behaviour_version=turn.policy_version,
             hint=judgment.hint,
         )
-        if notes is not None:  # trained without the notes it was served with
-            base.student_prompt_token_ids = render_prompt(self.tokenizer, turn.messages, turn.tools)
         if not (item.has_next_state or item.has_feedback):
             return _dropped(base, "no_next_state")
         if not turn.trainable or not turn.response_token_ids:
             return _dropped(base, "untrainable")
         if self.max_context_tokens is not None and len(turn.prompt_token_ids) + len(turn.response_token_ids) > self.max_context_tokens:
             return _dropped(base, "too_long")  # longer than the trainer's context: never truncated
+        if notes is not None:  # trained without the notes it was served with
+            base.student_prompt_token_ids = render_prompt(self.tokenizer, turn.messages, turn.tools)
         if decision.kind == "none":
             if item.first_judged_in_session:
                 base.status = "held"
