@@ -15,6 +15,10 @@ correction's hint would. For every turn, from the recorded turns:
 
     python benchmarks/memory_notes.py --out docs/results/memory-notes.json
 
+`--model DIR` serves another model instead, e.g. the Qwen3-0.6B architecture with random weights
+(`clawrl model build-random --like qwen3-0.6b --out DIR`), for time to first token at a real size:
+cost does not depend on the weights' values.
+
 Token counts are the tiny model's tokenizer's (a small byte-level BPE: longer than Qwen's for the
 same English); the ratios between arms and placements are what carries over.
 """
@@ -120,11 +124,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument("--repeats", type=int, default=3, help="sessions per arm (TTFT is the median over them)")
+    parser.add_argument("--model", type=Path, default=None, help="a model directory to serve (default: the tiny model)")
+    parser.add_argument("--cpu-threads", type=int, default=1, help="the engine's CPU threads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = build_tiny_model(Path(scratch) / "model", seed=0)
+        model_dir = args.model or build_tiny_model(Path(scratch) / "model", seed=0)
         store = Store.for_run_dir(Path(scratch) / "run")
-        engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
+        engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=args.cpu_threads))
         config = ServeConfig(port=free_port(), api_key=ADMIN_KEY, served_model_name="tiny", memory="on",
                              memory_notes=len(NOTES))  # fmt: skip
         arms = [("none", 0, None), ("four", 4, None), ("sixteen", 16, None), ("changed", 4, 3)]
