@@ -104,25 +104,25 @@ def test_a_note_is_encrypted_at_rest(tmp_path: Path) -> None:
     assert not any(secret.encode() in path.read_bytes() for path in tmp_path.iterdir() if path.is_file())
 
 
-def _as_version_10(url: str) -> None:
-    """The store at `url` as clawrl wrote it before memory notes (schema v10)."""
+def _as_version(url: str, version: int, statements: list[str]) -> None:
+    """The store at `url` as clawrl wrote it at schema `version`: `statements` undo what came after."""
     engine = sqlalchemy.create_engine(url)
     with engine.begin() as db:
-        db.execute(sqlalchemy.text("ALTER TABLE samples DROP COLUMN student_prompt_token_ids"))
-        db.execute(sqlalchemy.text("ALTER TABLE turns DROP COLUMN memory_note_ids"))
-        db.execute(sqlalchemy.text("DROP TABLE memory_notes"))
-        db.execute(sqlalchemy.text("UPDATE meta SET value='10' WHERE key='schema_version'"))
+        for statement in [*statements, f"UPDATE meta SET value='{version}' WHERE key='schema_version'"]:
+            db.execute(sqlalchemy.text(statement))
     engine.dispose()
+
+
+def _as_version_10(url: str) -> None:
+    """The store at `url` as clawrl wrote it before memory notes (schema v10)."""
+    _as_version(url, 10, ["ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
+                          "ALTER TABLE turns DROP COLUMN memory_note_ids", "DROP TABLE memory_notes"])  # fmt: skip
 
 
 def _as_version_11(url: str) -> None:
     """The store at `url` as clawrl wrote it before notes were trained in and retired (schema v11)."""
-    engine = sqlalchemy.create_engine(url)
-    with engine.begin() as db:
-        db.execute(sqlalchemy.text("ALTER TABLE samples DROP COLUMN student_prompt_token_ids"))
-        db.execute(sqlalchemy.text("ALTER TABLE memory_notes DROP COLUMN retired_at"))
-        db.execute(sqlalchemy.text("UPDATE meta SET value='11' WHERE key='schema_version'"))
-    engine.dispose()
+    _as_version(url, 11, ["ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
+                          "ALTER TABLE memory_notes DROP COLUMN retired_at"])  # fmt: skip
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
