@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import BenchConfig
 from clawrl.sim.bench import run_bench
@@ -40,10 +41,27 @@ def bench(out: Path, model_dir: Path, method: str, sessions: int, eval_every: in
     return run_bench(config, FAST_TRAIN, progress=lambda _: None)
 
 
-def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -> None:
+def mean_logprob(model: torch.nn.Module, prompt_token_ids: list[int], response_token_ids: list[int]) -> float:
+    """The mean per-token log-prob of a recorded response under `model`, teacher-forced in float64."""
+    ids = torch.tensor([prompt_token_ids + response_token_ids])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0, len(prompt_token_ids) - 1 : -1].double().log_softmax(-1)
+    return logprobs.gather(1, torch.tensor(response_token_ids)[:, None]).mean().item()
+
+
+def test_the_combined_arm_trains_away_from_what_the_user_complained_about(model_dir: Path, tmp_path: Path) -> None:
+    """A short run trains, serves its versions and moves the policy the judge's way.
+
+    Whether 14 sessions of one seed beat their own start on 16 held-out prompts is close to a coin
+    toss at this size (5 of 8 runs did on 2026-12-07, over two pre-trainings and four seeds; the
+    outcome also depends on when the background trainer's steps land), so that claim is the
+    benchmark's, with intervals over seeds (docs/benchmarks.md). What every run shows is that the
+    answers the user complained about (reward -1) are less likely under the last version than under
+    the start: a sign error in the update, or versions never served, makes them likelier.
+    """
     results = bench(tmp_path, model_dir, "combine", sessions=14, eval_every=7)  # the start, halfway, the end
     combine = results["arms"]["combine"]
-    assert combine["final"] > combine["baseline"], combine
+    assert 0 <= combine["baseline"] <= 1 and 0 <= combine["final"] <= 1
     assert combine["per_seed"][0]["versions"] >= 3
     assert "sessions_to_align" in combine and combine["ci"][0] <= combine["final"] <= combine["ci"][1]
     on_disk = json.loads((tmp_path / "results.json").read_text())
@@ -54,7 +72,8 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert len(store.turns.list_sessions()) >= 14  # sessions were told apart with no session header
     turns = [entry.turn for session in store.turns.list_sessions(limit=1000) for entry in store.turns.session_turns(session.id)]
     side = {turn.id for turn in turns if turn.kind == "side"}
-    sampled = set(store.training.samples_for([turn.id for turn in turns]))
+    samples = store.training.samples_for([turn.id for turn in turns])
+    sampled = set(samples)
     assert len(side) >= 2 * 16  # held-out prompts, at the start and after versions
     assert sampled and not side & sampled  # never trained on
 
@@ -66,6 +85,15 @@ def test_the_combined_arm_beats_its_own_start(model_dir: Path, tmp_path: Path) -
     assert 0 <= training["stale_share"] <= 1
     assert results["report_seeds"] == [0] and results["paired"] == {}  # one arm: nothing to pair
     assert results["pretrain_seeds"] == [0] and len(results["pretrain_builds"]["0"]["weights_sha256"]) == 64
+
+    by_id = {turn.id: turn for turn in turns}
+    penalised = [by_id[turn_id] for turn_id, sample in samples.items() if sample.status == "trained" and sample.reward < 0]
+    assert len(penalised) >= 8, "the simulated student complained about fewer than eight trained answers"
+    last_version = max((tmp_path / "runs" / "combine-seed0" / "policy" / "shared").iterdir(), key=lambda path: int(path.name[1:]))
+    start, trained = (AutoModelForCausalLM.from_pretrained(path).eval() for path in (model_dir, last_version))
+    moved = [mean_logprob(trained, turn.prompt_token_ids, turn.response_token_ids)
+             - mean_logprob(start, turn.prompt_token_ids, turn.response_token_ids) for turn in penalised]  # fmt: skip
+    assert sum(moved) / len(moved) < -0.05, moved  # 8 runs: -0.18 to -0.38 nats per token
 
 
 def fed_prompts(store: Store, model_dir: Path) -> list[str]:
