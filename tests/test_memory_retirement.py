@@ -108,16 +108,31 @@ def fitted(model_dir: Path, out: Path, without_note: str) -> Path:
     return fit(model_dir, out, conversations, steps=40, tools=None)
 
 
+SAME_AGAIN = "Keep it short, and no lists."  # a second note that asks what HINT asks, in other words
+
+
+def fitted_to_either(model_dir: Path, out: Path) -> Path:
+    """The tiny model fitted to answer NOTED when the prompt carries HINT, SAME_AGAIN or both, and
+    PLAIN when it carries neither: each note is enough, neither is learnt."""
+    first, second = (MemoryNote(number, "default", text, "hint", None, 0.0, 0.0) for number, text in ((1, HINT), (2, SAME_AGAIN)))
+    conversations = [(with_notes([user(question)], notes), NOTED) for question in QUESTIONS
+                     for notes in ([first], [second], [first, second])]  # fmt: skip
+    conversations += [([user(question)], PLAIN) for question in QUESTIONS]
+    return fit(model_dir, out, conversations, steps=60, tools=None)
+
+
 @pytest.fixture(scope="module")
 def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """`needs`: answers NOTED only with the note; `follows`: answers NOTED with or without it."""
+    """`needs`: answers NOTED only with the note; `follows`: answers NOTED with or without it;
+    `either`: answers NOTED with either of two notes that say the same."""
     root = tmp_path_factory.mktemp("retirement-models")
-    return {"needs": fitted(tiny_model_dir, root / "needs", PLAIN), "follows": fitted(tiny_model_dir, root / "follows", NOTED)}
+    return {"needs": fitted(tiny_model_dir, root / "needs", PLAIN), "follows": fitted(tiny_model_dir, root / "follows", NOTED),
+            "either": fitted_to_either(tiny_model_dir, root / "either")}  # fmt: skip
 
 
-def hand_gap(model_dir: Path, turns: list[Any], notes: list[MemoryNote], note: MemoryNote) -> float:
+def hand_gap(model_dir: Path, turns: list[Any], note: MemoryNote) -> float:
     """The gap computed here, in float64 from the model's logits: the mean over turns of the mean over
-    response tokens of log p(with the notes) - log p(without `note`)."""
+    response tokens of log p(with `note` alone) - log p(with no notes)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
@@ -128,9 +143,8 @@ def hand_gap(model_dir: Path, turns: list[Any], notes: list[MemoryNote], note: M
         positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
         return torch.log_softmax(logits[positions], dim=-1)[torch.arange(len(response)), torch.tensor(response)]
 
-    without = [other for other in notes if other.id != note.id]
-    gaps = [(logprobs(with_notes(turn.messages, notes), turn.response_token_ids)
-             - logprobs(with_notes(turn.messages, without), turn.response_token_ids)).mean().item() for turn in turns]  # fmt: skip
+    gaps = [(logprobs(with_notes(turn.messages, [note]), turn.response_token_ids)
+             - logprobs(turn.messages, turn.response_token_ids)).mean().item() for turn in turns]  # fmt: skip
     return sum(gaps) / len(gaps)
 
 
@@ -140,9 +154,9 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     tokenizer = AutoTokenizer.from_pretrained(models["needs"])
     conversation = Conversation(store, tokenizer)
     hint = store.memory.remember("default", HINT, "hint", limit=4)
+    again = store.memory.remember("default", SAME_AGAIN, "hint", limit=4)  # says the same: the first is not learnt for it
     for index, question in enumerate(QUESTIONS):
-        conversation.turn(f"t{index}", f"s{index}", question, NOTED, notes=[hint])
-    notes = store.memory.injected("default", 4)
+        conversation.turn(f"t{index}", f"s{index}", question, NOTED, notes=[hint, again])
     turns = store.memory.noted_turns("default", [hint.id], 2)[hint.id]
     assert [turn.id for turn in turns] == ["t1", "t0"]  # the newest first
     measured = {}
@@ -152,37 +166,56 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
         async def gap(engine: Any) -> float:
             await engine.start()
             try:
-                return await note_gap(engine, turns, notes, hint)
+                return await note_gap(engine, turns, hint)
             finally:
                 await engine.close()
 
         measured[name] = asyncio.run(gap(engine))
-        assert measured[name] == pytest.approx(hand_gap(model_dir, turns, notes, hint), abs=1e-4)
+        assert measured[name] == pytest.approx(hand_gap(model_dir, turns, hint), abs=1e-4)
     assert measured["needs"] > 0.5 and abs(measured["follows"]) < 0.05  # the first needs the note, the second does not
+    # with either note enough, leaving one out of the two moves nothing; the note alone against none does
+    assert measured["either"] > 0.5 and hand_gap(models["either"], turns, again) > 0.5
 
-    async def retire_with(model_dir: Path, gap: float, turns: int = 2) -> list[Any]:
+    async def retire_with(model_dir: Path, gap: float, turns: int = 2, under: int = 0, twice: bool = False) -> list[Any]:
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
         config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns)
         retirer = NoteRetirer(engine, store, config)
         await engine.start()
         try:
-            return await retirer.check_user("default", 0)
+            checks = await retirer.check_user("default", under)
+            return await retirer.check_user("default", under) if twice else checks
         finally:
             await engine.close()
 
-    kept = asyncio.run(retire_with(models["needs"], 0.05))  # the default threshold, below the measured gap
+    def of_hint(checks: list[Any]) -> list[Any]:
+        return [check for check in checks if check.note_id == hint.id]
+
+    kept = of_hint(asyncio.run(retire_with(models["needs"], 0.05)))  # the default threshold, below the measured gap
     assert [(check.note_id, check.retired) for check in kept] == [(hint.id, False)]
     assert kept[0].gap == pytest.approx(measured["needs"], abs=1e-6)
-    assert [note.id for note in store.memory.injected("default", 4)] == [hint.id]
-    checked = asyncio.run(retire_with(models["needs"], measured["needs"] - 0.01))  # still below it: kept
+    assert [note.id for note in store.memory.injected("default", 4)] == [hint.id, again.id]
+    assert asyncio.run(retire_with(models["needs"], 0.05, twice=True)) == []  # once per version
+    both = asyncio.run(retire_with(models["either"], 0.05))
+    assert [(check.note_id, check.retired) for check in both] == [(hint.id, False), (again.id, False)]
+    checked = of_hint(asyncio.run(retire_with(models["needs"], measured["needs"] - 0.01)))  # still below it: kept
     assert [(check.note_id, check.retired, check.turns) for check in checked] == [(hint.id, False, 2)]
-    unmeasured = asyncio.run(retire_with(models["follows"], 0.05, turns=3))  # two turns carried it, three asked
+    unmeasured = of_hint(asyncio.run(retire_with(models["follows"], 0.05, turns=3)))  # two turns carried it, three asked
     assert [(check.note_id, check.gap, check.retired) for check in unmeasured] == [(hint.id, None, False)]
+
+    # a turn a version was trained on does not count for it: t1's sample went into version 1
+    store.training.add_samples([ready_sample("t1")])
+    store.training.register_version(version(1, 0), ["t1"])
+    fitted_one = of_hint(asyncio.run(retire_with(models["follows"], 0.05, under=1)))
+    assert [(check.turns, check.gap) for check in fitted_one] == [(1, None)]
+    assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=1)[hint.id]] == ["t0"]
+    assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=0)[hint.id]] == ["t1", "t0"]
+    store.memory.retire("default", again.id)  # measured alone from here: the first note's checks see no other
+
     with caplog.at_level(logging.INFO, logger="clawrl.serve.retirement"):
         retired = asyncio.run(retire_with(models["needs"], measured["needs"] + 0.01))  # above it: retired
     assert [(check.note_id, check.retired) for check in retired] == [(hint.id, True)]
     assert f"retired memory note {hint.id} of default's: gap {measured['needs']:.4f}" in caplog.text
-    assert store.memory.injected("default", 4) == [] and len(store.memory.notes("default")) == 1
+    assert store.memory.injected("default", 4) == [] and len(store.memory.notes("default")) == 2
     assert not ServeConfig(memory_retire="on").memory_retiring  # retiring needs memory on
     store.close()
 

@@ -80,10 +80,11 @@ class ServeConfig(ComponentSettings):
     memory_retire: Literal["on", "off"] = Field(
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
-        "when a new policy version is served, each active note is checked on the user's latest answers given with it "
-        "(--memory-retire-turns) by scoring them under the current weights with the user's notes and with that one "
-        "left out; a note whose gap is at most --memory-retire-gap is no longer injected (it stays listed, exported "
-        "and forgettable, and is active again when taught again). A background task: requests never wait for it.",
+        "each active note is checked once under each newly served policy version, on the user's latest answers given "
+        "with it that the version was not trained on (--memory-retire-turns), by scoring them under that version with "
+        "the note alone and with no notes; a note whose gap is at most --memory-retire-gap is no longer injected (it "
+        "stays listed, exported and forgettable, and is active again when taught again). A background task: requests "
+        "never wait for it.",
     )
     memory_retire_gap: float = Field(
         0.05,
