@@ -103,8 +103,11 @@ class NoteRetirer:
                 continue
             try:
                 checks += await self.check_user(user_id, version)
-            except Exception:  # e.g. the version was swapped out meanwhile: the next period tries again
-                log.exception("checking %s's memory notes under version %d failed", user_id, version)
+            except Exception:
+                if self.engine.lineage_version(lineage) != version:  # swapped out meanwhile: the next one is checked
+                    log.info("version %d was swapped out while %s's memory notes were checked under it", version, user_id)
+                else:  # e.g. a busy store: the next period tries again
+                    log.exception("checking %s's memory notes under version %d failed", user_id, version)
         return checks
 
     async def check_user(self, user_id: str, version: int) -> list[NoteCheck]:
