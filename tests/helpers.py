@@ -149,7 +149,8 @@ def start_server(
     engine = engine if engine is not None else build_engine(engine_config)
     store = Store.for_run_dir(run_dir, keys)
     config = ServeConfig(port=free_port(), **serve_options)
-    worker = build_worker(store, judge, engine, engine_config, memory_notes=config.memory_limit) if judge is not None else None
+    worker = (build_worker(store, judge, engine, engine_config, memory_notes=config.memory_limit, memory_from=config.memory_from)
+              if judge is not None else None)  # fmt: skip
     return ServerThread(engine, store, config, worker, adapters)
 
 

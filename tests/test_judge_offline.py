@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from clawrl.judge.hints import directive_hints, reply_hint
+from clawrl.judge.hints import directive_hints, durable_directives, reply_hint
 from clawrl.judge.rule import judge_by_rules
 
 REQUEST = [{"role": "user", "content": "Write a short reply to my landlord about the broken heater."}]
@@ -247,3 +247,19 @@ def test_the_judge_reads_only_what_the_user_typed() -> None:
                "<<<END_OPENCLAW_INTERNAL_CONTEXT>>>")
     assert judge_by_rules(REQUEST, [{"role": "user", "content": wrapped}]) == judged(
         "would you mind making it a bit more polite?")
+
+
+@pytest.mark.parametrize(("hint", "note"), [
+    ("Rewrite it as a normal explanation, no headings or bold text.", "Rewrite it as a normal explanation, no headings or bold text."),
+    ("Nope, too formatted. Please just use ordinary sentences and keep all the working.",
+     "Please just use ordinary sentences and keep all the working."),
+    ("could you make it shorter?", "Make it shorter."),
+    ("¿puedes hacerlo más corto?", "Hacerlo más corto."),
+    ("Please answer this one: Jia travels by boat at 33 km per hour for 3 hours.", None),  # another problem's answer
+    ("Please do this one: Hana buys seven bags of apples.", None),  # "this one", no digit
+    ("That's not what I asked, those aren't my numbers.", None),  # no directive
+    ("She got bored halfway through and asked me to stop.", None),
+    ("Please use the numbers from my first message, Tom has five apples.", None),  # quotes the task
+])
+def test_a_note_keeps_only_the_directives_that_hold_for_later_requests(hint: str, note: str | None) -> None:
+    assert durable_directives(hint, ["Tom has five apples and buys three more. How many?", "Tom has 8 apples."]) == note

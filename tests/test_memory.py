@@ -6,6 +6,7 @@ and PostgreSQL; one real server with the rule judge and `--memory on`, and one w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -19,13 +20,14 @@ import sqlalchemy
 from transformers import AutoTokenizer
 
 from clawrl.config import JudgeConfig
+from clawrl.judge.worker import build_worker
 from clawrl.model.chat import render_prompt, teacher_prompt_ids
 from clawrl.model.notes import NOTES_HEADING
 from clawrl.store import Store
 from clawrl.store.encryption import KeyRing, new_key
 from clawrl.store.memory import NoSuchNote, NoteError, SameNote
 from clawrl.store.migrations import SCHEMA_VERSION
-from clawrl.types import Sample
+from clawrl.types import DEFAULT_USER, Sample
 from tests.helpers import ServerSetup, judgment, record, start_server, user, wait_for_judgment, wait_until
 
 ADMIN_KEY = "sk-admin-memory"
@@ -159,6 +161,34 @@ def test_a_version_10_store_gains_memory_notes(backend: str, tmp_path: Path, req
     note = store.memory.remember("default", "Be brief.", "user", limit=4)
     record(store, "t2", "s2", [user("q")], "a", memory_note_ids=[note.id])
     assert store.turns.turn("t2").memory_note_ids == [note.id]
+    store.close()
+
+
+# --------------------------------------------------------------------------- which hints become notes
+
+TOPIC_CORRECTION = "Those aren't my numbers. Please answer this one: Jia travels by boat at 33 km per hour for 3 hours."
+STYLE_CORRECTION = "Nope, too formatted. Please just use ordinary sentences and keep all the working."
+
+
+@pytest.mark.parametrize("memory_from", ["directives", "hints"])
+def test_only_directives_that_hold_for_later_requests_become_notes(memory_from: str, tmp_path: Path) -> None:
+    """A correction that asks for another problem's answer is a hint for its turn, and as a note would
+    ask every later prompt for that answer: under `directives` it makes none."""
+    store = Store.for_run_dir(tmp_path)
+    question, answer = user("Tom has 5 apples and buys 3 more. How many?"), "**Answer:** 1. Tom has 5. 2. He buys 3. **8.**"
+    for index, correction in enumerate([TOPIC_CORRECTION, STYLE_CORRECTION]):
+        record(store, f"t{index}", f"s{index}", [question], answer)
+        conversation = [question, {"role": "assistant", "content": answer}, user(correction)]
+        record(store, f"next{index}", f"s{index}", conversation, "ok", continues_turn_id=f"t{index}", next_state=[user(correction)])
+    worker = build_worker(store, JudgeConfig(judge="rule"), memory_notes=4, memory_from=memory_from)
+    assert worker is not None and asyncio.run(worker.judge_available()) == 2
+    hints = {turn_id: judgment.hint for turn_id, judgment in store.judging.judgments_for(["t0", "t1"]).items()}
+    assert hints["t0"] is not None and "Jia travels" in hints["t0"]  # the turn's hint keeps what the user asked
+    noted = [(note.text, note.turn_id) for note in store.memory.notes(DEFAULT_USER)]
+    if memory_from == "directives":
+        assert noted == [("Please just use ordinary sentences and keep all the working.", "t1")]
+    else:
+        assert [turn_id for _, turn_id in noted] == ["t0", "t1"] and "Jia travels" in noted[0][0]
     store.close()
 
 

@@ -183,6 +183,7 @@ class Feedback:
 
 
 MemoryNoteSource = Literal["hint", "feedback", "user"]  # the judge's chosen hint, a feedback text, typed in
+MemoryFrom = Literal["directives", "hints"]  # what of a judge's hint becomes a note (`--memory-from`)
 
 
 @dataclass

@@ -47,7 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from clawrl.serve.app import create_app
 
     engine = build_engine(engine_config, _resolved_model(model))
-    judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher, serve_config.memory_limit)
+    judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher, serve_config.memory_limit,
+                          serve_config.memory_from)
     trainer = _trainer_process(settings)
     app = create_app(engine, store, serve_config, judge, trainer, settings.train.adapters)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
@@ -122,12 +123,12 @@ def _chosen_judge(config: JudgeConfig, served_model: str | None) -> tuple[JudgeC
 
 def _judge_worker(
     store: Any, config: JudgeConfig, serving_engine: Any = None, engine_config: Any = None, teacher: Any = "base",
-    memory_notes: int | None = None,
+    memory_notes: int | None = None, memory_from: Any = "directives",
 ) -> Any:
     from clawrl.judge.worker import build_worker
 
     try:
-        return build_worker(store, config, serving_engine, engine_config, teacher, memory_notes)
+        return build_worker(store, config, serving_engine, engine_config, teacher, memory_notes, memory_from)
     except ValueError as error:
         raise StartupError(str(error)) from None
 

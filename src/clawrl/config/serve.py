@@ -77,6 +77,14 @@ class ServeConfig(ComponentSettings):
         description="With --memory on, how many notes each user keeps (the newest; a note taught again is the newest) "
         "and every prompt of theirs carries: each costs its tokens on every turn.",
     )
+    memory_from: Literal["directives", "hints"] = Field(
+        "directives",
+        description="With --memory on, what of the judge's hint becomes a note: `directives`, its directive clauses "
+        "that would hold for later requests (none naming a number, pointing at the task as in 'this one', or quoting "
+        "the conversation: `judge.hints.durable_directives`), or nothing when none is left; `hints`, the hint as it "
+        "is. A hint is about one answer, a note is said on every later prompt. Explicit feedback text is noted as "
+        "given either way.",
+    )
     memory_retire: Literal["on", "off"] = Field(
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "

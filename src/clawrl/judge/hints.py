@@ -22,6 +22,12 @@ none that asks ("its 40x28 not 45x30"); the clauses alone would lose it.
 
 Nothing here decides whether a reply directs at all: the judge offers these candidates only when
 its classifier reads the reply as a correction (`rule.py`).
+
+A hint is about one answer; a memory note (`--memory on`) is said again on every later prompt of
+the user. `durable_directives` keeps of a hint what would still hold then: its directive clauses,
+less those tied to this task (a number, words quoted from the conversation, "this one"). "Please
+answer this one: Jia travels 33 km ..." is a fine hint for its turn and a harmful note: on later
+prompts it asks for another problem's answer.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from clawrl.judge.lexicon import cue_counts, cue_spans, fold
 from clawrl.judge.parsing import MIN_HINT_CHARS
 
 MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
+QUOTED_WORDS = 4  # a clause sharing this many consecutive words with the conversation quotes the task
 
 _DIRECTIVE = re.compile(
     r"\b(?:don't|do not|never|avoid|stop|without|use|please|you should|rewrite it|make it|keep it|i meant)\b",
@@ -42,6 +49,12 @@ _CLAUSE_OPENERS_ONLY = frozenset({"don't", "do not", "never", "use", "stop"})
 _DIRECTION_CUES = ("complaint", "too", "comparative", "emphasis", "contrast", "request_frame", "imperative", "sarcasm",
                    "challenge")
 _APPROVAL_CUES = ("praise", "thanks", "works", "done", "hesitation", "laughter", "positive_emoji")
+_POINTS_AT_THE_TASK = re.compile(
+    r"\b(?:this|that|the other|the next|the first|the last) (?:one|question|problem|exercise|task)\b|"
+    r"\bmy (?:question|problem|numbers|exercise|task|homework)\b|\b(?:those|these) (?:numbers|values)\b",
+    re.IGNORECASE,
+)
+_WORD = re.compile(r"\w+")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？])|\n+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
 # Question frames around a request: what is left once they go is the request itself.
@@ -92,6 +105,25 @@ def reply_hint(text: str) -> str | None:
     parts = [directive_clause(sentence) or _as_context(sentence) for sentence in _sentences(text)]
     hint = " ".join(part for part in parts if part)
     return hint if len(hint) >= MIN_HINT_CHARS else None
+
+
+def durable_directives(hint: str, conversation: list[str]) -> str | None:
+    """What of `hint` would hold for the user's later requests, as one note: its directive clauses
+    without those that name a number, point at the task ("this one", "my numbers") or quote
+    QUOTED_WORDS consecutive words of `conversation` (the texts the answer replied to, and the
+    answer); None when none is left."""
+    quoted = set()
+    for text in conversation:
+        words = _WORD.findall(fold(text))
+        quoted.update(tuple(words[start : start + QUOTED_WORDS]) for start in range(len(words) - QUOTED_WORDS + 1))
+
+    def durable(clause: str) -> bool:
+        words = _WORD.findall(fold(clause))
+        runs = {tuple(words[start : start + QUOTED_WORDS]) for start in range(len(words) - QUOTED_WORDS + 1)}
+        return not any(char.isdigit() for char in clause) and not _POINTS_AT_THE_TASK.search(clause) and not runs & quoted
+
+    kept = [clause for clause in directive_hints(hint) if durable(clause)]
+    return " ".join(kept) if kept else None
 
 
 def directive_clause(sentence: str) -> str | None:

@@ -21,9 +21,10 @@ from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
-from clawrl.messages import user_typed
+from clawrl.judge.hints import durable_directives
+from clawrl.messages import content_text, user_typed
 from clawrl.store import Store
-from clawrl.types import HintCandidate, Judgment, Teacher, TurnContext
+from clawrl.types import HintCandidate, Judgment, MemoryFrom, Teacher, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ class JudgeWorker:
 
     Without a selector (a standalone worker with no local model) the longest hint candidate wins.
     With `memory_notes` (`clawrl serve --memory on`: the notes kept per user) the chosen hint of each
-    verdict written becomes a note of the turn's user, which their next prompts carry.
+    verdict written becomes a note of the turn's user, which their next prompts carry: its durable
+    directives (`memory_from="directives"`, `hints.durable_directives`) or the hint as it is.
     """
 
     def __init__(
@@ -124,9 +126,10 @@ class JudgeWorker:
         worker_id: str | None = None,
         selector: HintSelector | None = None,
         memory_notes: int | None = None,
+        memory_from: MemoryFrom = "directives",
     ) -> None:
         self.store, self.backend, self.config, self.selector = store, backend, config, selector
-        self.memory_notes = memory_notes
+        self.memory_notes, self.memory_from = memory_notes, memory_from
         self.worker_id = worker_id or f"judge-{uuid.uuid4().hex[:12]}"
         self.judged = 0
 
@@ -167,8 +170,18 @@ class JudgeWorker:
         written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
         if written and judgment.hint is not None and self.memory_notes is not None:
-            await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, judgment.hint, "hint", self.memory_notes)
+            note = self._note(case, judgment.hint)
+            if note is not None:
+                await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, note, "hint", self.memory_notes)
         return written
+
+    def _note(self, case: TurnContext, hint: str) -> str | None:
+        """What of `hint` becomes a note of the turn's user; None: nothing."""
+        if self.memory_from == "hints":
+            return hint
+        turn = case.turn  # what was asked and answered; a system prompt's own wording is no quote of the task
+        asked = [content_text(message.get("content")) for message in turn.messages if message["role"] in ("user", "assistant")]
+        return durable_directives(hint, [*asked, turn.response_text])
 
     async def _overlaps(self, case: TurnContext, verdict: BackendVerdict) -> list[int | None] | None:
         """Overlap of each hint candidate, when there is a choice to make and an engine to make it."""
@@ -185,9 +198,11 @@ def build_worker(
     engine_config: EngineConfig | None = None,
     teacher: Teacher = "base",
     memory_notes: int | None = None,
+    memory_from: MemoryFrom = "directives",
 ) -> JudgeWorker | None:
     """The judge loop as configured (None with `--judge off`); ValueError when it cannot judge.
-    `memory_notes`: the serving side's `ServeConfig.memory_limit` (its hints become notes).
+    `memory_notes`, `memory_from`: the serving side's `ServeConfig.memory_limit` and `memory_from`
+    (its hints become notes).
 
     Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
     engine can read: inside `clawrl serve` it uses the serving engine, under the weights of the
@@ -199,4 +214,4 @@ def build_worker(
     selector = None
     if serving_engine is not None:
         selector = OverlapSelector(serving_engine, config.hint_top_k, teacher_version=0 if teacher == "base" else None)
-    return JudgeWorker(store, backend, config, selector=selector, memory_notes=memory_notes)
+    return JudgeWorker(store, backend, config, selector=selector, memory_notes=memory_notes, memory_from=memory_from)
