@@ -115,15 +115,18 @@ def _as_version(url: str, version: int, statements: list[str]) -> None:
     engine.dispose()
 
 
+UNDO_V13 = ["DROP INDEX ix_episodes_waiting", "ALTER TABLE episodes DROP COLUMN sampled"]  # episodes marked sampled
+
+
 def _as_version_10(url: str) -> None:
     """The store at `url` as clawrl wrote it before memory notes (schema v10)."""
-    _as_version(url, 10, ["ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
+    _as_version(url, 10, [*UNDO_V13, "ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
                           "ALTER TABLE turns DROP COLUMN memory_note_ids", "DROP TABLE memory_notes"])  # fmt: skip
 
 
 def _as_version_11(url: str) -> None:
     """The store at `url` as clawrl wrote it before notes were trained in and retired (schema v11)."""
-    _as_version(url, 11, ["ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
+    _as_version(url, 11, [*UNDO_V13, "ALTER TABLE samples DROP COLUMN student_prompt_token_ids",
                           "ALTER TABLE memory_notes DROP COLUMN retired_at"])  # fmt: skip
 
 
@@ -149,7 +152,7 @@ def test_a_version_11_store_gains_trained_in_and_retired_notes(backend: str, tmp
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_version_10_store_gains_memory_notes(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    assert SCHEMA_VERSION == 12
+    assert SCHEMA_VERSION == 13
     url = store_at(backend, tmp_path, request)
     store = Store(url)
     record(store, "t1", "s1", [user("q")], "a")

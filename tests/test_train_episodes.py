@@ -10,14 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy
+from sqlalchemy import case, func, select, update
 from transformers import AutoTokenizer
 
 from clawrl.config import EngineConfig, TrainConfig
 from clawrl.store import Store
 from clawrl.store.episodes import StepCountError
+from clawrl.store.migrations import SCHEMA_VERSION
+from clawrl.store.retention import remove_older_than
+from clawrl.store.schema import EpisodeRow, Meta, TurnRow, unsampled_step
 from clawrl.train.episodes import EpisodeSampleBuilder, group_advantages, step_rewards
 from clawrl.train.trainer import Trainer
-from clawrl.types import EPISODE_RESULT_SOURCE, Episode
+from clawrl.types import EPISODE_RESULT_SOURCE, Episode, Sample
 from tests.helpers import Conversation, judgment, record, user
 
 TOOL_RESULT = [{"role": "tool", "tool_call_id": "c", "content": "1"}]
@@ -160,6 +165,138 @@ def test_a_step_longer_than_the_trainers_context_is_dropped_not_truncated(store:
     samples = training.samples_for(fits + too_long)
     assert [(samples[turn_id].status, samples[turn_id].drop_reason) for turn_id in fits] == [("ready", None)] * 2
     assert [(samples[turn_id].status, samples[turn_id].drop_reason) for turn_id in too_long] == [("dropped", "too_long")] * 2
+
+
+def old_group_ids(store: Store, limit: int = 10) -> list[str]:
+    """What `groups_to_sample` answered up to schema v12, over every episode: the poll must answer the same."""
+    ended = func.sum(case((EpisodeRow.status != "running", 1), else_=0))
+    query = (
+        select(EpisodeRow.group_id)
+        .group_by(EpisodeRow.group_id)
+        .having(ended >= func.min(EpisodeRow.group_size))
+        .having(func.max(case((unsampled_step(), 1), else_=0)) == 1)
+        .order_by(func.min(EpisodeRow.created_at))
+        .limit(limit)
+    )
+    with store.read() as db:
+        return list(db.scalars(query))
+
+
+def polled(store: Store) -> list[str]:
+    """The poll's group ids, checked against the old query's."""
+    group_ids = [group.group_id for group in store.episodes.groups_to_sample(10)]
+    assert group_ids == old_group_ids(store)
+    return group_ids
+
+
+def flags(store: Store) -> dict[str, bool]:
+    with store.read() as db:
+        return {session: bool(sampled) for session, sampled in db.execute(select(EpisodeRow.session_id, EpisodeRow.sampled))}
+
+
+def test_an_episode_is_sampled_once_every_step_has_a_sample_and_a_late_step_makes_it_wait_again(store: Store) -> None:
+    builder = EpisodeSampleBuilder(store.episodes, store.training, "rl", gamma=0.5, judge_coef=0.0)
+    play(store, "e1", "g", 1.0, steps=2)
+    store.episodes.start(Episode("e2", "toolcall", "task-1", "g", 2, 1))
+    record(store, "e2-t0", "e2", [user("q")], "a", id_source="header")
+    assert polled(store) == [] and flags(store) == {"e1": False, "e2": False}  # e2 still runs
+    assert builder.build() == 0
+    store.episodes.end("e2", "failed", None, [], "RuntimeError", [])
+    assert polled(store) == ["g"]
+    assert builder.build() == 3 and polled(store) == [] and flags(store) == {"e1": True, "e2": True}
+    # the failed episode's request that was under way when it ended is recorded after its samples
+    record(store, "e2-t1", "e2", [user("q")], "b", continues_turn_id="e2-t0", next_state=TOOL_RESULT, id_source="header")
+    assert flags(store)["e2"] is False and polled(store) == ["g"]
+    (group,) = store.episodes.groups_to_sample(10)
+    assert [step.has_sample for step in group.episodes[1].steps] == [True, False]
+    assert builder.build() == 1 and store.training.sample("e2-t1").drop_reason == "failed_episode"
+    assert polled(store) == [] and flags(store)["e2"] is True
+    # registered and ended without a step: nothing of it waits (nor did it before)
+    store.episodes.start(Episode("e3", "toolcall", "task-2", "h", 1, 0))
+    assert polled(store) == [] and flags(store)["e3"] is False
+    store.episodes.end("e3", "failed", None, [], "RuntimeError", [])
+    assert polled(store) == [] and flags(store)["e3"] is True
+    # a chat's samples leave the episodes as they are
+    record(store, "c1", "chat", [user("q")], "a")
+    store.judging.record_judgment(judgment("c1"))
+    store.training.add_samples([Sample("c1", "ready", "rl", 1.0, 0)])
+    assert flags(store) == {"e1": True, "e2": True, "e3": True}
+
+
+def test_a_group_waiting_for_its_judge_stays_polled_until_its_steps_are_sampled(store: Store) -> None:
+    builder = EpisodeSampleBuilder(store.episodes, store.training, "rl", gamma=0.5, judge_coef=1.0)
+    first = play(store, "e1", "g", 1.0, steps=2) + play(store, "e2", "g", 0.0, steps=2, seed=1)
+    waiting = play(store, "e3", "h", 1.0, steps=1, seed=2) + play(store, "e4", "h", 0.0, steps=1, seed=3)
+    assert polled(store) == ["g", "h"]
+    for turn_id in waiting:
+        store.judging.record_judgment(judgment(turn_id))
+    assert builder.build() == 2  # h's steps are judged; g's wait for the judge
+    assert polled(store) == ["g"] and flags(store) == {"e1": False, "e2": False, "e3": True, "e4": True}
+    for turn_id in first:
+        store.judging.record_judgment(judgment(turn_id))
+    assert builder.build() == 4 and polled(store) == [] and all(flags(store).values())
+    assert set(store.training.samples_for(first + waiting)) == set(first + waiting)
+
+
+def test_forgetting_and_retention_leave_the_poll_as_the_old_query_had_it(store: Store) -> None:
+    builder = EpisodeSampleBuilder(store.episodes, store.training, "rl", gamma=0.5, judge_coef=0.0)
+    for session, seed, owner in (("a1", 0, "alice"), ("a2", 1, "alice"), ("b1", 0, "bob")):
+        store.episodes.start(Episode(session, "toolcall", "task-1", f"g-{owner}", 2 if owner == "alice" else 1, seed))
+        record(store, f"{session}-t0", session, [user("q")], "a", id_source="header", user_id=owner)
+        store.episodes.end(session, "finished", float(seed), [float(seed)], None, [])
+    assert builder.build() == 3 and polled(store) == [] and all(flags(store).values())
+    record(store, "a2-t1", "a2", [user("q")], "late", id_source="header", user_id="alice")  # alice's group waits again
+    assert polled(store) == ["g-alice"]
+    store.users.forget("alice", remove_account=False)
+    assert polled(store) == [] and flags(store) == {"b1": True}
+    old = play(store, "o1", "old", 1.0, steps=2, size=1)  # sampled, then its first step is removed by retention
+    assert builder.build() == 2 and polled(store) == []
+    with store.write() as db:
+        db.execute(update(TurnRow).where(TurnRow.id == old[0]).values(created_at=0.0))
+    assert remove_older_than(store, days=1)["samples"] == 1
+    assert polled(store) == [] and flags(store)["o1"] is True
+    waiting = play(store, "w1", "wait", 1.0, steps=2, size=1)  # unsampled: its first step goes, its second still waits
+    with store.write() as db:
+        db.execute(update(TurnRow).where(TurnRow.id == waiting[0]).values(created_at=0.0))
+    remove_older_than(store, days=1)
+    assert polled(store) == ["wait"]
+    assert builder.build() == 1 and polled(store) == [] and flags(store)["w1"] is True
+
+
+def _as_version_12(url: str) -> None:
+    """The store at `url` as clawrl wrote it before episodes were marked sampled (schema v12)."""
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as db:
+        for statement in ("DROP INDEX ix_episodes_waiting", "ALTER TABLE episodes DROP COLUMN sampled",
+                          "UPDATE meta SET value='12' WHERE key='schema_version'"):  # fmt: skip
+            db.execute(sqlalchemy.text(statement))
+    engine.dispose()
+
+
+def test_a_version_12_store_marks_its_sampled_episodes_in_place(store: Store) -> None:
+    builder = EpisodeSampleBuilder(store.episodes, store.training, "rl", gamma=0.5, judge_coef=0.0)
+    play(store, "s1", "sampled", 1.0, steps=2) + play(store, "s2", "sampled", 0.0, steps=2, seed=1)
+    assert builder.build() == 4
+    play(store, "w1", "waiting", 1.0, steps=1, size=1)
+    store.episodes.start(Episode("r1", "toolcall", "task-1", "running", 1, 0))
+    record(store, "r1-t0", "r1", [user("q")], "a", id_source="header")
+    store.episodes.start(Episode("n1", "toolcall", "task-1", "never", 1, 0))
+    store.episodes.end("n1", "failed", None, [], "RuntimeError", [])
+    url = store.url
+    store.close()
+    _as_version_12(url)
+    upgraded = Store(url)
+    try:
+        assert flags(upgraded) == {"s1": True, "s2": True, "w1": False, "r1": False, "n1": True}
+        assert polled(upgraded) == ["waiting"]
+        with upgraded.read() as db:
+            indexes = {index["name"]: index["column_names"] for index in sqlalchemy.inspect(db.connection()).get_indexes("episodes")}
+            assert indexes["ix_episodes_waiting"] == ["sampled", "group_id"]
+            assert db.scalar(select(Meta.value).where(Meta.key == "schema_version")) == str(SCHEMA_VERSION) == "13"
+        builder = EpisodeSampleBuilder(upgraded.episodes, upgraded.training, "rl", gamma=0.5, judge_coef=0.0)
+        assert builder.build() == 1 and polled(upgraded) == [] and flags(upgraded)["w1"] is True
+    finally:
+        upgraded.close()
 
 
 # --- the trainer --------------------------------------------------------------------------------

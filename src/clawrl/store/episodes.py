@@ -13,14 +13,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import case, exists, func, select
+from sqlalchemy import Select, case, false, func, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DBSession
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
-from clawrl.store.schema import EpisodeRow, JudgmentRow, NextStateRow, SampleRow, SessionRow, TurnRow
+from clawrl.store.schema import EpisodeRow, JudgmentRow, NextStateRow, SampleRow, SessionRow, TurnRow, unsampled_step
 from clawrl.types import EPISODE_RESULT_SOURCE, Episode, EpisodeStatus, Message, NextState, Turn
 
 
@@ -119,6 +119,8 @@ class EpisodeStore:
             session = db.get(SessionRow, session_id)
             if session is not None:
                 session.done, session.done_reason, session.updated_at = True, "client", now
+            db.flush()
+            mark_sampled(db, [session_id])  # one that never stepped has nothing to wait for
             return records.episode(row)
 
     def fail_abandoned(self, idle_s: float, now: float | None = None) -> int:
@@ -147,21 +149,13 @@ class EpisodeStore:
             return records.episode(row) if row is not None else None
 
     def groups_to_sample(self, limit: int) -> list[EpisodeGroup]:
-        """Up to `limit` groups, oldest first, whose episodes have all ended and some of whose steps have no sample."""
-        ended = func.sum(case((EpisodeRow.status != "running", 1), else_=0))
-        unsampled = exists().where(
-            TurnRow.session_id == EpisodeRow.session_id, TurnRow.kind == "main", ~exists().where(SampleRow.turn_id == TurnRow.id)
-        )
-        query = (
-            select(EpisodeRow.group_id)
-            .group_by(EpisodeRow.group_id)
-            .having(ended >= func.min(EpisodeRow.group_size))
-            .having(func.max(case((unsampled, 1), else_=0)) == 1)
-            .order_by(func.min(EpisodeRow.created_at))
-            .limit(limit)
-        )
+        """Up to `limit` groups, oldest first, whose episodes have all ended and some of whose steps have no sample.
+
+        Only the groups with an episode not yet `sampled` are looked at (found by `ix_episodes_waiting`),
+        so a poll costs what the groups still waiting hold, however many groups trained before.
+        """
         with self.database.read() as db:
-            group_ids = list(db.scalars(query))
+            group_ids = list(db.scalars(groups_to_sample_query(limit)))
             return [self._group(db, group_id) for group_id in group_ids]
 
     def _group(self, db: DBSession, group_id: str) -> EpisodeGroup:
@@ -177,3 +171,40 @@ class EpisodeStore:
             step = EpisodeStep(records.turn(turn), turn.id in with_next, scores.get(turn.id), turn.id in with_sample)
             steps[turn.session_id].append(step)
         return EpisodeGroup(group_id, [PlayedEpisode(records.episode(row), steps[row.session_id]) for row in episodes])
+
+
+def groups_to_sample_query(limit: int) -> Select[tuple[str]]:
+    """The ids of `EpisodeStore.groups_to_sample`'s groups: among the groups with an episode not `sampled`,
+    those whose episodes have all ended and one of which has a step with no sample, oldest first."""
+    ended = func.sum(case((EpisodeRow.status != "running", 1), else_=0))
+    waiting = select(EpisodeRow.group_id).where(EpisodeRow.sampled == false())
+    return (
+        select(EpisodeRow.group_id)
+        .where(EpisodeRow.group_id.in_(waiting))
+        .group_by(EpisodeRow.group_id)
+        .having(ended >= func.min(EpisodeRow.group_size))
+        .having(func.max(case((unsampled_step(), 1), else_=0)) == 1)
+        .order_by(func.min(EpisodeRow.created_at), EpisodeRow.group_id)
+        .limit(limit)
+    )
+
+
+def mark_sampled(db: DBSession, session_ids: list[str] | Select[tuple[str]]) -> None:
+    """Inside the caller's write transaction: set `sampled` on the episodes of the groups of `session_ids`
+    (chat sessions have none) that have ended and whose every main turn has a sample now.
+
+    The rows are locked first and only then is that looked at, in a statement of its own: on
+    PostgreSQL, a turn recorded meanwhile (`TurnStore.record_turns` clears the flag under the same
+    row lock) is then either seen, or clears the flag after this commits.
+    """
+    groups = select(EpisodeRow.group_id).where(EpisodeRow.session_id.in_(session_ids))
+    candidates = (
+        select(EpisodeRow.session_id)
+        .where(EpisodeRow.group_id.in_(groups), EpisodeRow.status != "running", EpisodeRow.sampled == false())
+        .order_by(EpisodeRow.session_id)  # one lock order for every writer of several
+        .with_for_update()
+    )
+    locked = list(db.scalars(candidates))
+    if locked:
+        statement = update(EpisodeRow).where(EpisodeRow.session_id.in_(locked), ~unsampled_step()).values(sampled=true())
+        db.execute(statement.execution_options(synchronize_session=False))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import Connection, Engine, inspect, select, text
+from sqlalchemy import Connection, Engine, inspect, select, text, update
 
 from clawrl.store.queues import backfill
-from clawrl.store.schema import EMPTY_ANSWER, Base, Meta, PolicyPointerRow
+from clawrl.store.schema import EMPTY_ANSWER, Base, EpisodeRow, Meta, PolicyPointerRow, unsampled_step
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -106,6 +106,16 @@ def _memory_training(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE memory_notes ADD COLUMN retired_at FLOAT"))
 
 
+def _sampled_episodes(connection: Connection) -> None:
+    """v13 marks the episodes that have ended with a sample for every main turn (`episodes.sampled`),
+    which the trainer's poll had looked for among all episodes each time, and indexes the others."""
+    if "sampled" not in _columns(connection, "episodes"):
+        connection.execute(text("ALTER TABLE episodes ADD COLUMN sampled BOOLEAN NOT NULL DEFAULT FALSE"))
+    connection.execute(text("CREATE INDEX IF NOT EXISTS ix_episodes_waiting ON episodes (sampled, group_id)"))
+    episodes = EpisodeRow.__table__
+    connection.execute(update(episodes).where(episodes.c.status != "running", ~unsampled_step()).values(sampled=True))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -122,6 +132,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     10: _retained_versions,
     11: _memory_notes,
     12: _memory_training,
+    13: _sampled_episodes,
 }
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, false, select, text, true
+from sqlalchemy import (JSON, Boolean, Exists, Float, ForeignKey, Index, Integer, Select, String, Text, UniqueConstraint, exists, false,
+                        select, text, true)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from clawrl.store.encryption import EncryptedJSON, EncryptedText
@@ -261,6 +262,11 @@ class EpisodeRow(Base):
     error: Mapped[str | None] = mapped_column(EncryptedText("episodes.error"), nullable=True)  # why it failed
     created_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # True: it has ended and every main turn of it has a sample (set with the samples, cleared by a turn
+    # that arrives after them), so the trainer's poll reads the groups still waiting, not all of history
+    # (`EpisodeStore.groups_to_sample`). False is always safe: it only costs that poll a look.
+    sampled: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    __table_args__ = (Index("ix_episodes_waiting", "sampled", "group_id"),)
 
 
 class PolicyVersionRow(Base):
@@ -303,6 +309,12 @@ class PolicyPointerRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(String(16))  # publish | rollback
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+def unsampled_step() -> Exists:
+    """Whether the episode of the `EpisodeRow` in hand has a main turn with no sample: what its `sampled` says it has not."""
+    no_sample = ~exists().where(SampleRow.turn_id == TurnRow.id)
+    return exists().where(TurnRow.session_id == EpisodeRow.session_id, TurnRow.kind == "main", no_sample)
 
 
 def turn_ids_of(user_id: str) -> Select[Any]:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
+from clawrl.store.episodes import mark_sampled
 from clawrl.store.forgetting import Retrained, high_water
 from clawrl.store.pruning import SERVING, VersionPrunedError, mark_pruned, serving_pointer, unkept
 from clawrl.store.schema import (
@@ -122,7 +123,8 @@ class TrainingStore:
 
     def add_samples(self, samples: list[Sample]) -> None:
         """Record what the trainer made of judged turns; a turn forgotten since it was read (its user's
-        `forget`) gets none, rather than failing the batch on its foreign key."""
+        `forget`) gets none, rather than failing the batch on its foreign key. An episode whose every
+        step has a sample now is marked `sampled`, in the same transaction."""
         now = time.time()
         with self.database.write() as db:
             present = set(db.scalars(select(TurnRow.id).where(TurnRow.id.in_([sample.turn_id for sample in samples]))))
@@ -131,6 +133,8 @@ class TrainingStore:
                 row.settled_at = now if sample.status == "dropped" else None
                 db.add(row)
             db.execute(delete(SampleQueueRow).where(SampleQueueRow.turn_id.in_([sample.turn_id for sample in samples])))
+            db.flush()
+            mark_sampled(db, select(TurnRow.session_id).where(TurnRow.id.in_(list(present))))
 
     def held_samples(self) -> list[HeldSample]:
         held = select(SampleRow.turn_id, TurnRow.session_id, SessionRow.done).join(TurnRow, TurnRow.id == SampleRow.turn_id)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, tuple_, update
+from sqlalchemy import bindparam, func, select, text, true, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session as DBSession
 import clawrl.store.records as records
 from clawrl.store.database import Database
 from clawrl.store.queues import queue_for_judging
-from clawrl.store.schema import EMPTY_ANSWER, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow, turn_ids_of
+from clawrl.store.schema import EMPTY_ANSWER, EpisodeRow, FeedbackRow, JudgmentRow, NextStateRow, SessionRow, TurnRow, turn_ids_of
 from clawrl.types import DEFAULT_USER, Feedback, NextState, Session, SessionIdSource, Turn, TurnContext
 
 RECORD_ATTEMPTS = 3  # transactions tried per turn when concurrent writers collide on a key (server databases)
@@ -106,8 +106,10 @@ class TurnStore:
         (`_turn_statements`) on the transaction's connection: building an ORM unit of work, or even
         a new statement per call, cost several times what SQLite takes to run them.
         """
-        count_turn, insert_turn, insert_next_state = _turn_statements(self.database.is_sqlite)
+        count_turn, insert_turn, insert_next_state, clear_sampled = _turn_statements(self.database.is_sqlite)
         turn, continues, connection = write.turn, write.continues, db.connection()
+        if turn.kind == "main":  # a step of an episode whose steps had all been sampled is not any more
+            connection.execute(clear_sampled, {"episode": turn.session_id})
         for _attempt in range(SESSION_NAME_ATTEMPTS):
             counted = connection.execute(count_turn, {
                 "id": turn.session_id, "id_source": write.id_source, "created_at": now, "updated_at": now,
@@ -124,6 +126,8 @@ class TurnStore:
         else:
             raise IntegrityError("recording a turn", None, ValueError("every variant of the session id is another's"))
         counted, session_train = counted
+        if turn.kind == "main" and turn.session_id != write.turn.session_id:
+            connection.execute(clear_sampled, {"episode": turn.session_id})
         index, opt_out = counted - 1, turn.opt_out or (None if session_train else "session")
         row = records.turn_row(dataclasses.replace(turn, index=index, created_at=now, opt_out=opt_out))
         connection.execute(insert_turn, _row_values(row))
@@ -274,10 +278,10 @@ def _next_states(db: DBSession, turn_ids: list[str]) -> dict[str, NextState]:
     return {row.turn_id: records.next_state(row) for row in rows}
 
 
-_TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any]] = {}
+_TURN_STATEMENTS: dict[bool, tuple[Any, Any, Any, Any]] = {}
 
 
-def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
+def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any, Any]:
     """The statements that record a turn (see `TurnStore._write_turn`), built once per dialect; the
     values come as parameters. The session's upsert creates it (its `id_source`, `created_at` and
     `train` are kept from then on) or counts one more turn, and returns the count and `train`; on a
@@ -296,7 +300,14 @@ def _turn_statements(is_sqlite: bool) -> tuple[Any, Any, Any]:
         insert_next_state = (
             insert(next_states).on_conflict_do_nothing(index_elements=[next_states.c.turn_id]).returning(next_states.c.turn_id)
         )
-        _TURN_STATEMENTS[is_sqlite] = (count_turn, TurnRow.__table__.insert(), insert_next_state)
+        # An episode's main turn clears its `sampled` (EpisodeStore.groups_to_sample), first thing: the
+        # episode's row lock then comes before its session's, as in EpisodeStore.end. A server database
+        # takes the lock even where the flag is clear already, for `episodes.mark_sampled` to wait on.
+        episodes = EpisodeRow.__table__
+        clear_sampled = update(episodes).where(episodes.c.session_id == bindparam("episode")).values(sampled=False)
+        if is_sqlite:  # writers take turns: no lock is needed, and a row left as it is is not rewritten
+            clear_sampled = clear_sampled.where(episodes.c.sampled == true())
+        _TURN_STATEMENTS[is_sqlite] = (count_turn, TurnRow.__table__.insert(), insert_next_state, clear_sampled)
     return _TURN_STATEMENTS[is_sqlite]
 
 
