@@ -36,6 +36,8 @@ import re
 
 from clawrl.judge.lexicon import cue_counts, cue_spans, fold
 from clawrl.judge.parsing import MIN_HINT_CHARS
+from clawrl.messages import content_text
+from clawrl.types import MemoryFrom, Turn
 
 MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
 QUOTED_WORDS = 4  # a clause sharing this many consecutive words with the conversation quotes the task
@@ -124,6 +126,16 @@ def durable_directives(hint: str, conversation: list[str]) -> str | None:
 
     kept = [clause for clause in directive_hints(hint) if durable(clause)]
     return " ".join(kept) if kept else None
+
+
+def memory_note(turn: Turn, hint: str, memory_from: MemoryFrom) -> str | None:
+    """What of `hint`, the judge's chosen hint on `turn`, becomes a note of the turn's user
+    (`--memory-from`); None: nothing. The conversation it must not quote is what was asked and
+    answered: a system prompt's own wording is no quote of the task."""
+    if memory_from == "hints":
+        return hint
+    asked = [content_text(message.get("content")) for message in turn.messages if message["role"] in ("user", "assistant")]
+    return durable_directives(hint, [*asked, turn.response_text])
 
 
 def directive_clause(sentence: str) -> str | None:

@@ -21,8 +21,8 @@ from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
-from clawrl.judge.hints import durable_directives
-from clawrl.messages import content_text, user_typed
+from clawrl.judge.hints import memory_note
+from clawrl.messages import user_typed
 from clawrl.store import Store
 from clawrl.types import HintCandidate, Judgment, MemoryFrom, Teacher, TurnContext
 
@@ -170,18 +170,10 @@ class JudgeWorker:
         written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
         if written and judgment.hint is not None and self.memory_notes is not None:
-            note = self._note(case, judgment.hint)
+            note = memory_note(case.turn, judgment.hint, self.memory_from)
             if note is not None:
                 await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, note, "hint", self.memory_notes)
         return written
-
-    def _note(self, case: TurnContext, hint: str) -> str | None:
-        """What of `hint` becomes a note of the turn's user; None: nothing."""
-        if self.memory_from == "hints":
-            return hint
-        turn = case.turn  # what was asked and answered; a system prompt's own wording is no quote of the task
-        asked = [content_text(message.get("content")) for message in turn.messages if message["role"] in ("user", "assistant")]
-        return durable_directives(hint, [*asked, turn.response_text])
 
     async def _overlaps(self, case: TurnContext, verdict: BackendVerdict) -> list[int | None] | None:
         """Overlap of each hint candidate, when there is a choice to make and an engine to make it."""

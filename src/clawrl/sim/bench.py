@@ -54,6 +54,7 @@ import httpx
 from transformers import AutoTokenizer
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
+from clawrl.judge.hints import memory_note
 from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import free_port
 from clawrl.sim.answers import on_topic, result_correct
@@ -275,13 +276,16 @@ def wait_for_judgments(store: Store, turn_ids: list[str], timeout_s: float = 60.
 
 
 def wait_for_notes(store: Store, turn_ids: list[str], timeout_s: float = 30.0) -> None:
-    """Until the session's turns are judged and the last hint drawn from them is one of the user's notes
-    (the server notes a hint just after its verdict): the next session then meets it."""
+    """Until the session's turns are judged and the last note drawn from their hints is one of the user's
+    notes (the server notes a hint just after its verdict, as `memory_note` says under the server's
+    default `--memory-from`): the next session then meets it."""
     judgments = wait_for_judgments(store, turn_ids)
-    hints = [judgments[turn_id].hint for turn_id in turn_ids if turn_id in judgments and judgments[turn_id].hint]
+    notes = [memory_note(store.turns.turn(turn_id), judgments[turn_id].hint, "directives")
+             for turn_id in turn_ids if turn_id in judgments and judgments[turn_id].hint]  # fmt: skip
+    expected = [note.strip() for note in notes if note]
     deadline = time.monotonic() + timeout_s
-    while hints and time.monotonic() < deadline:
-        if any(note.text == hints[-1].strip() for note in store.memory.notes(DEFAULT_USER)):
+    while expected and time.monotonic() < deadline:
+        if any(note.text == expected[-1] for note in store.memory.notes(DEFAULT_USER)):
             return
         time.sleep(0.1)
 
