@@ -130,9 +130,9 @@ def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
             "either": fitted_to_either(tiny_model_dir, root / "either")}  # fmt: skip
 
 
-def hand_gap(model_dir: Path, turns: list[Any], note: MemoryNote) -> float:
-    """The gap computed here, in float64 from the model's logits: the mean over turns of the mean over
-    response tokens of log p(with `note` alone) - log p(with no notes)."""
+def hand_gap(model_dir: Path, turns: list[Any], note: MemoryNote, answers: list[list[int]]) -> float:
+    """The gap computed here, in float64 from the model's logits, on the answers the engine sampled: the
+    mean over turns of the answer's log p(with no notes) - log p(with `note` alone), summed over tokens."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
@@ -143,8 +143,8 @@ def hand_gap(model_dir: Path, turns: list[Any], note: MemoryNote) -> float:
         positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
         return torch.log_softmax(logits[positions], dim=-1)[torch.arange(len(response)), torch.tensor(response)]
 
-    gaps = [(logprobs(with_notes(turn.messages, [note]), turn.response_token_ids)
-             - logprobs(turn.messages, turn.response_token_ids)).mean().item() for turn in turns]  # fmt: skip
+    gaps = [(logprobs(turn.messages, answer) - logprobs(with_notes(turn.messages, [note]), answer)).sum().item()
+            for turn, answer in zip(turns, answers, strict=True)]  # fmt: skip
     return sum(gaps) / len(gaps)
 
 
@@ -163,18 +163,22 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     for name, model_dir in models.items():
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
 
-        async def gap(engine: Any) -> float:
+        async def gap(engine: Any, note: MemoryNote) -> Any:
             await engine.start()
             try:
-                return await note_gap(engine, turns, hint)
+                return await note_gap(engine, turns, note, "shared", 0)
             finally:
                 await engine.close()
 
-        measured[name] = asyncio.run(gap(engine))
-        assert measured[name] == pytest.approx(hand_gap(model_dir, turns, hint), abs=1e-4)
-    assert measured["needs"] > 0.5 and abs(measured["follows"]) < 0.05  # the first needs the note, the second does not
-    # with either note enough, leaving one out of the two moves nothing; the note alone against none does
-    assert measured["either"] > 0.5 and hand_gap(models["either"], turns, again) > 0.5
+        found = asyncio.run(gap(engine, hint))
+        assert len(found.answers) == 2 and all(found.answers)
+        assert found.gap == pytest.approx(hand_gap(model_dir, turns, hint, found.answers), abs=1e-3)
+        measured[name] = found.gap
+    # the first answers "Hello." untold, which the note makes unlikely; the second says "Bonjour." either way
+    assert measured["needs"] > 3 and abs(measured["follows"]) < 0.5
+    # with either note enough, leaving one out of the two moves nothing; each alone against none does
+    either_again = asyncio.run(gap(build_engine(EngineConfig(model=str(models["either"]), device="cpu", cpu_threads=1)), again))
+    assert measured["either"] > 3 and either_again.gap > 3
 
     async def retire_with(model_dir: Path, gap: float, turns: int = 2, under: int = 0, twice: bool = False) -> list[Any]:
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
@@ -190,22 +194,22 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     def of_hint(checks: list[Any]) -> list[Any]:
         return [check for check in checks if check.note_id == hint.id]
 
-    kept = of_hint(asyncio.run(retire_with(models["needs"], 0.05)))  # the default threshold, below the measured gap
+    kept = of_hint(asyncio.run(retire_with(models["needs"], 1.0)))  # the default threshold, below the measured gap
     assert [(check.note_id, check.retired) for check in kept] == [(hint.id, False)]
     assert kept[0].gap == pytest.approx(measured["needs"], abs=1e-6)
     assert [note.id for note in store.memory.injected("default", 4)] == [hint.id, again.id]
-    assert asyncio.run(retire_with(models["needs"], 0.05, twice=True)) == []  # once per version
-    both = asyncio.run(retire_with(models["either"], 0.05))
+    assert asyncio.run(retire_with(models["needs"], 1.0, twice=True)) == []  # once per version
+    both = asyncio.run(retire_with(models["either"], 1.0))
     assert [(check.note_id, check.retired) for check in both] == [(hint.id, False), (again.id, False)]
     checked = of_hint(asyncio.run(retire_with(models["needs"], measured["needs"] - 0.01)))  # still below it: kept
     assert [(check.note_id, check.retired, check.turns) for check in checked] == [(hint.id, False, 2)]
-    unmeasured = of_hint(asyncio.run(retire_with(models["follows"], 0.05, turns=3)))  # two turns carried it, three asked
+    unmeasured = of_hint(asyncio.run(retire_with(models["follows"], 1.0, turns=3)))  # two turns carried it, three asked
     assert [(check.note_id, check.gap, check.retired) for check in unmeasured] == [(hint.id, None, False)]
 
     # a turn a version was trained on does not count for it: t1's sample went into version 1
     store.training.add_samples([ready_sample("t1")])
     store.training.register_version(version(1, 0), ["t1"])
-    fitted_one = of_hint(asyncio.run(retire_with(models["follows"], 0.05, under=1)))
+    fitted_one = of_hint(asyncio.run(retire_with(models["follows"], 1.0, under=1)))
     assert [(check.turns, check.gap) for check in fitted_one] == [(1, None)]
     assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=1)[hint.id]] == ["t0"]
     assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=0)[hint.id]] == ["t1", "t0"]

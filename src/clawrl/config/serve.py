@@ -88,18 +88,19 @@ class ServeConfig(ComponentSettings):
     memory_retire: Literal["on", "off"] = Field(
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
-        "each active note is checked once under each newly served policy version, on the user's latest answers given "
-        "with it that the version was not trained on (--memory-retire-turns), by scoring them under that version with "
-        "the note alone and with no notes; a note whose gap is at most --memory-retire-gap is no longer injected (it "
-        "stays listed, exported and forgettable, and is active again when taught again). A background task: requests "
-        "never wait for it.",
+        "each active note is checked once under each newly served policy version, on the user's latest prompts given "
+        "with it that the version was not trained on (--memory-retire-turns): the version answers each without notes, "
+        "and each answer is scored with no notes and with the note alone; a note whose gap is at most "
+        "--memory-retire-gap is no longer injected (it stays listed, exported and forgettable, and is active again "
+        "when taught again). A background task: requests never wait for it.",
     )
     memory_retire_gap: float = Field(
-        0.05,
+        1.0,
         ge=0,
-        le=10,
-        description="With --memory-retire on, the largest gap, in nats per response token (the mean of log p with "
-        "the note minus log p without it, over the recorded answers), at which a note is retired.",
+        le=1000,
+        description="With --memory-retire on, the largest gap, in nats per answer (the mean over the fresh answers "
+        "the weights give without notes of log p without the note minus log p with it, summed over the answer's "
+        "tokens), at which a note is retired.",
     )
     memory_retire_turns: int = Field(
         4,

@@ -6,17 +6,28 @@ the record, no longer injected (`store.memory.retire`).
 
 What is checked, for each active note of a user under the version now serving their lineage: their
 latest `--memory-retire-turns` main turns whose prompt carried the note and that this version was not
-trained on (no sample of theirs went into it or an earlier version). Each recorded answer (its token
-ids, never re-tokenized) is scored by that version under two prompts: the turn's messages with this
-note alone, and with no notes at all. The note's gap is the mean over the answer's tokens of
-log p(told) - log p(untold), averaged over the turns: how far the weights alone still are from what
-they say when told. At most `--memory-retire-gap` nats per token, the note is retired.
+trained on (no sample of theirs went into it or an earlier version). On each turn's messages with no
+notes the version samples a fresh answer (temperature 1, as long as the recorded answer), which it
+scores under two prompts: the messages with no notes, and with this note alone. The note's gap is the
+mean over the turns of the answer's log p(untold) - log p(told), summed over its tokens: an estimate
+of how far, in nats per answer, what the weights say alone is from what they say when told (the
+reverse KL that on-policy distillation drives down on the student's own samples). At most
+`--memory-retire-gap` nats per answer, the note is retired.
 
-Why these choices (the first criterion, measured in docs/benchmarks.md, retired 42 of 44 notes within
-a version or two while the weights alone stayed far behind the notes):
-* Turns the version was not trained on. Under `--memory-train without-notes` the update distils
-  exactly this gap to zero on the turns it trains on (the teacher is told, the student is not), so on
-  those turns a small gap says the version has fitted them, not that it has learnt the note.
+Why these choices. The first criterion (recorded answers, the user's active notes against the same
+less this one, nats per token) retired 42 of 44 notes within a version or two while the weights
+alone stayed far behind the notes (docs/benchmarks.md); so, too, did a second (recorded answers, the
+note alone against none) once notes were durable directives: memory alone reached 0.83 on the
+held-out prompts with its notes while the weights alone of the arm that had retired them were at 0.4.
+* Fresh answers of the weights alone, not recorded ones. Recorded answers were sampled with the
+  notes, so they already say what the notes ask; the told and untold prompts then differ on the few
+  tokens where the style is decided, and that is small however much the untold policy would stray.
+  What the user would see without the note is what the weights say untold.
+* Summed over the answer. A style is a handful of decisions in an answer of fifty tokens: per token,
+  a decisive difference reads as noise.
+* Turns the version was not trained on. Under `--memory-train without-notes` the update fits exactly
+  these prompts' teacher (told) and student (untold) together; on prompts it trained on, agreement
+  says it fitted them, not that it learnt the note.
 * This note alone against no notes. With the other notes left in, a note that repeats another (a
   user says "no bold" in three ways) moves nothing and looked learnt, and so did each of its copies.
 
@@ -35,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clawrl.config import ServeConfig
-from clawrl.engines.base import Engine
+from clawrl.engines.base import Engine, SamplingParams
 from clawrl.model.chat import render_prompt
 from clawrl.model.notes import with_notes
 from clawrl.store import Store
@@ -53,22 +64,41 @@ class NoteCheck:
     note_id: int
     version: int  # the policy version that scored it
     turns: int  # the turns it was measured on (fewer than --memory-retire-turns: not measured)
-    gap: float | None  # nats per response token; None when not measured
+    gap: float | None  # nats per answer (`NoteGap.gap`); None when not measured
     retired: bool
 
 
-async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, version: int | None = None) -> float:
-    """The gap of `note` on `turns`: the mean over the turns of the mean over each recorded answer's
-    tokens of log p(answer | messages with `note` alone) - log p(answer | messages with no notes),
-    scored by `engine` under `version` (None: the current one)."""
-    gaps = []
-    for turn in turns:
-        told_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, with_notes(turn.messages, [note]), turn.tools)
+@dataclass(frozen=True)
+class NoteGap:
+    """One measurement of a note: the gap and the fresh answers it was measured on."""
+
+    gap: float  # nats per answer: mean over the answers of log p(untold) - log p(told), summed over tokens
+    answers: list[list[int]]  # the answers the version sampled untold, one per turn
+
+
+class VersionMovedError(RuntimeError):
+    """The lineage's version changed while a note was measured under it."""
+
+
+async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, lineage: str, version: int) -> NoteGap:
+    """The gap of `note` on `turns` under `version`, the version serving `lineage`: on each turn's
+    messages with no notes, a fresh answer sampled by that version, and the mean over the turns of
+    its log p(answer | no notes) - log p(answer | `note` alone), summed over its tokens.
+    VersionMovedError when `lineage` is served by another version meanwhile."""
+    gaps, answers = [], []
+    for index, turn in enumerate(turns):
         untold_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, turn.messages, turn.tools)
-        told = await engine.score(told_ids, turn.response_token_ids, version=version)
-        untold = await engine.score(untold_ids, turn.response_token_ids, version=version)
-        gaps.append(sum(a - b for a, b in zip(told.logprobs, untold.logprobs, strict=True)) / len(turn.response_token_ids))
-    return sum(gaps) / len(gaps)
+        told_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, with_notes(turn.messages, [note]), turn.tools)
+        sampling = SamplingParams(temperature=1.0, max_tokens=max(1, len(turn.response_token_ids)), seed=version * 1000 + index)
+        stream = engine.generate(untold_ids, sampling, lineage)
+        answer = [step.token_id async for step in stream]
+        if stream.policy_version != version or not answer:
+            raise VersionMovedError(f"{lineage} is no longer served by version {version}")
+        untold = await engine.score(untold_ids, answer, version=version)
+        told = await engine.score(told_ids, answer, version=version)
+        gaps.append(sum(a - b for a, b in zip(untold.logprobs, told.logprobs, strict=True)))
+        answers.append(answer)
+    return NoteGap(sum(gaps) / len(gaps), answers)
 
 
 class NoteRetirer:
@@ -126,7 +156,7 @@ class NoteRetirer:
             if len(turns) < wanted:
                 checks.append(NoteCheck(user_id, note.id, version, len(turns), None, False))
                 continue
-            gap = await note_gap(self.engine, turns, note, version)
+            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version)).gap
             self.measured[(user_id, note.id)] = version
             retired = gap <= self.config.memory_retire_gap
             if retired:
@@ -135,11 +165,11 @@ class NoteRetirer:
                 except NoSuchNote:  # removed by its user meanwhile
                     retired = False
                 else:
-                    log.info("retired memory note %d of %s's: gap %.4f nats/token under version %d on %d turns "
+                    log.info("retired memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns "
                              "(at most --memory-retire-gap %g)", note.id, user_id, gap, version, len(turns),
                              self.config.memory_retire_gap)  # fmt: skip
             else:
-                log.info("kept memory note %d of %s's: gap %.4f nats/token under version %d on %d turns",
+                log.info("kept memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns",
                          note.id, user_id, gap, version, len(turns))  # fmt: skip
             checks.append(NoteCheck(user_id, note.id, version, len(turns), gap, retired))
         return checks
