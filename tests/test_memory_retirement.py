@@ -213,6 +213,11 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     assert [(check.turns, check.gap) for check in fitted_one] == [(1, None)]
     assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=1)[hint.id]] == ["t0"]
     assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 2, untrained_by=0)[hint.id]] == ["t1", "t0"]
+    # a later turn of a conversation: the user's words in it steer it, not the note; only openings count
+    later = [user(QUESTIONS[0]), {"role": "assistant", "content": NOTED}, user(QUESTIONS[1])]
+    record(store, "t2", "s0", later, NOTED, memory_note_ids=[hint.id, again.id])
+    assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 3)[hint.id]] == ["t2", "t1", "t0"]
+    assert [turn.id for turn in store.memory.noted_turns("default", [hint.id], 3, opening=True)[hint.id]] == ["t1", "t0"]
     store.memory.retire("default", again.id)  # measured alone from here: the first note's checks see no other
 
     with caplog.at_level(logging.INFO, logger="clawrl.serve.retirement"):

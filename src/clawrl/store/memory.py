@@ -150,11 +150,12 @@ class MemoryStore:
         return {"active": counted.get(False, 0), "retired": counted.get(True, 0)}
 
     def noted_turns(self, user_id: str, note_ids: Iterable[int], per_note: int,
-                    untrained_by: int | None = None) -> dict[int, list[Turn]]:  # fmt: skip
+                    untrained_by: int | None = None, opening: bool = False) -> dict[int, list[Turn]]:  # fmt: skip
         """For each of `note_ids`, the newest `per_note` main turns of `user_id`'s whose prompt carried
         it and that have an answer, newest first: of their newest `NOTED_TURNS_SCANNED` noted turns.
         `untrained_by`: only turns that policy version was not trained on (no sample trained into it or
-        an earlier version; version numbers grow as versions are made)."""
+        an earlier version; version numbers grow as versions are made). `opening`: only turns that open
+        a conversation (no assistant message before them)."""
         wanted: dict[int, list[Turn]] = {note_id: [] for note_id in note_ids}
         query = (select(TurnRow).join(SessionRow, SessionRow.id == TurnRow.session_id)
                  .where(SessionRow.user_id == user_id, TurnRow.kind == "main", TurnRow.memory_note_ids.is_not(None))
@@ -171,7 +172,8 @@ class MemoryStore:
                 found = [records.turn(row) for row in rows]
             for turn in found:
                 for note_id in turn.memory_note_ids or []:
-                    if note_id in wanted and len(wanted[note_id]) < per_note and turn.response_token_ids:
+                    if note_id in wanted and len(wanted[note_id]) < per_note and turn.response_token_ids and (
+                            not opening or all(message["role"] != "assistant" for message in turn.messages)):
                         wanted[note_id].append(turn)
             if len(rows) < batch:
                 break
