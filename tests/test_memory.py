@@ -191,7 +191,8 @@ def test_only_directives_that_hold_for_later_requests_become_notes(memory_from: 
     if memory_from == "directives":
         assert noted == [("Please just use ordinary sentences and keep all the working.", "t1")]
     else:
-        assert [turn_id for _, turn_id in noted] == ["t0", "t1"] and "Jia travels" in noted[0][0]
+        assert sorted(turn_id for _, turn_id in noted) == ["t0", "t1"]  # judged side by side: in either order
+        assert "Jia travels" in dict((turn_id, text) for text, turn_id in noted)["t0"]
     store.close()
 
 

@@ -88,9 +88,9 @@ class ServeConfig(ComponentSettings):
     memory_retire: Literal["on", "off"] = Field(
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
-        "each active note is checked once under each newly served policy version, on the user's latest prompts given "
-        "with it that the version was not trained on (--memory-retire-turns): the version answers each without notes, "
-        "and each answer is scored with no notes and with the note alone; a note whose gap is at most "
+        "each active note is checked once under each newly served policy version, on the user's latest conversation "
+        "openings given with it (--memory-retire-turns): the version answers each without notes, and each answer is "
+        "scored with no notes and with the note alone; a note whose gap is at most "
         "--memory-retire-gap is no longer injected (it stays listed, exported and forgettable, and is active again "
         "when taught again). A background task: requests never wait for it.",
     )

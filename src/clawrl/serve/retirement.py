@@ -5,8 +5,7 @@ without being told, the note is only cost (its tokens on every prompt), so it is
 the record, no longer injected (`store.memory.retire`).
 
 What is checked, for each active note of a user under the version now serving their lineage: their
-latest `--memory-retire-turns` main turns that open a conversation, whose prompt carried the note and
-that this version was not trained on (no sample of theirs went into it or an earlier version). On each turn's messages with no
+latest `--memory-retire-turns` main turns that open a conversation and whose prompt carried the note. On each turn's messages with no
 notes the version samples a fresh answer (temperature 1, as long as the recorded answer), which it
 scores under two prompts: the messages with no notes, and with this note alone. The note's gap is the
 mean over the turns of the answer's log p(untold) - log p(told), summed over its tokens: an estimate
@@ -29,9 +28,12 @@ held-out prompts with its notes while the weights alone of the arm that had reti
   was drawn from, often) say what the note says, and the note alone moves little there: on the
   tiny model one note changes an opening answer by about 2.4 nats, and later turns by a fraction of
   a nat. A note is for the answers nothing else steers: the first of each conversation.
-* Turns the version was not trained on. Under `--memory-train without-notes` the update fits exactly
-  these prompts' teacher (told) and student (untold) together; on prompts it trained on, agreement
-  says it fitted them, not that it learnt the note.
+* Prompts trained on or not. The second criterion took only turns the checked version was not
+  trained on, because the update fits exactly those prompts' told and untold answers on the
+  recorded tokens. With fresh answers that matters less, and in a run that keeps training there are
+  hardly any such openings: the trainer catches up after each conversation, so each version has at
+  most one, and a probe on two tuning seeds never had four. The price: a version may answer a
+  prompt it trained on better than one it never saw; the benchmark's held-out score is the check.
 * This note alone against no notes. With the other notes left in, a note that repeats another (a
   user says "no bold" in three ways) moves nothing and looked learnt, and so did each of its copies.
 
@@ -152,8 +154,7 @@ class NoteRetirer:
         notes = [note for note in notes if self.measured.get((user_id, note.id)) != version]
         if not notes:
             return []
-        noted = await asyncio.to_thread(self.store.memory.noted_turns, user_id, [note.id for note in notes], wanted,
-                                        version, True)  # fmt: skip
+        noted = await asyncio.to_thread(self.store.memory.noted_turns, user_id, [note.id for note in notes], wanted, True)
         checks = []
         for note in notes:
             turns = [turn for turn in noted[note.id] if self._fits(turn, note)]

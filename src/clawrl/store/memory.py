@@ -18,12 +18,12 @@ import time
 import unicodedata
 from collections.abc import Iterable
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session as DBSession
 
 import clawrl.store.records as records
 from clawrl.store.database import Database
-from clawrl.store.schema import MemoryNoteRow, SampleRow, SessionRow, TurnRow
+from clawrl.store.schema import MemoryNoteRow, SessionRow, TurnRow
 from clawrl.types import MemoryNote, MemoryNoteSource, Turn
 
 NOTED_TURNS_SCANNED = 512  # `noted_turns` reads at most this many of a user's newest noted turns
@@ -150,19 +150,14 @@ class MemoryStore:
         return {"active": counted.get(False, 0), "retired": counted.get(True, 0)}
 
     def noted_turns(self, user_id: str, note_ids: Iterable[int], per_note: int,
-                    untrained_by: int | None = None, opening: bool = False) -> dict[int, list[Turn]]:  # fmt: skip
+                    opening: bool = False) -> dict[int, list[Turn]]:  # fmt: skip
         """For each of `note_ids`, the newest `per_note` main turns of `user_id`'s whose prompt carried
         it and that have an answer, newest first: of their newest `NOTED_TURNS_SCANNED` noted turns.
-        `untrained_by`: only turns that policy version was not trained on (no sample trained into it or
-        an earlier version; version numbers grow as versions are made). `opening`: only turns that open
-        a conversation (no assistant message before them)."""
+        `opening`: only turns that open a conversation (no assistant message before them)."""
         wanted: dict[int, list[Turn]] = {note_id: [] for note_id in note_ids}
         query = (select(TurnRow).join(SessionRow, SessionRow.id == TurnRow.session_id)
                  .where(SessionRow.user_id == user_id, TurnRow.kind == "main", TurnRow.memory_note_ids.is_not(None))
                  .order_by(TurnRow.created_at.desc(), TurnRow.id.desc()))  # fmt: skip
-        if untrained_by is not None:
-            query = query.where(~exists().where(SampleRow.turn_id == TurnRow.id, SampleRow.status == "trained",
-                                                SampleRow.trained_version <= untrained_by))  # fmt: skip
         batch = 32
         for offset in range(0, NOTED_TURNS_SCANNED, batch):
             if all(len(turns) >= per_note for turns in wanted.values()):
