@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clawrl.config import BenchConfig
+from clawrl.judge.hints import memory_note
 from clawrl.sim.bench import run_bench
 from clawrl.model.notes import NOTES_HEADING
 from clawrl.sim.multi_user import MULTI_USER_TRAIN_DEFAULTS, UserRun, run_multi_user_arm, summarize
@@ -110,10 +111,11 @@ def test_memory_arm_has_the_server_carry_hints_into_later_prompts(model_dir: Pat
     store = Store.for_run_dir(tmp_path / "runs" / "memory-seed0")
     prompts = fed_prompts(store, model_dir)
     assert NOTES_HEADING not in prompts[0]
-    hints = [judgment.hint for judgment in store.judging.judgments_for([turn.id for turn, _ in store.turns.iter_main_turns()]).values()
-             if judgment.hint]  # fmt: skip
-    assert hints, "the simulated student corrected nothing in four sessions"
-    assert NOTES_HEADING in prompts[-1] and any(hint in prompts[-1] for hint in hints)
+    turns = {turn.id: turn for turn, _ in store.turns.iter_main_turns()}
+    notes = [note for turn_id, judgment in store.judging.judgments_for(list(turns)).items()
+             if judgment.hint and (note := memory_note(turns[turn_id], judgment.hint, "directives"))]  # fmt: skip
+    assert notes, "the simulated student said how an answer should be in none of four sessions"
+    assert NOTES_HEADING in prompts[-1] and any(note in prompts[-1] for note in notes)
     for turn, _ in store.turns.iter_main_turns():  # the requests carried no notes: the server added them
         assert NOTES_HEADING not in turn.messages[0]["content"]
     memory = results["arms"]["memory"]["memory"]
