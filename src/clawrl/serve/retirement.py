@@ -38,10 +38,10 @@ held-out prompts with its notes while the weights alone of the arm that had reti
   user says "no bold" in three ways) moves nothing and looked learnt, and so did each of its copies.
 
 When: a lineage's first version seen by the task (the one served when the server starts) is its
-start; each note is checked at most once per later version, as soon as that version has served
-enough turns with it, looked at every `--memory-retire-every-s`. It is a background task of the
-server: store reads and prompt rendering run on threads and the scoring is the engine's, so requests
-never wait for it (they share the engine's worker with it).
+start; each note is checked at most once per later version, as soon as the user has enough such
+turns, looked at every `--memory-retire-every-s`. It is a background task of the server: store
+reads and prompt rendering run on threads, and the sampling and scoring are the engine's, so
+requests never wait for it (they share the engine's worker with it).
 """
 
 from __future__ import annotations
