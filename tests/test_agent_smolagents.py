@@ -514,7 +514,10 @@ def test_the_documented_script_holds_the_conversation_in_its_session(tiny_model_
         assert [session.id for session in store.turns.list_sessions()] == [SESSION]
         turns = store.turns.session_turns(SESSION)
     assert {entry.turn.kind for entry in turns} == {"main"} and len(LINES) <= len(turns) <= 2 * len(LINES)
-    assert all(entry.turn.tool_calls for entry in turns if entry.turn.tools)  # each forced step is a call
+    # each forced step that ended within its budget is a call (the tiny model may write a 512-token
+    # argument string and be cut at the length: a grammar forces the form, not the end)
+    forced = [entry.turn for entry in turns if entry.turn.sampling.grammar and entry.turn.finish_reason != "length"]
+    assert forced and all(turn.tool_calls for turn in forced)
     # the answers the user saw, each followed by the user's next message
     followed = [content_text(reply["content"]) for entry in turns for reply in entry.next_messages]
     for line in LINES[1:]:
