@@ -180,14 +180,14 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     either_again = asyncio.run(gap(build_engine(EngineConfig(model=str(models["either"]), device="cpu", cpu_threads=1)), again))
     assert measured["either"] > 3 and either_again.gap > 3
 
-    async def retire_with(model_dir: Path, gap: float, turns: int = 2, under: int = 0, twice: bool = False) -> list[Any]:
+    async def retire_with(model_dir: Path, gap: float, turns: int = 2, twice: bool = False) -> list[Any]:
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
         config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns)
         retirer = NoteRetirer(engine, store, config)
         await engine.start()
         try:
-            checks = await retirer.check_user("default", under)
-            return await retirer.check_user("default", under) if twice else checks
+            checks = await retirer.check_user("default", 0)
+            return await retirer.check_user("default", 0) if twice else checks
         finally:
             await engine.close()
 

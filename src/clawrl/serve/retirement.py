@@ -139,9 +139,10 @@ class NoteRetirer:
                 continue
             try:
                 checks += await self.check_user(user_id, version)
-            except Exception:
+            except Exception as error:
                 if self.engine.lineage_version(lineage) != version:  # swapped out meanwhile: the next one is checked
-                    log.info("version %d was swapped out while %s's memory notes were checked under it", version, user_id)
+                    log.info("version %d was swapped out while %s's memory notes were checked under it (%s)", version,
+                             user_id, error)  # fmt: skip
                 else:  # e.g. a busy store: the next period tries again
                     log.exception("checking %s's memory notes under version %d failed", user_id, version)
         return checks
