@@ -70,8 +70,6 @@ def cmd_envs_serve(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     import asyncio
 
-    from clawrl.envs.rollout import rollout
-
     settings = config_from_args(RolloutSettings, args)
     env_config, config = settings.env, settings.rollout
     _environment_or_exit(env_config)
@@ -79,6 +77,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         check_writable_file(config.record, "--record")
     if config.server is not None:
         check_server(config.server, config.api_key)
+    if config.placement == "ray":
+        from clawrl.envs.ray_rollout import rollout_on_ray as rollout  # Ray is imported only where it is asked for
+    else:
+        from clawrl.envs.rollout import rollout
     summary = asyncio.run(rollout(env_config, config))
     if args.json:
         _print_json(summary)

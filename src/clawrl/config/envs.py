@@ -142,6 +142,21 @@ class RolloutConfig(ComponentSettings):
         300.0, gt=0, description="Wall-clock limit of one episode; a slower one ends as failed."
     )
     record: Path | None = Field(None, description="Append one JSON line per finished episode to this file.")
+    placement: Literal["local", "ray"] = Field(
+        "local", description="Where the episodes run: `local`, in this process (--concurrency at a time, one pool of "
+        "environments); `ray`, spread over --rollout-actors Ray actors on the cluster at RAY_ADDRESS (a cluster on "
+        "this machine when unset), each with its own pool of --concurrency environments and its own connection to "
+        "--server; the episodes under way on an actor that dies end as failed (docs/cluster.md). Needs `pip install "
+        "'clawrl[ray]'`."
+    )
+    rollout_actors: int = Field(
+        2, ge=1, description="With --placement ray: Ray actors the episodes are spread over (each takes the next "
+        "planned episode whenever one of its --concurrency slots is free)."
+    )
+    actor_cpus: float = Field(
+        1.0, ge=0, description="With --placement ray: CPUs Ray reserves for each rollout actor (its environments "
+        "run there: a sandboxed command, a browser)."
+    )
 
     @model_validator(mode="after")
     def _one_player(self) -> Self:

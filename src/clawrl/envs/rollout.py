@@ -12,7 +12,8 @@ episodes are kept out of training and out of `mean_reward`. A policy that is `Fi
 server-backed one) is told how each of its episodes ended, the failed ones too.
 
 `rollout` is `clawrl rollout`: a scripted policy (`--policy`) or the model of a clawrl server
-(`--server`, `server.py`), a progress line and a JSONL record of the episodes.
+(`--server`, `server.py`), a progress line and a JSONL record of the episodes; with `--placement
+ray`, `ray_rollout.py` plays the same plan on Ray actors, through the same `play`.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ async def run_rollouts(
         while not queue.empty():
             index, episode = queue.get_nowait()
             lease = await pool.lease()
-            record = await _policy_episode(lease, policy_for, episode, config.episode_timeout_s)
+            record = await play_planned(lease, policy_for, episode, config.episode_timeout_s)
             await pool.release(lease, healthy=not record.failed)
             records[index] = record
             on_episode(record)
@@ -127,7 +128,8 @@ async def run_rollouts(
     return [record for record in records if record is not None]
 
 
-async def _policy_episode(lease: Lease, policy_for: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
+async def play_planned(lease: Lease, policy_for: PolicyFactory, episode: PlannedEpisode, timeout_s: float) -> EpisodeRecord:
+    """One planned episode on `lease` with the policy `policy_for` gives it, told how it ended when it is `Finishing`."""
     try:
         policy = await policy_for(lease.env, episode)
     except Exception as error:
@@ -154,23 +156,36 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, Any]:
 
 
 async def rollout(env_config: EnvConfig, config: RolloutConfig) -> dict[str, Any]:
-    """`clawrl rollout`: the episodes played by the scripted `--policy` or by the model at `--server`."""
+    """`clawrl rollout`: the episodes played in this process by the scripted `--policy` or by the model
+    at `--server` (`--placement ray` is `ray_rollout.rollout_on_ray`)."""
+    if config.placement != "local":
+        raise ValueError(f"rollout() plays in this process; --placement {config.placement} is ray_rollout.rollout_on_ray")
     if config.server is None:
         assert config.policy is not None
         name = config.policy
-        summary = await play(env_config, config, lambda env, planned: make_policy(name, env, planned.task, planned.seed))
+        summary = await play_here(env_config, config, lambda env, planned: make_policy(name, env, planned.task, planned.seed))
         return {**summary, "policy": name}
     async with server_policies(config, env_config.env) as policies:
-        return {**await play(env_config, config, policies), "server": config.server}
+        return {**await play_here(env_config, config, policies), "server": config.server}
 
 
-async def play(env_config: EnvConfig, config: RolloutConfig, policy_for: PolicyFactory) -> dict[str, Any]:
-    """Plan and play `clawrl rollout`'s episodes with a progress line and the JSONL record; returns the summary."""
+async def play_here(env_config: EnvConfig, config: RolloutConfig, policy_for: PolicyFactory) -> dict[str, Any]:
+    """`play` with the episodes run in this process."""
+    return await play(env_config, config, lambda planned, done: run_rollouts(lambda: make_environment(env_config), policy_for,
+                                                                             planned, config, done))  # fmt: skip
+
+
+Runner = Callable[[list[PlannedEpisode], Callable[[EpisodeRecord], None]], Awaitable[list[EpisodeRecord]]]
+
+
+async def play(env_config: EnvConfig, config: RolloutConfig, run: Runner) -> dict[str, Any]:
+    """Plan `clawrl rollout`'s episodes and have `run` play them, with a progress line and the JSONL record;
+    returns the summary."""
     started = time.monotonic()
     planned = plan_episodes(await make_environment(env_config).tasks(config.split), config)
     progress = RolloutProgress(len(planned), config.record.open("a") if config.record else None)
     try:
-        records = await run_rollouts(lambda: make_environment(env_config), policy_for, planned, config, progress.episode_done)
+        records = await run(planned, progress.episode_done)
     finally:
         progress.finish()
     elapsed = time.monotonic() - started

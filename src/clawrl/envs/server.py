@@ -83,12 +83,16 @@ class ServerPolicy:
 class ServerPolicies:
     """The policy factory of `clawrl rollout --server`: registers each episode, in its group, and plays it."""
 
-    def __init__(self, http: httpx.AsyncClient, model: str, env_name: str, config: RolloutConfig) -> None:
+    def __init__(self, http: httpx.AsyncClient, model: str, env_name: str, config: RolloutConfig, run_id: str | None = None) -> None:
         self.http, self.model, self.env_name, self.config = http, model, env_name, config
-        self.run_id = uuid.uuid4().hex[:12]  # group ids are unique across rollout runs on one store
+        # group ids are unique across rollout runs on one store; a run spread over several processes
+        # (`ray_rollout.py`) gives them one run id, so that a group's episodes share its id wherever they ran
+        self.placed = run_id is not None
+        self.run_id = run_id if run_id is not None else uuid.uuid4().hex[:12]
 
     async def __call__(self, _env: Environment, planned: PlannedEpisode) -> ServerPolicy:
-        session_id = f"episode-{uuid.uuid4().hex}"
+        # a placed run's driver must know an episode's session without asking the process that plays it
+        session_id = episode_session_id(self.run_id, planned) if self.placed else f"episode-{uuid.uuid4().hex}"
         if self.config.split == "eval":
             return ServerPolicy(self.http, self.model, session_id, planned, self.config)
         episode = {"session_id": session_id, "env": self.env_name, "task": planned.task, "seed": planned.seed,
@@ -97,11 +101,38 @@ class ServerPolicies:
         return ServerPolicy(self.http, self.model, session_id, planned, self.config)
 
 
-@asynccontextmanager
-async def server_policies(config: RolloutConfig, env_name: str) -> AsyncIterator[ServerPolicies]:
-    """Policies backed by the model at `config.server` (its first listed model), over one HTTP client."""
+def episode_session_id(run_id: str, planned: PlannedEpisode) -> str:
+    """The session of a planned episode of a placed run (the plan gives every episode its own seed)."""
+    return f"episode-{run_id}-{planned.seed}"
+
+
+def server_client(config: RolloutConfig) -> httpx.AsyncClient:
+    """An HTTP client of the server at `config.server`, with its key."""
     assert config.server is not None
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    async with httpx.AsyncClient(base_url=config.server.rstrip("/"), headers=headers, timeout=config.episode_timeout_s) as http:
+    return httpx.AsyncClient(base_url=config.server.rstrip("/"), headers=headers, timeout=config.episode_timeout_s)
+
+
+@asynccontextmanager
+async def server_policies(config: RolloutConfig, env_name: str, run_id: str | None = None) -> AsyncIterator[ServerPolicies]:
+    """Policies backed by the model at `config.server` (its first listed model), over one HTTP client."""
+    async with server_client(config) as http:
         model = (await _request(http, "GET", "/models")).json()["data"][0]["id"]
-        yield ServerPolicies(http, model, env_name, config)
+        yield ServerPolicies(http, model, env_name, config, run_id)
+
+
+async def end_as_failed(config: RolloutConfig, session_ids: list[str], error: str) -> dict[str, str]:
+    """End these registered episodes as failed with `error` (their player is gone and never will):
+    for each, `failed`, `unregistered` (it never reached the server) or `ended` (its player had
+    ended it first; what it recorded stands). An eval split registers nothing: no call."""
+    if config.split == "eval" or not session_ids:
+        return {}
+    outcome: dict[str, str] = {}
+    async with server_client(config) as http:
+        for session_id in session_ids:
+            response = await http.post(f"/episodes/{session_id}/result", json={"failed": True, "error": error, "step_rewards": []})
+            codes = {200: "failed", 404: "unregistered", 409: "ended"}
+            if response.status_code not in codes:
+                raise ServerError(f"POST /episodes/{session_id}/result: {response.status_code} {response.text[:500]}")
+            outcome[session_id] = codes[response.status_code]
+    return outcome
