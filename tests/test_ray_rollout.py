@@ -2,16 +2,19 @@
 local cluster (one for the module: a start costs seconds), each with its own pool of environments
 and its own client of a real server (the tiny model). The episodes must be recorded once each, in
 the groups a local run forms, rewarded once; an actor killed mid-run fails the episodes it had
-under way (ended in the store at once), and the actor left plays the rest."""
+under way (ended in the store at once, unless it had ended them first), one given to an actor
+already dead is played by the other, and the actor left plays the rest."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from sqlalchemy import select
 
 from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.ray_rollout import ACTOR_PREFIX, ENDED_FIRST, rollout_on_ray, run_on_ray
+from clawrl.envs.records import EpisodeRecord
 from clawrl.envs.rollout import plan_episodes, rollout, summarize
 from clawrl.envs.toolcall.env import ToolCallEnv
 from clawrl.serve.runner import ServerThread
@@ -137,6 +141,41 @@ def test_an_actor_killed_mid_run_fails_the_episodes_it_had_under_way_and_the_oth
     builder = EpisodeSampleBuilder(store.episodes, store.training, "rl", gamma=0.5, judge_coef=0.0)
     assert builder.build(limit=100) > 0 and builder.build(limit=100) == 0
     assert store.episodes.groups_to_sample(100) == []
+
+
+def test_an_episode_given_to_an_actor_already_dead_is_played_by_the_other_once(
+    ray_cluster: None, server: ServerThread, run_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="clawrl.envs.ray_rollout")
+    config = rollout_config(server, episodes=8)
+    plan = plan_episodes(asyncio.run(ToolCallEnv(ENV).tasks("train")), config)
+    killed: list[str] = []
+
+    def kill_actor_zero_at_its_first_record(record: EpisodeRecord) -> None:
+        """Kill actor 0 when it hands back an episode and wait until Ray knows it dead: the slot that
+        handed it back gives its next episode to a dead actor, which never registers it."""
+        if killed or record.actor != 0:
+            return
+        (name,) = [name for name in ray.util.list_named_actors() if name.startswith(ACTOR_PREFIX) and name.endswith("-0")]
+        actor = ray.get_actor(name)
+        ray.kill(actor)
+        with pytest.raises(ray.exceptions.RayActorError):
+            for _ in range(100):
+                ray.get(actor.__ray_ready__.remote(), timeout=30)
+                time.sleep(0.05)
+        killed.append(name)
+
+    counts: list[int] = []
+    records = asyncio.run(run_on_ray(ENV, config, plan, kill_actor_zero_at_its_first_record, counts))
+    assert killed
+    replayed = [message for message in caplog.messages if "played again elsewhere" in message]
+    assert replayed, caplog.messages
+    assert sorted(record.seed for record in records) == [p.seed for p in plan]
+    assert sum(counts) + sum(record.failed for record in records) == 8 and counts[0] >= 1
+    rows = episode_rows(Store.for_run_dir(run_dir))
+    assert sorted(row.seed for row in rows) == [p.seed for p in plan], "the one played again is registered once"
+    played_again = {record.seed for record in records if record.actor == 1 and not record.failed}
+    assert all(row.status == "finished" for row in rows if row.seed in played_again)
 
 
 def test_bad_placement_settings_are_refused_with_what_to_change() -> None:

@@ -6,7 +6,8 @@ of `--concurrency` environments and their own policies: a scripted `--policy`, o
 of `--server`, so that a step goes from the actor's node to the server and never through this
 process. This process hands the next planned episode to whichever actor has a free slot and gets
 its record back; the progress line, the JSONL record and the summary are `rollout.play`'s, the
-summary with `actors`, the episodes each actor ran, in actor order.
+summary with `actors`, the episodes each actor ran, in actor order, and each record with its
+`actor`.
 
 Groups span actors: every actor registers its episodes under the run's one id (`group_id =
 run_id-group`, as a local run), and the store hands a group to the trainer once all of its
@@ -154,6 +155,8 @@ async def run_on_ray(
                 reason = f"the rollout actor {number} died: {type(error).__name__}"
                 outcome = await _lost(config, run_id, episode, reason)
                 if outcome == "unregistered" and any(alive):
+                    log.info("episode %d (seed %d) never reached the server from dead actor %d: played again elsewhere",
+                             index, episode.seed, number)  # fmt: skip
                     queue.appendleft((index, episode))  # it never reached the server: another actor plays it
                     continue
                 if outcome == "ended":
@@ -163,6 +166,7 @@ async def run_on_ray(
                 record = EpisodeRecord(episode.task, episode.seed, episode.group, failed=True, error=_cause(error))
             else:
                 played[number] += 1
+            record.actor = number
             done(index, record)
 
     try:

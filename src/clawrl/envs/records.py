@@ -31,9 +31,13 @@ class EpisodeRecord:
     info: dict[str, Any] = field(default_factory=dict)
     messages: list[Message] = field(default_factory=list)
     elapsed_s: float = 0.0
+    actor: int | None = None  # with --placement ray: the rollout actor that played it (a failed one: it was given to)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if record["actor"] is None:  # a local run's record is as it always was
+            del record["actor"]
+        return record
 
     def final_observation(self) -> list[Message]:
         """What the environment answered to the last action: the messages after the last assistant message."""
