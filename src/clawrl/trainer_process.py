@@ -1,8 +1,11 @@
-"""The trainer as a child process of `clawrl serve` (DESIGN §2: never inside the serving process).
+"""The trainer beside `clawrl serve` (DESIGN §2: never inside the serving process), kept running.
 
-The child is `python -m clawrl.cli train`, configured through `CLAWRL_*` environment variables
-built from serve's own settings objects (so flags given to serve, its environment and its defaults
-all reach the trainer the same way, and no secret such as a database URL shows up in `ps`).
+By default the trainer is a child process, `python -m clawrl.cli train`, configured through
+`CLAWRL_*` environment variables built from serve's own settings objects (so flags given to serve,
+its environment and its defaults all reach the trainer the same way, and no secret such as a
+database URL shows up in `ps`). With `--placement ray` it is a Ray actor instead
+(`cli/ray_trainer.py`), started through the `start_trainer` the supervisor is given; the
+supervision (restarts, back-off, giving up, `status()`) is the same for both.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
@@ -50,8 +54,31 @@ def exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="clawrl-parent-watch", daemon=True).start()
 
 
+class TrainerHandle(Protocol):
+    """A running trainer as the supervisor sees it: the part of `subprocess.Popen` it uses. `wait`
+    and `poll` give the exit code, or for a trainer that is no process of ours, a line saying how it
+    ended; `wait(timeout)` raises `subprocess.TimeoutExpired` when it is still running."""
+
+    returncode: int | str | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def poll(self) -> int | str | None: ...
+
+    def wait(self, timeout: float | None = None) -> int | str: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
 class TrainerProcess:
     """Start `clawrl train` with the given settings and keep it running; `stop()` ends it.
+
+    `start_trainer`: another way to start it (called for the first start and every restart), e.g. a
+    Ray actor (`cli/ray_trainer.py`); unset, the child process. A handle with a `where` dict (the
+    actor's id, its node) adds it to `status()`.
 
     A trainer that dies (killed for memory, a crash) is started again after a pause that doubles
     with every quick failure (1 s, 2 s, 4 s, ... at most a minute): it resumes from the serving
@@ -61,12 +88,13 @@ class TrainerProcess:
     """
 
     def __init__(self, *configs: BaseSettings, stop_timeout_s: float = 15.0, max_quick_failures: int = 5,
-                 healthy_after_s: float = 60.0) -> None:
+                 healthy_after_s: float = 60.0, start_trainer: Callable[[], TrainerHandle] | None = None) -> None:
         self.env = {**os.environ, **settings_env(*configs)}
+        self.start_trainer = start_trainer or self._start_process
         self.stop_timeout_s = stop_timeout_s
         self.max_quick_failures = max_quick_failures
         self.healthy_after_s = healthy_after_s
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: TrainerHandle | None = None
         self.restarts = 0  # how many times a dead trainer was started again
         self.given_up = False  # it kept dying and is not started again
         self._started_at = 0.0
@@ -78,14 +106,21 @@ class TrainerProcess:
         threading.Thread(target=self._supervise, name="clawrl-trainer-supervisor", daemon=True).start()
         return self
 
-    def _spawn(self) -> None:
+    def _start_process(self) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "clawrl.cli", "train", "--parent-pid", str(os.getpid())]
         # its own process group: Ctrl-C at a terminal reaches serve alone, which stops the trainer
         # itself once requests in flight have finished (before, the trainer died at once and the
         # supervisor started it again during the shutdown)
-        self.process = subprocess.Popen(command, env=self.env, cwd=Path.cwd(), process_group=0)
+        return subprocess.Popen(command, env=self.env, cwd=Path.cwd(), process_group=0)
+
+    def _spawn(self) -> None:
+        self.process = self.start_trainer()
         self._started_at = time.monotonic()
-        log.info("started the trainer (pid %d)", self.process.pid)
+        log.info("started the trainer (%s)", self._which())
+
+    def _which(self) -> str:
+        assert self.process is not None
+        return getattr(self.process, "description", None) or f"pid {self.process.pid}"
 
     def _supervise(self) -> None:
         quick_failures = 0
@@ -97,14 +132,14 @@ class TrainerProcess:
             ran_s = time.monotonic() - self._started_at
             quick_failures = quick_failures + 1 if ran_s < self.healthy_after_s else 1
             if quick_failures > self.max_quick_failures:
-                log.error("the trainer exited %d times in a row within %.0f s of starting (last exit code %s); "
+                log.error("the trainer exited %d times in a row within %.0f s of starting (last: %s); "
                           "not starting it again: serving and judging go on", quick_failures, self.healthy_after_s,
-                          returncode)
+                          _ending(returncode))
                 self.given_up = True
                 return
             delay_s = min(2.0 ** (quick_failures - 1), 60.0)
-            log.warning("the trainer (pid %d) exited with code %s after %.0f s; starting it again in %.0f s",
-                        self.process.pid, returncode, ran_s, delay_s)
+            log.warning("the trainer (%s) ended after %.0f s (%s); starting it again in %.0f s",
+                        self._which(), ran_s, _ending(returncode), delay_s)
             if self._stopping.wait(delay_s):
                 return
             with self._lock:
@@ -114,7 +149,8 @@ class TrainerProcess:
                 self.restarts += 1
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int | None:
+        """The trainer's process id (None while a Ray actor's is not known yet)."""
         assert self.process is not None
         return self.process.pid
 
@@ -122,11 +158,13 @@ class TrainerProcess:
         return self.process is not None and self.process.poll() is None
 
     def status(self) -> dict[str, Any]:
-        """What `/healthz` reports: is a trainer process alive, how often it was restarted, given up on."""
+        """What `/healthz` reports: is a trainer process alive, how often it was restarted, given up on
+        (and, for a Ray actor, which actor on which node)."""
+        where = getattr(self.process, "where", None) or {}
         return {"running": self.running(), "pid": self.process.pid if self.process else None,
-                "restarts": self.restarts, "given_up": self.given_up}
+                "restarts": self.restarts, "given_up": self.given_up, **where}
 
-    def stop(self) -> int | None:
+    def stop(self) -> int | str | None:
         """Ask the trainer to stop, for good; a step in progress is lost (its samples stay ready)."""
         with self._lock:
             self._stopping.set()
@@ -146,3 +184,7 @@ class TrainerProcess:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+def _ending(returncode: int | str) -> str:
+    return returncode if isinstance(returncode, str) else f"exit code {returncode}"

@@ -38,6 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = _checked_model(engine_config)
     judge_config, judge_reason = _chosen_judge(settings.judge, model.model)
     _check_judge_model(judge_config)
+    _check_trainer_placement(settings)
     store = _open_store(store_config)
     logging.getLogger("clawrl").info("judge: %s (%s)", judge_config.judge, judge_reason)
     # imported once everything is checked: they take seconds (torch, transformers)
@@ -105,12 +106,30 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
 
 def _trainer_process(settings: ServeSettings) -> Any:
     """With --method, the trainer runs beside the server as its own OS process (never inside it),
-    with the settings of serve's that `clawrl train` reads (`TrainSettings`), as CLAWRL_* variables."""
+    with the settings of serve's that `clawrl train` reads (`TrainSettings`), as CLAWRL_* variables;
+    with --placement ray, in a Ray actor given those settings (`cli/ray_trainer.py`)."""
     if settings.train.method is None:
         return None
     from clawrl.trainer_process import TrainerProcess
 
-    return TrainerProcess(settings.engine, settings.store, settings.train, settings.background).start()
+    configs = (settings.engine, settings.store, settings.train, settings.background)
+    if settings.engine.placement != "ray":
+        return TrainerProcess(*configs).start()
+    from clawrl.cli.ray_trainer import RayTrainer
+
+    train_settings = TrainSettings(engine=settings.engine, store=settings.store, train=settings.train,
+                                   background=settings.background)  # fmt: skip
+    return TrainerProcess(*configs, start_trainer=lambda: RayTrainer(run_trainer, train_settings)).start()
+
+
+def _check_trainer_placement(settings: ServeSettings) -> None:
+    """With --placement ray and --method, some node of the cluster must fit one rank of the trainer
+    (joins the cluster, or starts one: the replicas need it next anyway)."""
+    if settings.engine.placement == "ray" and settings.train.method is not None:
+        from clawrl.cli.ray_trainer import unplaceable
+
+        if problem := unplaceable(settings.train):
+            raise StartupError(problem, "ask for less, or add a node that has it to the cluster")
 
 
 def _chosen_judge(config: JudgeConfig, served_model: str | None) -> tuple[JudgeConfig, str]:
@@ -166,6 +185,14 @@ async def _judge_until_done(worker: Any) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     settings = config_from_args(TrainSettings, args)
+    return run_trainer(settings, args.steps, args.idle_exit_s, _stop_signalled, args.parent_pid)
+
+
+def run_trainer(settings: TrainSettings, steps: int | None = None, idle_exit_s: float | None = None,
+                stop: threading.Event = _stop_signalled, parent_pid: int | None = None) -> int:
+    """The trainer until `stop` is set (or `steps` made, or idle `idle_exit_s`): `clawrl train`, and
+    what the Ray actor of `clawrl serve --placement ray` runs (`cli/ray_trainer.py`). Returns the
+    exit status."""
     config, store_config, engine_config = settings.train, settings.store, settings.engine
     if engine_config.engine == "hf":
         check_device(engine_config.device)
@@ -176,20 +203,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     from clawrl.train.trainer import Trainer, TrainerLockedError, trainer_lock
     from clawrl.trainer_process import exit_with_parent
 
-    # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
-    # its samples stay ready, and nothing half-written is ever registered.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if threading.current_thread() is threading.main_thread():  # a process of its own (an actor is stopped by `stop`)
+        # SIGTERM (from `clawrl serve` shutting down) unwinds like Ctrl-C: a step in progress is lost,
+        # its samples stay ready, and nothing half-written is ever registered.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
     posture = step_back(settings.background, engine_config.cpu_threads)
-    if args.parent_pid is not None:
-        exit_with_parent(args.parent_pid)
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     try:
         with trainer_lock(store_config.run_dir):
             update = {"model": _resolved_model(model), "cpu_threads": posture.threads}
             engine_config = engine_config.model_copy(update=update)
-            trainer = Trainer(config, engine_config, store, store_config.run_dir, server_pid=args.parent_pid)
+            trainer = Trainer(config, engine_config, store, store_config.run_dir, server_pid=parent_pid)
             try:
                 trainer.start()
-                made = trainer.run(max_steps=args.steps, idle_exit_s=args.idle_exit_s, stop=_stop_signalled)
+                made = trainer.run(max_steps=steps, idle_exit_s=idle_exit_s, stop=stop)
             finally:
                 trainer.close()
     except TrainerLockedError as error:

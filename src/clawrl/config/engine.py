@@ -29,9 +29,11 @@ class EngineConfig(ComponentSettings):
         "comma-separated, are replicas of one model (one per server, as --replicas)."
     )
     placement: Literal["local", "ray"] = Field(
-        "local", description="Where the replicas run: `local`, engines in this server; `ray`, each in a Ray actor on "
-        "the cluster at RAY_ADDRESS (a cluster on this machine when unset), placed by --replica-cpus and "
-        "--replica-gpus; needs `pip install 'clawrl[ray]'`, and a run directory every node can read."
+        "local", description="Where the replicas and the trainer run: `local`, engines in this server, the trainer "
+        "and its --train-workers as processes beside it; `ray`, each replica, the trainer and each of its workers "
+        "in a Ray actor on the cluster at RAY_ADDRESS (a cluster on this machine when unset), placed by "
+        "--replica-cpus, --replica-gpus, --trainer-cpus and --trainer-gpus; needs `pip install 'clawrl[ray]'`, and "
+        "a run directory every node can read."
     )
     replica_cpus: float = Field(1.0, ge=0, description="With --placement ray: CPUs Ray reserves for each replica's actor.")
     replica_gpus: float = Field(0.0, ge=0, description="With --placement ray: GPUs for each replica's actor (1 on a GPU cluster).")

@@ -147,6 +147,18 @@ class TrainConfig(LossConfig):
         "rounding), in about 1/M of the time where there are cores or GPUs for all of them. Each worker holds a copy "
         "of the trained weights and optimizer state. 1: the trainer alone.",
     )
+    trainer_cpus: float = Field(
+        1.0,
+        ge=0,
+        description="With --placement ray: CPUs Ray reserves for the trainer's actor and for each data-parallel "
+        "worker's actor (every rank the same).",
+    )
+    trainer_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="With --placement ray: GPUs for the trainer's actor and for each data-parallel worker's actor "
+        "(1 on a GPU cluster: each rank then sees its own GPU alone).",
+    )
     lr: float | None = Field(None, gt=0, description="AdamW learning rate; unset: 1e-4 with LoRA, 1e-5 with --full.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip per step.")
     full: bool = Field(

@@ -406,6 +406,8 @@ class TrainerStatus(BaseModel):
     pid: int | None
     restarts: int
     given_up: bool
+    actor: str | None = None  # --placement ray: the trainer's Ray actor (its id) ...
+    node: str | None = None  # ... and the address of the node it runs on
 
 
 class Health(BaseModel):

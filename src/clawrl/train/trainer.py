@@ -64,6 +64,15 @@ log = logging.getLogger(__name__)
 _NO_HEAD = -1  # the loaded weights match no version (a step was thrown away): reload before training
 
 
+def _worker_group(engine_config: EngineConfig) -> type[WorkerGroup]:
+    """Where the data-parallel workers run: local processes, or Ray actors with `--placement ray`."""
+    if engine_config.placement == "ray":
+        from clawrl.train.ray_workers import RayWorkerGroup  # imports Ray: only when asked for
+
+        return RayWorkerGroup
+    return WorkerGroup
+
+
 class TrainerLockedError(RuntimeError):
     """Another trainer already trains this run directory."""
 
@@ -92,7 +101,7 @@ class Trainer:
         self.max_context_tokens = engine_config.max_context_tokens or text_config.max_position_embeddings
         # ranks 1..M-1 of a data-parallel trainer (`--train-workers M`), started with `start()`
         workers = config.train_workers - 1
-        self.workers = WorkerGroup(workers, config, engine_config, self.device) if workers else None
+        self.workers = _worker_group(engine_config)(workers, config, engine_config, self.device) if workers else None
         self.loss_config = loss_config(config, self.method)
         self.builder = SampleBuilder(
             self.training,

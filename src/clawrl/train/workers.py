@@ -1,11 +1,12 @@
 """The trainer's data-parallel workers (`--train-workers M`, DESIGN §10): ranks 1..M-1.
 
 The trainer process is rank 0: it alone reads the store, builds samples, publishes versions. It
-spawns M-1 worker processes, each holding a `TrainedPolicy` identical to its own, joined to it by a
-torch.distributed group (gloo on a CPU, NCCL on GPUs, one GPU per rank). Rank 0 drives them with
-two commands, broadcast as pickled objects: `Load` (the weights of a version directory, or the
-starting ones, whenever rank 0 loads them) and `Step` (the batch: every rank gets all of it and runs
-its share of the micro-batches, `update.update_step` with the group). A worker never writes
+spawns M-1 worker processes (with `--placement ray`, M-1 Ray actors: `train/ray_workers.py`), each
+holding a `TrainedPolicy` identical to its own, joined to it by a torch.distributed group (gloo on
+a CPU, NCCL on GPUs, one GPU per rank). Rank 0 drives them with two commands, broadcast as pickled
+objects: `Load` (the weights of a version directory, or the starting ones, whenever rank 0 loads
+them) and `Step` (the batch: every rank gets all of it and runs its share of the micro-batches,
+`update.update_step` with the group). A worker never writes
 anything, so a worker that dies costs only the step in progress: rank 0 throws that step away
 (nothing is registered, its samples stay ready), starts the group afresh and reloads the serving
 version on every rank. Exactly-once training is the store's (`store/training.py`), as for a single
@@ -34,7 +35,7 @@ from clawrl.types import StepMetrics, TrainingExample
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"  # the group's rendezvous: the workers run beside rank 0 (Ray Train places them further)
+HOST = "127.0.0.1"  # the group's rendezvous: the workers run beside rank 0 (Ray actors: at rank 0's node address)
 # How long a worker waits for rank 0's next command: a trainer idle longer loses its workers and
 # starts them again at its next step, which costs a start but nothing else.
 IDLE_TIMEOUT = datetime.timedelta(hours=24)
@@ -75,11 +76,15 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 
 
 class WorkerGroup:
-    """Ranks 1..`workers` of the data-parallel trainer, seen from rank 0 (this process)."""
+    """Ranks 1..`workers` of the data-parallel trainer, seen from rank 0 (this process).
+
+    The workers are local processes; a subclass places them elsewhere by overriding `_rendezvous_host`,
+    `_launch`, `_dead` and `_stop_workers` (`train/ray_workers.py`: Ray actors)."""
 
     def __init__(self, workers: int, config: TrainConfig, engine_config: EngineConfig, device: torch.device) -> None:
         self.workers, self.config, self.engine_config, self.device = workers, config, engine_config, device
         self.processes: list[BaseProcess] = []
+        self.launched = False  # workers were started and not yet stopped
         self.failures = 0  # group failures since the last step the group took
         self.idle = True  # every rank waits for a command (none was cut short): a stop can be sent
 
@@ -89,19 +94,46 @@ class WorkerGroup:
 
     def start(self) -> None:
         """Spawn the workers and join them in a process group as rank 0 (blocks until they all joined)."""
-        store = dist.TCPStore(HOST, 0, self.world, is_master=True, wait_for_workers=False)
+        host = self._rendezvous_host()
+        store = dist.TCPStore(host, 0, self.world, is_master=True, wait_for_workers=False)
+        self.launched = True
+        self._launch(host, store.port)
+        self._wait_until_ready(store)
+        dist.init_process_group(_backend(self.device), store=store, rank=0, world_size=self.world, timeout=IDLE_TIMEOUT)
+        log.info("data-parallel trainer: %d ranks (%s), workers %s, rendezvous %s:%d", self.world,
+                 _backend(self.device), self._worker_names(), host, store.port)  # fmt: skip
+
+    # --- where the workers run: local processes (a subclass overrides these four) ----------------
+    def _rendezvous_host(self) -> str:
+        """The address the workers reach rank 0's rendezvous at."""
+        return HOST
+
+    def _launch(self, host: str, port: int) -> None:
+        """Start ranks 1..M-1, each to run `_worker_main(rank, world, host, port, ...)`."""
         context = mp.get_context("spawn")
         self.processes = [
-            context.Process(target=_worker_main, args=(rank, self.world, store.port, self.config, self.engine_config),
+            context.Process(target=_worker_main, args=(rank, self.world, host, port, self.config, self.engine_config),
                             name=f"clawrl-train-rank{rank}", daemon=True)
             for rank in range(1, self.world)
         ]  # fmt: skip
         for process in self.processes:
             process.start()
-        self._wait_until_ready(store)
-        dist.init_process_group(_backend(self.device), store=store, rank=0, world_size=self.world, timeout=IDLE_TIMEOUT)
-        log.info("data-parallel trainer: %d ranks (%s), workers %s", self.world, _backend(self.device),
-                 [process.pid for process in self.processes])  # fmt: skip
+
+    def _worker_names(self) -> list[object]:
+        return [process.pid for process in self.processes]
+
+    def _dead(self) -> list[tuple[str, object]]:
+        """The workers that are gone, each with how it ended (its exit code)."""
+        return [(process.name, process.exitcode) for process in self.processes if not process.is_alive()]
+
+    def _stop_workers(self, graceful: bool) -> None:
+        """Wait for the workers to end (`graceful`: a while, they were told to stop), killing those that do not."""
+        for process in self.processes:
+            process.join(STOP_TIMEOUT_S if graceful else 0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.processes = []
 
     def _wait_until_ready(self, store: dist.TCPStore) -> None:
         """Wait for every worker to reach the group's rendezvous, failing at once if one dies on the way
@@ -118,9 +150,6 @@ class WorkerGroup:
         dead = self._dead()
         if dead:
             raise WorkersLost(f"data-parallel worker(s) gone: {dead}")
-
-    def _dead(self) -> list[tuple[str, int | None]]:
-        return [(process.name, process.exitcode) for process in self.processes if not process.is_alive()]
 
     @contextmanager
     def _collective(self, what: str) -> Iterator[None]:
@@ -168,17 +197,14 @@ class WorkerGroup:
         """Stop the workers (`graceful`: ask them first, if they are waiting for a command: a stop sent
         into a step cut short, by a signal say, would meet a collective it does not match) and leave
         the group."""
-        if graceful and self.idle and self.processes and all(process.is_alive() for process in self.processes):
+        if graceful and self.idle and self.launched and not self._dead():
             try:
                 self._send(None)
             except WorkersLost:
                 pass  # they are stopped below either way
-        for process in self.processes:
-            process.join(STOP_TIMEOUT_S if graceful else 0)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        self.processes, self.idle = [], True
+        if self.launched:
+            self._stop_workers(graceful)
+        self.launched, self.idle = False, True
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -189,14 +215,15 @@ def _receive() -> Load | Step | None:
     return box[0]
 
 
-def _worker_main(rank: int, world: int, port: int, config: TrainConfig, engine_config: EngineConfig) -> None:
-    """A worker process: join the group, build the policy, then do what rank 0 broadcasts until it says stop."""
+def _worker_main(rank: int, world: int, host: str, port: int, config: TrainConfig, engine_config: EngineConfig) -> None:
+    """A worker process: join the group at rank 0's rendezvous (`host`:`port`), build the policy, then do
+    what rank 0 broadcasts until it says stop."""
     if engine_config.cpu_threads:
         torch.set_num_threads(engine_config.cpu_threads)
     device = rank_device(resolve_device(engine_config.device), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = dist.TCPStore(HOST, port, world, is_master=False)
+    store = dist.TCPStore(host, port, world, is_master=False)
     store.set(f"ready{rank}", "1")
     dist.init_process_group(_backend(device), store=store, rank=rank, world_size=world, timeout=IDLE_TIMEOUT)
     policy = TrainedPolicy(config, engine_config, device)
