@@ -78,7 +78,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if config.server is not None:
         check_server(config.server, config.api_key)
     if config.placement == "ray":
-        from clawrl.envs.ray_rollout import rollout_on_ray as rollout  # Ray is imported only where it is asked for
+        try:
+            from clawrl.envs.ray_rollout import rollout_on_ray as rollout  # Ray is imported only where it is asked for
+        except ModuleNotFoundError as error:
+            if error.name != "ray":
+                raise
+            raise StartupError("--placement ray needs Ray, which is not installed", "pip install 'clawrl[ray]'") from None
     else:
         from clawrl.envs.rollout import rollout
     summary = asyncio.run(rollout(env_config, config))
