@@ -175,3 +175,32 @@ def test_finding_judged_turns_to_sample_does_not_slow_down_as_the_store_grows(tm
     small_steps, large_steps = poll(small), poll(large)
     assert found == [["m0", "m1", "m2", "m3"]] * 2
     assert large_steps <= 3 * max(small_steps, 1), (small_steps, large_steps)
+
+
+def test_finding_a_requests_session_does_not_slow_down_as_the_users_sessions_grow(tmp_path: Path) -> None:
+    """Every request looks for its session before it is answered: by the fingerprint of an answer it
+    echoes, by a recent empty answer it may retry, or (a side request) among the user's latest
+    sessions. Once sessions had owners (schema v8), SQLite's planner served the first two from the
+    index by user, walking every session of the user and its turns: 8 and 11 ms a request with
+    20,000 sessions, all of the default user as in a run without users, and growing with them; the
+    third sorted all of the user's sessions. Here one store has 40 times the other's history, and
+    each lookup finds the same."""
+    small = _store_with_history(tmp_path / "small", 500)
+    large = _store_with_history(tmp_path / "large", 20_000)
+    continuing = [user("q"), assistant("A."), user("thanks"), assistant("B."), user("and one more thing")]
+    title = [user("Give this conversation a title of three words.")]  # quotes none of them: read among the latest
+
+    def lookups(store: Store) -> tuple[int, list[tuple[str, str]]]:
+        found: list[tuple[str, str]] = []
+
+        def work() -> None:
+            for messages, kind in ((continuing, "main"), ([user("a conversation of its own")], "main"), (title, "side")):
+                identity = resolve_session(store, None, messages, kind)
+                found.append((identity.id_source, identity.session_id if identity.id_source == "inferred" else ""))
+
+        return _vm_steps(store, work), found
+
+    (small_steps, small_found), (large_steps, large_found) = lookups(small), lookups(large)
+    assert small_found == large_found
+    assert [source for source, _ in large_found] == ["inferred", "new", "new"] and large_found[0][1].startswith(("sj", "sm"))
+    assert large_steps <= 3 * max(small_steps, 1), (small_steps, large_steps)

@@ -44,6 +44,27 @@ def test_a_version_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
 
 
+def test_a_version_13_store_indexes_each_users_sessions_by_recency(tmp_path: Path) -> None:
+    """v14 replaces the index by user with one by user and recency; the sessions stay whose they were."""
+    store = Store.for_run_dir(tmp_path)
+    record(store, "t1", "s1", [user("q")], "a")
+    record(store, "t2", "alice/work", [user("q")], "a", user_id="alice")
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:  # the v13 store's index
+        db.execute("DROP INDEX ix_sessions_user_recent")
+        db.execute("CREATE INDEX ix_sessions_user_id ON sessions (user_id)")
+        db.execute("UPDATE meta SET value='13' WHERE key='schema_version'")
+    store = Store.for_run_dir(tmp_path)
+    assert [session.id for session in store.turns.list_sessions(user_id="alice")] == ["alice/work"]
+    store.close()
+    with sqlite3.connect(tmp_path / "clawrl.db") as db:
+        indexes = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='sessions'")}
+        plan = " ".join(row[3] for row in db.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE user_id = 'alice' ORDER BY updated_at DESC LIMIT 8"))
+    assert "ix_sessions_user_recent" in indexes and "ix_sessions_user_id" not in indexes
+    assert "ix_sessions_user_recent" in plan and "TEMP B-TREE" not in plan  # read in order, not sorted
+
+
 def test_a_version_4_store_keeps_its_waiting_work_when_the_queues_arrive(tmp_path: Path) -> None:
     """v5 finds turns to judge and to sample through queues; a v4 store's backlog is queued on upgrade."""
     store = Store.for_run_dir(tmp_path)

@@ -63,7 +63,7 @@ def test_a_version_7_store_keeps_its_sessions_as_the_default_users(tmp_path: Pat
     record(store, "t1", "s1", [user("q")], "a")
     store.close()
     with sqlite3.connect(tmp_path / "clawrl.db") as db:  # what the store looked like before users
-        db.execute("DROP INDEX ix_sessions_user_id")
+        db.execute("DROP INDEX ix_sessions_user_recent")
         db.execute("ALTER TABLE sessions DROP COLUMN user_id")
         db.execute("DROP TABLE users")
         db.execute("UPDATE meta SET value='7' WHERE key='schema_version'")

@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, EpisodeRow, Meta, PolicyPointerRow, unsampled_step
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -116,6 +116,13 @@ def _sampled_episodes(connection: Connection) -> None:
     connection.execute(update(episodes).where(episodes.c.status != "running", ~unsampled_step()).values(sampled=True))
 
 
+def _sessions_by_user_recency(connection: Connection) -> None:
+    """v14 indexes a user's sessions by recency (`ix_sessions_user_recent`) in place of by user alone:
+    a user's most recent sessions had been read by sorting all of theirs."""
+    connection.execute(text("DROP INDEX IF EXISTS ix_sessions_user_id"))
+    connection.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_user_recent ON sessions (user_id, updated_at)"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -133,6 +140,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     11: _memory_notes,
     12: _memory_training,
     13: _sampled_episodes,
+    14: _sessions_by_user_recency,
 }
 
 

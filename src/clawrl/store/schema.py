@@ -46,9 +46,13 @@ class SessionRow(Base):
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
     # whose conversation it is (set when it starts): its turns, their judgments, samples and feedback
     # and its episode are that user's through it, so no other table repeats it
-    user_id: Mapped[str] = mapped_column(String(64), default=DEFAULT_USER, server_default=DEFAULT_USER, index=True)
+    user_id: Mapped[str] = mapped_column(String(64), default=DEFAULT_USER, server_default=DEFAULT_USER)
     # False: its first request opted out of training (`X-Clawrl-Train: false`), and with it every later turn
     train: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+
+    # a user's sessions, most recent first, in one range of the index however many others there are
+    # (it also serves every lookup by user alone)
+    __table_args__ = (Index("ix_sessions_user_recent", "user_id", "updated_at"),)
 
 
 class UserRow(Base):
