@@ -35,6 +35,7 @@ from clawrl.store import Store
 from clawrl.train.policy import ADAPTER_WEIGHTS, TrainedPolicy
 from clawrl.train.ray_workers import RayWorkerGroup
 from clawrl.train.trainer import Trainer
+from clawrl.trainer_process import TrainerProcess
 from tests.helpers import CORRECTION, healthz, wait_until
 from tests.test_train_data_parallel import judged_sessions
 
@@ -197,3 +198,23 @@ def test_a_trainer_no_node_can_hold_is_refused_before_anything_loads(ray_address
     assert result.returncode == 1
     assert "error: --trainer-cpus 1 --trainer-gpus 1: no node of the Ray cluster has that much" in result.stderr
     assert "(its nodes: 2 CPUs, 0 GPUs); ask for less" in result.stderr
+
+
+def test_a_trainer_that_cannot_be_started_again_counts_as_a_quick_failure() -> None:
+    """A restart that fails to start anything (a Ray actor when the cluster is gone) is backed off
+    and given up on like a trainer that dies at once; the supervisor does not stop watching."""
+    starts: list[int] = []
+
+    def start_trainer() -> subprocess.Popen[bytes]:
+        starts.append(len(starts))
+        if len(starts) > 1:
+            raise ConnectionError("the Ray cluster is gone")
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+    trainer = TrainerProcess(max_quick_failures=2, start_trainer=start_trainer).start()
+    try:
+        wait_until(lambda: trainer.given_up, 30, "the supervisor to give up", every=0.1)
+        # one start and two tries (max_quick_failures=2), none of which started anything
+        assert len(starts) == 3 and trainer.restarts == 0 and not trainer.running() and trainer.process.returncode == 3
+    finally:
+        trainer.stop()

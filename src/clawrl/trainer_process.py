@@ -145,7 +145,12 @@ class TrainerProcess:
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self._spawn()
+                try:
+                    self._spawn()
+                except Exception:  # noqa: BLE001 - it could not even be started (a Ray cluster gone, say)
+                    log.exception("could not start the trainer again")
+                    self._started_at = time.monotonic()
+                    continue  # a quick failure: the ended handle's `wait` returns at once, the back-off goes on
                 self.restarts += 1
 
     @property
