@@ -228,7 +228,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run:
         args.like, args.device, args.serve_requests, args.serve_max_tokens = "qwen3-tiny", "cpu", 6, 8
-        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,256:ckpt,256:shared+nf4", 20, 40, 1
+        args.train_prefix, args.response_min, args.response_max, args.train_repeats = "256,256:ckpt+nf4", 20, 40, 1  # the GPU check's stages
         args.share_variants = "shared,nf4"
         args.swap_seconds, args.trainer_start_s = 2.0, 4.0  # the tiny trainer loads in about 3 s
     return args

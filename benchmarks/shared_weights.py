@@ -143,10 +143,23 @@ def published_or_failed(base: str) -> bool:
     return status.get("policy_version", 0) >= 1
 
 
+def own_cache(scratch: Path) -> Path:
+    """A cache directory of the run's own, so that a converted copy of the weights (gigabytes at real
+    sizes) goes with the scratch folder; the judge's classifier, which depends only on its corpus and
+    code, is the caller's (trained once, not for every run: seconds of CPU beside the measurement)."""
+    cache = scratch / "cache"
+    if not cache.exists():
+        callers = Path(os.environ.get("CLAWRL_CACHE_DIR") or Path.home() / ".cache" / "clawrl") / "judge"
+        callers.mkdir(parents=True, exist_ok=True)
+        cache.mkdir()
+        (cache / "judge").symlink_to(callers, target_is_directory=True)
+    return cache
+
+
 def measure(args: argparse.Namespace, variant: str, scratch: Path) -> dict[str, Any]:
     port = free_port()
     path = os.pathsep.join(filter(None, [str(HERE.parent / "src"), os.environ.get("PYTHONPATH")]))  # keep the caller's
-    env = {**os.environ, "CLAWRL_CACHE_DIR": str(scratch / "cache"), "PYTHONPATH": path}
+    env = {**os.environ, "CLAWRL_CACHE_DIR": str(own_cache(scratch)), "PYTHONPATH": path}
     log = open(scratch / f"serve-{variant}.log", "w")
     gpu = DeviceMemory() if args.device.startswith("cuda") else contextlib.nullcontext()
     base, figures = f"http://127.0.0.1:{port}", {}
