@@ -147,15 +147,18 @@ def test_an_episode_given_to_an_actor_already_dead_is_played_by_the_other_once(
     ray_cluster: None, server: ServerThread, run_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="clawrl.envs.ray_rollout")
-    config = rollout_config(server, episodes=8)
+    config = rollout_config(server, episodes=16)
     plan = plan_episodes(asyncio.run(ToolCallEnv(ENV).tasks("train")), config)
     killed: list[str] = []
+    seen: list[EpisodeRecord] = []
 
     def kill_actor_zero_at_its_first_record(record: EpisodeRecord) -> None:
         """Kill actor 0 when it hands back an episode and wait until Ray knows it dead: the slot that
-        handed it back gives its next episode to a dead actor, which never registers it."""
+        handed it back gives its next episode (if one is left) to a dead actor, which never registers it."""
+        seen.append(record)
         if killed or record.actor != 0:
             return
+        assert len(seen) + 3 < len(plan), "actor 0 came back only after the last episode was handed out"
         (name,) = [name for name in ray.util.list_named_actors() if name.startswith(ACTOR_PREFIX) and name.endswith("-0")]
         actor = ray.get_actor(name)
         ray.kill(actor)
@@ -171,7 +174,7 @@ def test_an_episode_given_to_an_actor_already_dead_is_played_by_the_other_once(
     replayed = [message for message in caplog.messages if "played again elsewhere" in message]
     assert replayed, caplog.messages
     assert sorted(record.seed for record in records) == [p.seed for p in plan]
-    assert sum(counts) + sum(record.failed for record in records) == 8 and counts[0] >= 1
+    assert sum(counts) + sum(record.failed for record in records) == 16 and counts[0] >= 1
     rows = episode_rows(Store.for_run_dir(run_dir))
     assert sorted(row.seed for row in rows) == [p.seed for p in plan], "the one played again is registered once"
     played_again = {record.seed for record in records if record.actor == 1 and not record.failed}

@@ -9,7 +9,7 @@ from typing import Any
 
 from clawrl.cli.common import _print_json
 from clawrl.cli.flags import config_from_args
-from clawrl.config import EnvConfig, EnvsServeSettings, RolloutSettings
+from clawrl.config import EnvConfig, EnvsServeSettings, RolloutConfig, RolloutSettings
 from clawrl.logs import uvicorn_logging
 from clawrl.preflight import StartupError, check_port, check_server, check_writable_file
 
@@ -78,17 +78,29 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if config.server is not None:
         check_server(config.server, config.api_key)
     if config.placement == "ray":
-        try:
-            from clawrl.envs.ray_rollout import rollout_on_ray as rollout  # Ray is imported only where it is asked for
-        except ModuleNotFoundError as error:
-            if error.name != "ray":
-                raise
-            raise StartupError("--placement ray needs Ray, which is not installed", "pip install 'clawrl[ray]'") from None
+        summary = _rollout_on_ray(env_config, config)
     else:
         from clawrl.envs.rollout import rollout
-    summary = asyncio.run(rollout(env_config, config))
+
+        summary = asyncio.run(rollout(env_config, config))
     if args.json:
         _print_json(summary)
     else:
         print(f"{summary['episodes']} episodes, {summary['failed']} failed, mean reward {summary['mean_reward']}")
     return 0
+
+
+def _rollout_on_ray(env_config: EnvConfig, config: RolloutConfig) -> dict[str, Any]:
+    """`clawrl rollout --placement ray`; Ray is imported here only, and its absence is a startup error."""
+    import asyncio
+
+    try:
+        from clawrl.envs.ray_rollout import RolloutActorError, rollout_on_ray
+    except ModuleNotFoundError as error:
+        if error.name != "ray":
+            raise
+        raise StartupError("--placement ray needs Ray, which is not installed", "pip install 'clawrl[ray]'") from None
+    try:
+        return asyncio.run(rollout_on_ray(env_config, config))
+    except RolloutActorError as error:
+        raise StartupError(str(error), "check that every node reaches --server and can make the environment") from None

@@ -62,6 +62,10 @@ ACTOR_PREFIX = "clawrl-rollout"  # actors are named `clawrl-rollout-<run id>-<in
 ENDED_FIRST = "its result stands in the store; this record lost it"
 
 
+class RolloutActorError(RuntimeError):
+    """The rollout's actors could not start (the server unreachable from a node, an environment that cannot be made)."""
+
+
 def connect_ray() -> None:
     """Join the cluster at RAY_ADDRESS, or start one on this machine; once per process."""
     if not ray.is_initialized():
@@ -135,7 +139,7 @@ async def run_on_ray(
     except RayError as error:
         for actor in actors:
             ray.kill(actor)
-        raise RuntimeError(f"a rollout actor failed to start: {_cause(error)}") from None
+        raise RolloutActorError(f"a rollout actor failed to start: {_cause(error)}") from None
     queue: deque[tuple[int, PlannedEpisode]] = deque(enumerate(planned))
     records: list[EpisodeRecord | None] = [None] * len(planned)
     alive, played = [True] * count, [0] * count
@@ -170,7 +174,8 @@ async def run_on_ray(
             done(index, record)
 
     try:
-        await asyncio.gather(*(slot(number) for number in range(count) for _ in range(config.concurrency)))
+        while queue and any(alive):  # again when an actor's death put an episode back after the others' slots ended
+            await asyncio.gather(*(slot(number) for number in range(count) if alive[number] for _ in range(config.concurrency)))
         while queue:  # every actor died before these were handed out
             index, episode = queue.popleft()
             done(index, EpisodeRecord(episode.task, episode.seed, episode.group, failed=True, error="no rollout actor is left"))
