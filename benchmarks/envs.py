@@ -37,7 +37,7 @@ from clawrl.config import EnvConfig, RolloutConfig
 from clawrl.envs.policies import make_policy
 from clawrl.envs.protocol import Action
 from clawrl.envs.registry import make_environment
-from clawrl.envs.rollout import play
+from clawrl.envs.rollout import play_here
 from clawrl.envs.sandbox import Sandbox, sandbox_available
 from machine import machine  # benchmarks/machine.py, beside this script
 
@@ -93,8 +93,8 @@ async def command_costs(repeats: int) -> list[dict[str, Any]]:
 
 async def rollouts(family: str, episodes: int, concurrency: int) -> dict[str, Any]:
     config = RolloutConfig(policy="oracle", episodes=episodes, concurrency=concurrency, split="train")
-    summary = await play(EnvConfig(env=family), config,
-                         lambda env, planned: make_policy("oracle", env, planned.task, planned.seed))
+    summary = await play_here(EnvConfig(env=family), config,
+                              lambda env, planned: make_policy("oracle", env, planned.task, planned.seed))
     steps = summary["mean_steps"] * (summary["episodes"] - summary["failed"])
     return {"family": family, "concurrency": concurrency, "episodes": summary["episodes"], "failed": summary["failed"],
             "mean_reward": summary["mean_reward"], "elapsed_s": summary["elapsed_s"],
