@@ -5,12 +5,14 @@ node's address) publishes the version one trainer publishes, and outlives its ra
 the middle of a step: a new actor, the step redone, every sample trained once. A real `clawrl serve --placement ray --replicas 2 --train-workers 2 --method combine` on the tiny
 model joins a local Ray cluster (one for the module: a start costs seconds) through RAY_ADDRESS;
 sessions driven through it with the openai client are judged and trained on, the published
-version is served by both replica actors, and a trainer actor that is killed is started again as a
+version is served by both replica actors, a replica actor killed under load fails no request
+started after it was taken out and loses no answered turn, and a trainer actor that is killed is started again as a
 new actor, with new ranks, and trains on from the published version.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -161,6 +163,22 @@ def test_serve_on_ray_trains_in_actors_and_serves_each_version_on_both_replicas(
         started = {replica: after[replica] - before.get(replica, 0) for replica in after}
         assert sorted(started) == ["0", "1"] and all(count >= 1 for count in started.values()) and sum(started.values()) == 6
 
+        # one replica actor killed under load: a request under way on it may fail; none started
+        # after it was taken out does, and every answered request is a recorded turn
+        replica_pids = wait_until(lambda: len(pids := _processes(b"ray::EngineActor")) == 2 and pids, 30, "two replica actors")
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            under_load = [pool.submit(ask, client, 100 + index) for index in range(6)]
+            os.kill(replica_pids[0], signal.SIGKILL)
+            during = [future.result() for future in under_load]
+        # (a request that reaches the dead actor takes it out; these make sure one does)
+        wait_until(lambda: during.append(ask(client, 150 + len(during))) or _replicas_in_rotation(base) == 1, 60,
+                   "the dead replica taken out")  # fmt: skip
+        after = [ask(client, 200 + index) for index in range(6)]
+        assert [status for status, _ in after] == [200] * 6
+        answered = [turn_id for status, turn_id in during + after if status == 200]
+        recorded = Store.for_run_dir(run_dir)
+        assert len(answered) >= 6 and all(recorded.judging.turn_context(turn_id) is not None for turn_id in answered)
+
         # the trainer actor killed: a new actor, with a new rank 1, trains on from v1
         os.kill(first["pid"], signal.SIGKILL)
         second = wait_until(lambda: trainer(base).get("restarts") == 1 and trainer(base).get("pid") and trainer(base),
@@ -182,6 +200,35 @@ def test_serve_on_ray_trains_in_actors_and_serves_each_version_on_both_replicas(
     assert serve.returncode == 0
     # the trainer and its rank end with the server (stopped, then killed: nothing of theirs is left on the cluster)
     wait_until(lambda: not clawrl_actors(), 30, "the clawrl actors gone")
+
+
+def ask(client: OpenAI, index: int) -> tuple[int, str | None]:
+    """One request of a new conversation: (HTTP status, the turn id the server recorded it as)."""
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": f"{index}: tell me about the harbour and its boats"}],
+            max_tokens=16, temperature=1.0,
+        )
+    except Exception as error:  # noqa: BLE001 - a failed request is a result here
+        return getattr(error, "status_code", 599), None
+    return raw.http_response.status_code, raw.headers["x-clawrl-turn"]
+
+
+def _replicas_in_rotation(base: str) -> int:
+    text = httpx.get(base + "/metrics", timeout=30).text
+    return len(re.findall(r'clawrl_replica_in_rotation\{replica="\d+"\} 1\.0', text))
+
+
+def _processes(title: bytes) -> list[int]:
+    """Pids of this machine's processes whose command line starts with `title` (a Ray actor's process title)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # ended while looked at
+    return sorted(found)
 
 
 def _children(pid: int) -> list[int]:
