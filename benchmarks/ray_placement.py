@@ -1,5 +1,7 @@
-"""What replicas cost and give: requests/s and latency with 1 and 2 replicas, in this process or in
-Ray actors, and the time from a published version to served on every replica.
+"""What replicas and train workers cost and give: requests/s and latency with 1 and 2 replicas, in
+this process or in Ray actors, the time from a published version to served on every replica, and
+the trainer's step time with 1 and 2 data-parallel workers on Ray (`--train-workers`, ranks 1.. in
+Ray actors).
 
 Each arm starts a real server on the tiny model (`--replicas`, `--placement local|ray`); `--clients`
 clients send requests back to back for `--seconds` (each a new one-message conversation, so the
@@ -8,6 +10,13 @@ the store as the trainer publishes one, and the time until every replica serves 
 (polled every 10 ms). On a machine whose cores the replicas share (this one: 2), two replicas give
 no more throughput than one; the point is what the router and the actor hop cost, and that a
 version reaches all.
+
+The training part registers `--train-samples` judged samples (random prompts of about 200 tokens,
+responses of about 40, rewards of both signs) in a fresh store and lets a real `Trainer` with
+`--placement ray` take `--train-steps` steps of `--batch-size` with 1 worker, then with 2 (the
+trainer's own LoRA, micro-batches of 2, one CPU thread a rank); the step time is each published
+version's `step_seconds`, the median after the first step (which loads the model). Two ranks on two
+shared cores cost rather than save, as the replicas do.
 
     python benchmarks/ray_placement.py --clients 8 --seconds 20
 
@@ -33,12 +42,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from clawrl.config import EngineConfig, ServeConfig
+from clawrl.config import EngineConfig, ServeConfig, TrainConfig
 from clawrl.engines import build_engine
 from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.serve.runner import ServerThread, free_port
 from clawrl.sim.tiny import build_tiny_model
 from clawrl.store import Store
+from clawrl.train.trainer import Trainer
 from clawrl.types import Judgment, PolicyVersion, Sample, StepMetrics, Turn, TurnSampling
 from clawrl.versions.files import Manifest, write_version
 from machine import machine  # benchmarks/machine.py, beside this script
@@ -117,11 +127,48 @@ def run_arm(model_dir: Path, weights: Path, placement: str, replicas: int, args:
     return {"placement": placement, "replicas": replicas, **figures}
 
 
+def register_samples(store: Store, count: int) -> None:
+    """`count` judged main turns with one sample each, as the judge leaves them for the trainer."""
+    generator = torch.Generator().manual_seed(0)
+    for index in range(count):
+        prompt = torch.randint(10, 2000, (200 + index % 7,), generator=generator).tolist()
+        response = torch.randint(10, 2000, (40 + index % 5,), generator=generator).tolist()
+        turn_id, reward = f"train-{index}", 1.0 if index % 2 else -1.0
+        turn = Turn(turn_id, f"train-s{index}", "main", "bench", 0, [{"role": "user", "content": "q"}], None, TurnSampling(),
+                    prompt, response, [-2.0] * len(response), "a", None, "stop")  # fmt: skip
+        store.turns.record_turn(turn, "new", None, False)
+        store.judging.record_judgment(Judgment(turn_id, int(reward), [int(reward)], 1.0, 0, None, None, [], "rule", "rule", 0.0))
+        store.training.add_samples([Sample(turn_id, "ready", "rl", reward, 0)])
+
+
+def train_arm(model_dir: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Median step time of a Ray-placed trainer with `workers` data-parallel ranks."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"clawrl-bench-train{workers}-"))
+    store = Store.for_run_dir(run_dir)
+    register_samples(store, args.batch_size * args.train_steps)
+    config = TrainConfig(method="rl", batch_size=args.batch_size, micro_batch_size=2, train_poll_s=0.05,
+                         train_workers=workers, trainer_cpus=0.5)  # fmt: skip
+    engine = EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1, placement="ray")
+    trainer = Trainer(config, engine, store, run_dir)
+    trainer.start()
+    try:
+        steps = trainer.run(max_steps=args.train_steps)
+    finally:
+        trainer.close()
+    seconds = [version.metrics.step_seconds for version in store.training.versions() if version.version > 0]
+    store.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"train_workers": workers, "steps": steps, "step_s_median": statistics.median(seconds[1:] or seconds),
+            "step_s_all": seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--train-steps", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("docs/results/ray-placement.json"))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="clawrl-bench-models-"))
@@ -129,15 +176,22 @@ def main() -> None:
     weights = adapter(model_dir, root / "adapter")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     rows = [run_arm(model_dir, weights, placement, replicas, args) for placement, replicas in ARMS]
+    training = [train_arm(model_dir, workers, args) for workers in (1, 2)]
     ray.shutdown()
     print("| placement | replicas | requests/s | p50 ms | p99 ms | failed | publish → served on all, ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['placement']} | {row['replicas']} | {row['requests_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
               f"{row['failed']} | {row['publish_to_served_on_all_ms']:.0f} |")
+    print()
+    print(f"| train workers (Ray) | steps of {args.batch_size} | step s, median after the first |")
+    print("|---:|---:|---:|")
+    for row in training:
+        print(f"| {row['train_workers']} | {row['steps']} | {row['step_s_median']:.3f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": machine(), "clients": args.clients,
-                                    "seconds": args.seconds, "max_tokens": args.max_tokens, "arms": rows}, indent=2) + "\n")
+                                    "seconds": args.seconds, "max_tokens": args.max_tokens, "arms": rows,
+                                    "batch_size": args.batch_size, "training": training}, indent=2) + "\n")
     shutil.rmtree(root, ignore_errors=True)
 
 
