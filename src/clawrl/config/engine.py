@@ -33,10 +33,23 @@ class EngineConfig(ComponentSettings):
         "and its --train-workers as processes beside it; `ray`, each replica, the trainer and each of its workers "
         "in a Ray actor on the cluster at RAY_ADDRESS (a cluster on this machine when unset), placed by "
         "--replica-cpus, --replica-gpus, --trainer-cpus and --trainer-gpus; needs `pip install 'clawrl[ray]'`, and "
-        "a run directory every node can read."
+        "a run directory the server and the trainer's nodes can read (every replica's too with --weights-transfer "
+        "shared-path)."
     )
     replica_cpus: float = Field(1.0, ge=0, description="With --placement ray: CPUs Ray reserves for each replica's actor.")
     replica_gpus: float = Field(0.0, ge=0, description="With --placement ray: GPUs for each replica's actor (1 on a GPU cluster).")
+    weights_transfer: Literal["object-store", "shared-path"] = Field(
+        "object-store", description="With --placement ray: how a published version reaches the replica actors. "
+        "`object-store`: the server reads and checks the version once and puts its files into Ray's object store "
+        "(in pieces of at most --weights-bucket-mib), each actor writes its own copy on its node, checks it again "
+        "and loads that, so the replicas' nodes need no shared disk; `shared-path`: each actor loads the path the "
+        "store records, which must then be on a filesystem every replica's node mounts."
+    )
+    weights_bucket_mib: float = Field(
+        128.0, gt=0, description="With --weights-transfer object-store: the largest piece of a version's files put "
+        "into Ray's object store at once (a bigger file goes in several), which bounds what the server and each "
+        "actor hold in memory while a version travels."
+    )
     replicas: int = Field(
         1, ge=1, description="Copies of the model that serve side by side behind one router (engines/replicas.py): a "
         "session's requests go to the replica that holds its prefix, new ones to the least busy, a replica that "

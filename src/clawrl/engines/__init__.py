@@ -24,9 +24,12 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
         replicas = [config] * config.replicas
     if config.placement == "ray":
         from clawrl.engines.ray_replica import RayReplica, connect_ray
+        from clawrl.engines.ray_weights import VersionShipper
 
         connect_ray()
-        engines = [RayReplica(_build_one, replica, model_path) for replica in replicas]
+        # one shipper for all replicas: a version is read and put into the object store once
+        shipper = VersionShipper(config.weights_bucket_mib) if config.weights_transfer == "object-store" else None
+        engines = [RayReplica(_build_one, replica, model_path, shipper) for replica in replicas]
     else:
         engines = [_build_one(replica, model_path) for replica in replicas]
     if len(engines) == 1:

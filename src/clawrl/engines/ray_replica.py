@@ -10,9 +10,11 @@ starts a Ray cluster on this machine; with it, it joins that cluster. Ray is an 
 What crosses to the actor: token ids and sampling settings in, one `(token id, log-prob, top
 log-probs, finish reason)` per token out (a Ray streaming generator), preceded by the version the
 actor's engine admitted the request with, which the stream takes before its first token. A
-version's weights are read by the actor from the path the store records, so that path must be on
-a filesystem every node sees (the run directory on a shared disk); pushing weights through Ray's
-object store is not built.
+version's weights travel through Ray's object store (`--weights-transfer object-store`, the
+default; `engines/ray_weights.py`): the server reads and checks the version once for all replicas,
+each actor writes and checks a copy of its own on its node and loads that, so the replicas' nodes
+share no disk with the server. With `--weights-transfer shared-path` the actor loads the path the
+store records instead, which must then be on a filesystem every replica's node mounts.
 
 What it does not do: per-user adapters (`--adapters per-user`) through actors: the actor's engine
 evicts adapters on its own, and this side learns of it only at its next load; and the trainer and
@@ -33,6 +35,7 @@ from ray.exceptions import RayError
 from transformers import AutoConfig, AutoTokenizer
 
 from clawrl.config import EngineConfig
+from clawrl.engines.ray_weights import LocalCopies, Shipment, VersionShipper
 from clawrl.engines.base import (
     Engine,
     EngineClosedError,
@@ -60,6 +63,7 @@ class EngineActor:
 
     def __init__(self, make_engine: EngineFactory, config: EngineConfig, model_path: str | None) -> None:
         self.engine = make_engine(config, model_path)
+        self.copies: LocalCopies | None = None  # made with the first version that comes through the object store
 
     async def start(self) -> dict[str, Any]:
         await self.engine.start()
@@ -70,8 +74,10 @@ class EngineActor:
         }
 
     def versions(self) -> dict[str, Any]:
-        """What the engine holds: the shared lineage's current version and every version held."""
-        return {"current": {SHARED_LINEAGE: self.engine.policy_version}, "held": self.engine.held_versions()}
+        """What the engine holds: the shared lineage's current version, every version held, and
+        the directories on this node it loaded them from (those that came through the object store)."""
+        copies = {version: str(path) for version, path in self.copies.dirs.items()} if self.copies else {}
+        return {"current": {SHARED_LINEAGE: self.engine.policy_version}, "held": self.engine.held_versions(), "copies": copies}
 
     async def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any], lineage: str) -> AsyncIterator[Any]:
         """The version the request was admitted with, then one tuple per token."""
@@ -86,18 +92,33 @@ class EngineActor:
     async def score(self, prompt: list[int], response: list[int], top_k: int, version: int | None) -> ScoredResponse:
         return await self.engine.score(prompt, response, top_k, version)
 
-    async def load_version(self, version: int, path: str, lineage: str) -> dict[str, Any]:
-        await self.engine.load_version(version, Path(path), lineage)
+    async def load_version(self, version: int, source: str | Shipment, lineage: str) -> dict[str, Any]:
+        """Load from a path (the base, or `--weights-transfer shared-path`) or from a shipment, through
+        this actor's own checked copy; then drop the copies of versions the engine let go."""
+        if isinstance(source, str):
+            path = Path(source)
+        else:
+            self.copies = self.copies or LocalCopies()
+            path = await self.copies.materialize(source)
+        try:
+            await self.engine.load_version(version, path, lineage)
+        finally:
+            if self.copies is not None:
+                self.copies.keep_only(self.engine.held_versions())
         return self.versions()
 
     async def close(self) -> None:
         await self.engine.close()
+        if self.copies is not None:
+            self.copies.remove_all()
 
 
 class RayReplica(Engine):
     """The server's side of one replica actor; see the module docstring."""
 
-    def __init__(self, make_engine: EngineFactory, config: EngineConfig, model_path: str | None = None) -> None:
+    def __init__(self, make_engine: EngineFactory, config: EngineConfig, model_path: str | None = None,
+                 shipper: VersionShipper | None = None) -> None:  # fmt: skip
+        """`shipper`, one for all replicas, sends versions through the object store; None: by path."""
         source = str(model_path if model_path is not None else config.model)
         self.model_name = config.model
         self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -105,7 +126,8 @@ class RayReplica(Engine):
         self.max_context_tokens = 0  # the actor's engine's, once started
         actor_class = ray.remote(EngineActor).options(num_cpus=config.replica_cpus, num_gpus=config.replica_gpus)
         self._actor = actor_class.remote(make_engine, config, model_path)
-        self._versions: dict[str, Any] = {"current": {SHARED_LINEAGE: 0}, "held": [0]}
+        self._shipper = shipper
+        self._versions: dict[str, Any] = {"current": {SHARED_LINEAGE: 0}, "held": [0], "copies": {}}
         self._dead: str | None = None
         self._started = False
 
@@ -149,10 +171,21 @@ class RayReplica(Engine):
     def held_versions(self) -> list[int]:
         return list(self._versions["held"])
 
+    @property
+    def local_copies(self) -> dict[int, str]:
+        """Per version held, the directory on the actor's node it was loaded from (object store only)."""
+        return dict(self._versions["copies"])
+
     async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
+        """By path, or (with a shipper) through the object store: ChecksumError, before the actor is
+        asked anything, for a version whose files are not as its manifest says."""
         if lineage != SHARED_LINEAGE:
             raise ValueError("--placement ray serves the shared lineage only (not --adapters per-user)")
-        self._versions = await self._call(self._actor.load_version.remote(version, str(path), lineage))
+        if self._shipper is None or version == 0:  # the base is in the actor already: its path is not read
+            self._versions = await self._call(self._actor.load_version.remote(version, str(path), lineage))
+            return
+        async with self._shipper.shipment(version, path) as shipment:
+            self._versions = await self._call(self._actor.load_version.remote(version, shipment, lineage))
 
     # --- requests ---------------------------------------------------------------------------
 

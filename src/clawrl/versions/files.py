@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,10 +65,28 @@ def version_dir(run_dir: Path, lineage: str, version: int) -> Path:
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
+    for block in _blocks(path, 1 << 20):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def verified_blocks(path: Path, sha256: str, block_bytes: int) -> Iterator[bytes]:
+    """The file's bytes, `block_bytes` at a time, read once; ChecksumError after the last block
+    when they do not match `sha256` (or at once when the file is missing), so that a reader that
+    sends the blocks on as it reads them (`engines/ray_weights.py`) drops what it sent on failure."""
+    if not Path(path).is_file():
+        raise ChecksumError(f"{path} is missing")
+    digest = hashlib.sha256()
+    for block in _blocks(path, block_bytes):
+        digest.update(block)
+        yield block
+    if digest.hexdigest() != sha256:
+        raise ChecksumError(f"{path} does not match its manifest")
+
+
+def _blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
+    with Path(path).open("rb") as handle:
+        yield from iter(lambda: handle.read(block_bytes), b"")
 
 
 def write_version(
