@@ -43,7 +43,8 @@ class EngineConfig(ComponentSettings):
         "`object-store`: the server reads and checks the version once and puts its files into Ray's object store "
         "(in pieces of at most --weights-bucket-mib), each actor writes its own copy on its node, checks it again "
         "and loads that, so the replicas' nodes need no shared disk; `shared-path`: each actor loads the path the "
-        "store records, which must then be on a filesystem every replica's node mounts."
+        "store records, which must then be on a filesystem every replica's node mounts (always so with --engine "
+        "openai: its servers read the version, not the actors)."
     )
     weights_bucket_mib: float = Field(
         128.0, gt=0, description="With --weights-transfer object-store: the largest piece of a version's files put "

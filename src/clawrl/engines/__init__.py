@@ -27,8 +27,10 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
         from clawrl.engines.ray_weights import VersionShipper
 
         connect_ray()
-        # one shipper for all replicas: a version is read and put into the object store once
-        shipper = VersionShipper(config.weights_bucket_mib) if config.weights_transfer == "object-store" else None
+        # one shipper for all replicas: a version is read and put into the object store once; an
+        # `openai` engine's server, not its actor, reads a version, so it gets the path
+        by_object_store = config.weights_transfer == "object-store" and config.engine != "openai"
+        shipper = VersionShipper(config.weights_bucket_mib) if by_object_store else None
         engines = [RayReplica(_build_one, replica, model_path, shipper) for replica in replicas]
     else:
         engines = [_build_one(replica, model_path) for replica in replicas]
