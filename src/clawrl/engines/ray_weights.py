@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ class _Shared:
     """A shipment being made or made, and how many loads are using it."""
 
     task: asyncio.Future[Shipment]
-    users: int = field(default=0)
+    users: int = 0
 
 
 class VersionShipper:
