@@ -12,6 +12,12 @@
 
     python benchmarks/serve_overhead.py --requests 100 --max-tokens 32
 
+The HTTP client runs in a process of its own by default (`--client process`), as every real client
+does (an agent in Node, an SDK in another program): in the server's process its Python work would
+take the server's GIL, and the figure would charge the server for the client. `--client thread`
+runs it on this process's event loop instead, which is how the figures before issue 29's
+twenty-second session were taken; the two are side by side in docs/benchmarks.md.
+
 With `--null-engine` the engine costs nothing: it answers every prompt at once with the same
 `--max-tokens` ordinary tokens (the tiny model's tokenizer renders and detokenizes as usual). The
 in-process mode is then little more than rendering the prompt, and what the server takes is its
@@ -28,6 +34,7 @@ import asyncio
 import json
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,6 +153,46 @@ async def in_process(engine: Engine, messages: list[dict[str, str]], max_tokens:
     return time.perf_counter() - started, tokens
 
 
+class ClientProcess:
+    """The HTTP client in a child process (`--client process`): this process sends it one command a
+    line (a request to time, or a throughput level to run) and reads its figures back."""
+
+    def __init__(self, root: str) -> None:
+        command = [sys.executable, __file__, "--client-for", root]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, command: dict[str, Any]) -> Any:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(30)
+
+
+def client_main(root: str) -> int:
+    """The child's side of `ClientProcess`: one answer line per command line, until stdin closes."""
+    limits = httpx.Limits(max_connections=max(CONCURRENCY_LEVELS) + 4, max_keepalive_connections=max(CONCURRENCY_LEVELS) + 4)
+
+    async def serve_commands() -> None:
+        async with httpx.AsyncClient(base_url=root, timeout=300, limits=limits) as client:
+            for line in sys.stdin:
+                command = json.loads(line)
+                if "messages" in command:
+                    answer: Any = await over_http(client, command["messages"], command["max_tokens"])
+                else:
+                    conversations = prompts(command["conversations"])
+                    answer = asdict(await measure_throughput(client, conversations, command["concurrency"],
+                                                             command["total"], command["max_tokens"]))  # fmt: skip
+                print(json.dumps(answer), flush=True)
+
+    asyncio.run(serve_commands())
+    return 0
+
+
 async def over_http(client: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, int]:
     """The same request through the server, as an OpenAI client sends it (non-streaming)."""
     started = time.perf_counter()
@@ -155,12 +202,23 @@ async def over_http(client: httpx.AsyncClient, messages: list[dict[str, str]], m
     return elapsed, response.json()["usage"]["completion_tokens"]
 
 
+async def through_server(client: httpx.AsyncClient | ClientProcess, messages: list[dict[str, str]], max_tokens: int) -> tuple[float, int]:
+    """One request through the server, by the client in this process or the one in its own.
+
+    The child's answer is awaited by blocking this loop, on which nothing else runs meanwhile: the
+    in-process mode is measured strictly one request at a time."""
+    if isinstance(client, ClientProcess):
+        elapsed, generated = client.ask({"messages": messages, "max_tokens": max_tokens})
+        return elapsed, generated
+    return await over_http(client, messages, max_tokens)
+
+
 async def measure_overhead(
-    engine: Engine, client: httpx.AsyncClient, conversations: list[list[dict[str, str]]], max_tokens: int
+    engine: Engine, client: httpx.AsyncClient | ClientProcess, conversations: list[list[dict[str, str]]], max_tokens: int
 ) -> dict[str, Any]:
     for messages in conversations[:WARMUP_REQUESTS]:  # first calls pay for lazy initialisation
         await in_process(engine, messages, max_tokens)
-        await over_http(client, messages, max_tokens)
+        await through_server(client, messages, max_tokens)
     direct: list[float] = []
     served: list[float] = []
     direct_tokens = served_tokens = mismatched = 0
@@ -168,9 +226,9 @@ async def measure_overhead(
         # alternate which mode goes first, so neither always runs right after the other
         if index % 2 == 0:
             direct_s, direct_n = await in_process(engine, messages, max_tokens)
-            served_s, served_n = await over_http(client, messages, max_tokens)
+            served_s, served_n = await through_server(client, messages, max_tokens)
         else:
-            served_s, served_n = await over_http(client, messages, max_tokens)
+            served_s, served_n = await through_server(client, messages, max_tokens)
             direct_s, direct_n = await in_process(engine, messages, max_tokens)
         direct.append(direct_s)
         served.append(served_s)
@@ -228,23 +286,36 @@ async def measure_throughput(
 
 async def run(engine: Engine, root: str, args: argparse.Namespace) -> dict[str, Any]:
     conversations = prompts(args.requests)
+    if args.client == "process":
+        client = ClientProcess(root)
+        try:
+            overhead = await measure_overhead(engine, client, conversations, args.max_tokens)
+            levels = []
+            for concurrency in CONCURRENCY_LEVELS:
+                total = max(args.requests, concurrency * 4)
+                for requests in (concurrency, total):  # a warm-up level first, as below
+                    levels.append(client.ask({"conversations": len(conversations), "concurrency": concurrency,
+                                              "total": requests, "max_tokens": args.max_tokens}))  # fmt: skip
+        finally:
+            client.close()
+        return {"overhead": overhead, "throughput": levels[1::2]}
     limits = httpx.Limits(max_connections=max(CONCURRENCY_LEVELS) + 4, max_keepalive_connections=max(CONCURRENCY_LEVELS) + 4)
-    async with httpx.AsyncClient(base_url=root, timeout=300, limits=limits) as client:
-        overhead = await measure_overhead(engine, client, conversations, args.max_tokens)
-        levels = []
+    async with httpx.AsyncClient(base_url=root, timeout=300, limits=limits) as http:
+        overhead = await measure_overhead(engine, http, conversations, args.max_tokens)
+        measured = []
         for concurrency in CONCURRENCY_LEVELS:
             # every client sends several requests, so ramp-up and the tail are a small part of the wall time
             total = max(args.requests, concurrency * 4)
-            await measure_throughput(client, conversations, concurrency, concurrency, args.max_tokens)  # warm-up
-            levels.append(await measure_throughput(client, conversations, concurrency, total, args.max_tokens))
-    return {"overhead": overhead, "throughput": [asdict(level) for level in levels]}
+            await measure_throughput(http, conversations, concurrency, concurrency, args.max_tokens)  # warm-up
+            measured.append(await measure_throughput(http, conversations, concurrency, total, args.max_tokens))
+    return {"overhead": overhead, "throughput": [asdict(level) for level in measured]}
 
 
 def markdown(results: dict[str, Any]) -> str:
     overhead = results["overhead"]
     direct, served = overhead["in_process"], overhead["http"]
     lines = [
-        "Engine: " + ("none (`--null-engine`): the server's own cost alone" if results["args"]["null_engine"] else results["args"]["model"]),
+        f"Client: {results['args']['client']}. Engine: " + ("none (`--null-engine`): the server's own cost alone" if results["args"]["null_engine"] else results["args"]["model"]),
         "",
         (
             f"Latency, one request at a time ({served['requests']} requests, greedy, "
@@ -287,6 +358,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="engine device: cpu, cuda or auto")
     parser.add_argument("--cpu-threads", type=int, default=1, help="torch threads on the CPU (1 is fastest for the tiny model)")
     parser.add_argument("--null-engine", action="store_true", help="an engine that costs nothing: the server's own cost alone")
+    parser.add_argument("--client", choices=("process", "thread"), default="process",
+                        help="the HTTP client in a process of its own (as real clients are) or on this process's loop")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve_overhead.json"), help="JSON results")
     args = parser.parse_args(argv)
     if args.requests < WARMUP_REQUESTS or args.max_tokens < 1:
@@ -322,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": args.device,
             "cpu_threads": args.cpu_threads,
             "null_engine": args.null_engine,
+            "client": args.client,
         },
         "machine": machine(),
         "elapsed_s": time.perf_counter() - started,
@@ -335,4 +409,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client-for"]:
+        raise SystemExit(client_main(sys.argv[2]))
     raise SystemExit(main())

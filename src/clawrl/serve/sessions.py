@@ -200,7 +200,14 @@ def _retried_empty_answer(store: Store, messages: list[Message], user_id: str) -
     next state that says it failed. It continues the newest recent empty turn, the newest main
     turn of its session, whose conversation the request keeps up to its first new message; what
     the request adds is that turn's next state.
+
+    A retry keeps at least one message of that conversation before what it adds, so a request of
+    one user message (every new conversation's first) is none, and asks the store nothing: this
+    lookup was a fifth of the server's own work per request (issue 29, item 9). The one retry that
+    passes unseen is of a turn whose prompt held system messages only.
     """
+    if sum(message["role"] not in ("system", "developer") for message in messages) < 2:
+        return None
     for turn in store.turns.recent_empty_answers(time.time() - RETRY_WINDOW_S, user_id):
         newest = store.turns.last_main_turn(turn.session_id)
         if newest is None or newest.id != turn.id:
