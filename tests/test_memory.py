@@ -152,7 +152,7 @@ def test_a_version_11_store_gains_trained_in_and_retired_notes(backend: str, tmp
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_version_10_store_gains_memory_notes(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    assert SCHEMA_VERSION == 14
+    assert SCHEMA_VERSION == 15
     url = store_at(backend, tmp_path, request)
     store = Store(url)
     record(store, "t1", "s1", [user("q")], "a")

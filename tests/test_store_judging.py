@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -50,6 +51,16 @@ def test_released_lease_is_claimable_at_once(tmp_path: Path) -> None:
     assert store.judging.claim_turns_to_judge("a", limit=1, lease_s=600) == ["t1"]
     store.judging.release_lease("t1", "a")
     assert store.judging.claim_turns_to_judge("b", limit=1, lease_s=600) == ["t1"]
+
+
+def test_a_dead_workers_leases_are_given_back_together_and_its_verdicts_name_their_worker(tmp_path: Path) -> None:
+    store = store_with_conversation(tmp_path)
+    assert store.judging.claim_turns_to_judge("dead", limit=2, lease_s=600) == ["t1", "t2"]
+    assert store.judging.claim_turns_to_judge("alive", limit=1, lease_s=600) == ["t3"]
+    store.judging.release_leases("dead")  # its supervisor saw it die: the others' leases stay
+    assert store.judging.claim_turns_to_judge("next", limit=10, lease_s=600) == ["t1", "t2"]
+    assert store.judging.record_judgment(dataclasses.replace(judgment("t1", 1), worker_id="next")) is True
+    assert store.judging.judgment("t1").worker_id == "next"
 
 
 def test_two_stores_on_one_file_never_claim_the_same_turn(tmp_path: Path) -> None:

@@ -78,7 +78,8 @@ class TrainerProcess:
 
     `start_trainer`: another way to start it (called for the first start and every restart), e.g. a
     Ray actor (`cli/ray_trainer.py`); unset, the child process. A handle with a `where` dict (the
-    actor's id, its node) adds it to `status()`.
+    actor's id, its node) adds it to `status()`. `role`: what the log calls it (the judge actors of
+    `cli/ray_judges.py` are supervised the same way).
 
     A trainer that dies (killed for memory, a crash) is started again after a pause that doubles
     with every quick failure (1 s, 2 s, 4 s, ... at most a minute): it resumes from the serving
@@ -88,9 +89,11 @@ class TrainerProcess:
     """
 
     def __init__(self, *configs: BaseSettings, stop_timeout_s: float = 15.0, max_quick_failures: int = 5,
-                 healthy_after_s: float = 60.0, start_trainer: Callable[[], TrainerHandle] | None = None) -> None:
+                 healthy_after_s: float = 60.0, start_trainer: Callable[[], TrainerHandle] | None = None,
+                 role: str = "the trainer") -> None:
         self.env = {**os.environ, **settings_env(*configs)}
         self.start_trainer = start_trainer or self._start_process
+        self.role = role
         self.stop_timeout_s = stop_timeout_s
         self.max_quick_failures = max_quick_failures
         self.healthy_after_s = healthy_after_s
@@ -116,7 +119,7 @@ class TrainerProcess:
     def _spawn(self) -> None:
         self.process = self.start_trainer()
         self._started_at = time.monotonic()
-        log.info("started the trainer (%s)", self._which())
+        log.info("started %s (%s)", self.role, self._which())
 
     def _which(self) -> str:
         assert self.process is not None
@@ -132,14 +135,14 @@ class TrainerProcess:
             ran_s = time.monotonic() - self._started_at
             quick_failures = quick_failures + 1 if ran_s < self.healthy_after_s else 1
             if quick_failures > self.max_quick_failures:
-                log.error("the trainer exited %d times in a row within %.0f s of starting (last: %s); "
-                          "not starting it again: serving and judging go on", quick_failures, self.healthy_after_s,
+                log.error("%s exited %d times in a row within %.0f s of starting (last: %s); not starting it "
+                          "again: the other loops go on", self.role, quick_failures, self.healthy_after_s,
                           _ending(returncode))
                 self.given_up = True
                 return
             delay_s = min(2.0 ** (quick_failures - 1), 60.0)
-            log.warning("the trainer (%s) ended after %.0f s (%s); starting it again in %.0f s",
-                        self._which(), ran_s, _ending(returncode), delay_s)
+            log.warning("%s (%s) ended after %.0f s (%s); starting it again in %.0f s",
+                        self.role, self._which(), ran_s, _ending(returncode), delay_s)
             if self._stopping.wait(delay_s):
                 return
             with self._lock:
@@ -148,7 +151,7 @@ class TrainerProcess:
                 try:
                     self._spawn()
                 except Exception:  # noqa: BLE001 - it could not even be started (a Ray cluster gone, say)
-                    log.exception("could not start the trainer again")
+                    log.exception("could not start %s again", self.role)
                     self._started_at = time.monotonic()
                     continue  # a quick failure: the ended handle's `wait` returns at once, the back-off goes on
                 self.restarts += 1

@@ -237,6 +237,7 @@ class Judgment:
     judge_model: str
     latency_s: float
     created_at: float = 0.0
+    worker_id: str | None = None  # the judge worker that wrote it (a `clawrl judge`, the server's, a Ray actor's)
 
 
 @dataclass

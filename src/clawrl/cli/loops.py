@@ -1,5 +1,6 @@
-"""The long-running commands, the loops of a run: `clawrl serve` (with the judge in it and, with
-`--method`, the trainer beside it), `clawrl judge` and `clawrl train` on their own.
+"""The long-running commands, the loops of a run: `clawrl serve` (with the judge in it, or in Ray
+actors with `--judge-actors`, and, with `--method`, the trainer beside it), `clawrl judge` and
+`clawrl train` on their own.
 
 A stop signal ends each one cleanly; `_stop_signalled` is the one record that a stop was asked for.
 """
@@ -38,9 +39,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model = _checked_model(engine_config)
     judge_config, judge_reason = _chosen_judge(settings.judge, model.model)
     _check_judge_model(judge_config)
+    _check_judge_placement(judge_config, judge_reason)
     _check_trainer_placement(settings)
     store = _open_store(store_config)
-    logging.getLogger("clawrl").info("judge: %s (%s)", judge_config.judge, judge_reason)
+    actors = f", in {judge_config.judge_actors} Ray actors" if judge_config.judge_actors else ""
+    logging.getLogger("clawrl").info("judge: %s (%s)%s", judge_config.judge, judge_reason, actors)
     # imported once everything is checked: they take seconds (torch, transformers)
     import uvicorn
 
@@ -48,10 +51,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from clawrl.serve.app import create_app
 
     engine = build_engine(engine_config, _resolved_model(model))
-    judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher, serve_config.memory_limit,
-                          serve_config.memory_from)
+    judge, judges = None, None
+    if judge_config.judge_actors:
+        from clawrl.cli.ray_judges import JudgeActors
+
+        judges = JudgeActors(settings, judge_config, store).start()
+    else:
+        judge = _judge_worker(store, judge_config, engine, engine_config, settings.train.teacher,
+                              serve_config.memory_limit, serve_config.memory_from)  # fmt: skip
     trainer = _trainer_process(settings)
-    app = create_app(engine, store, serve_config, judge, trainer, settings.train.adapters)
+    app = create_app(engine, store, serve_config, judge, trainer, settings.train.adapters, judges)
     logging.getLogger("clawrl").info("serving %s on http://%s:%d/v1", engine_config.model, serve_config.host, serve_config.port)
     try:
         # uvicorn shuts down gracefully on SIGTERM (in-flight requests and streams finish, the judge
@@ -66,6 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if trainer is not None:
             trainer.stop()
+        if judges is not None:
+            judges.stop()
     logging.getLogger("clawrl").info("stopped")
     return 0
 
@@ -130,6 +141,23 @@ def _check_trainer_placement(settings: ServeSettings) -> None:
 
         if problem := unplaceable(settings.train):
             raise StartupError(problem, "ask for less, or add a node that has it to the cluster")
+
+
+def _check_judge_placement(config: JudgeConfig, reason: str) -> None:
+    """With --judge-actors, the chosen backend must judge without the served model (no actor holds
+    it), and some node of the cluster must fit one actor (joins the cluster, or starts one)."""
+    if not config.judge_actors:
+        return
+    from clawrl.cli.ray_judges import needs_the_served_model, unplaceable
+
+    if needs_the_served_model(config):
+        chosen = f"--judge {config.judge}" if reason.startswith("--judge") else \
+            f"--judge auto chose {config.judge} ({reason.split(';')[0]}), which"
+        raise StartupError(f"{chosen} judges with the served model, which no judge actor holds",
+                           "give the actors a model of their own (--judge-model), judge with --judge rule or "
+                           "--judge openai, or keep the judge in the server (--judge-actors 0)")  # fmt: skip
+    if problem := unplaceable(config):
+        raise StartupError(problem, "ask for less, or add a node that has it to the cluster")
 
 
 def _chosen_judge(config: JudgeConfig, served_model: str | None) -> tuple[JudgeConfig, str]:

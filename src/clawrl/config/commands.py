@@ -35,6 +35,15 @@ class ServeSettings(CommandSettings):
     background: BackgroundConfig = Field(default_factory=BackgroundConfig)
 
     @model_validator(mode="after")
+    def _judge_actors_are_placed_by_ray(self) -> Self:
+        if self.judge.judge_actors and self.engine.placement != "ray":
+            raise ValueError(f"--judge-actors {self.judge.judge_actors} places judges on a Ray cluster: "
+                             "add --placement ray, or drop --judge-actors (the judge then runs in the server)")
+        if self.judge.judge_actors and self.judge.judge == "off":
+            raise ValueError("--judge off leaves nothing for --judge-actors to run: drop one of them")
+        return self
+
+    @model_validator(mode="after")
     def _the_engine_can_serve_what_the_trainer_publishes(self) -> Self:
         engine, train = self.engine, self.train
         if train.method is None:  # no trainer: any engine serves the base model

@@ -76,6 +76,26 @@ class JudgeConfig(ComponentSettings):
         description="k of overlap-guided hint selection: top-k tokens per response position compared between the "
         "student prompt and each hinted teacher prompt.",
     )
+    judge_actors: int = Field(
+        0,
+        ge=0,
+        description="With --placement ray: judge workers run as this many Ray actors, each its own `clawrl judge` "
+        "(its store connection, its backend, leases so that no turn is judged twice), supervised and restarted "
+        "by the server. 0 (the default): the judge runs in the server process, where the served model can judge "
+        "(`--judge engine`) and pick hints by overlap; an actor has no served model.",
+    )
+    judge_cpus: float = Field(
+        1.0,
+        gt=0,
+        description="With --judge-actors: CPUs Ray reserves for each judge actor (1: the offline judge's rules and "
+        "classifier run on one core at a time; an endpoint judge mostly waits).",
+    )
+    judge_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="With --judge-actors: GPUs for each judge actor (1 for `--judge engine --judge-model` on a GPU "
+        "cluster: each actor then loads the judge model on its own GPU).",
+    )
     judge_call_timeout_s: float = Field(
         20.0,
         gt=0,

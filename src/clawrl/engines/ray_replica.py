@@ -17,8 +17,8 @@ share no disk with the server. With `--weights-transfer shared-path` the actor l
 store records instead, which must then be on a filesystem every replica's node mounts.
 
 What it does not do: per-user adapters (`--adapters per-user`) through actors: the actor's engine
-evicts adapters on its own, and this side learns of it only at its next load; and the trainer and
-the judge stay in the server's machine.
+evicts adapters on its own, and this side learns of it only at its next load. (The trainer and the
+judges run in actors of their own: `cli/ray_trainer.py`, `cli/ray_judges.py`.)
 """
 
 from __future__ import annotations

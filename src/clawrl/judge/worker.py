@@ -1,9 +1,11 @@
 """The judge worker: claims judgeable turns from the store, judges them, writes one verdict each.
 
-It runs as a task inside `clawrl serve` (on the event loop, store calls on threads) or alone as
-`clawrl judge`. Serving never waits for it: it only reads what serving already committed.
+It runs as a task inside `clawrl serve` (on the event loop, store calls on threads), alone as
+`clawrl judge`, or in each Ray actor of `clawrl serve --placement ray --judge-actors K`
+(`cli/ray_judges.py`). Serving never waits for it: it only reads what serving already committed.
 Claims are expiring leases in the store, so several workers can share one store and a killed
-worker's turns are picked up again once its leases run out.
+worker's turns are picked up again once its leases run out (or once its supervisor gives them
+back); each verdict names the worker that wrote it.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def hint_candidates(case: TurnContext, verdict: BackendVerdict) -> list[str]:
 
 
 def final_judgment(
-    case: TurnContext, verdict: BackendVerdict, judge_model: str, latency_s: float, overlaps: list[int | None] | None = None
+    case: TurnContext, verdict: BackendVerdict, judge_model: str, latency_s: float, overlaps: list[int | None] | None = None,
+    worker_id: str | None = None,
 ) -> Judgment:
     """The judge's verdict, with explicit feedback outranking its score and the hint chosen by overlap."""
     candidates = hint_candidates(case, verdict)
@@ -106,6 +109,7 @@ def final_judgment(
         source=source,
         judge_model=judge_model,
         latency_s=latency_s,
+        worker_id=worker_id,
     )
 
 
@@ -166,7 +170,7 @@ class JudgeWorker:
             log.exception("judging turn %s failed", turn_id)
             await asyncio.to_thread(self.store.judging.release_lease, turn_id, self.worker_id)
             return False
-        judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps)
+        judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps, self.worker_id)
         written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
         if written and judgment.hint is not None and self.memory_notes is not None:
@@ -191,10 +195,11 @@ def build_worker(
     teacher: Teacher = "base",
     memory_notes: int | None = None,
     memory_from: MemoryFrom = "directives",
+    worker_id: str | None = None,
 ) -> JudgeWorker | None:
     """The judge loop as configured (None with `--judge off`); ValueError when it cannot judge.
     `memory_notes`, `memory_from`: the serving side's `ServeConfig.memory_limit` and `memory_from`
-    (its hints become notes).
+    (its hints become notes). `worker_id`: the name its leases and verdicts carry (a fresh one unset).
 
     Overlap-guided hint selection scores the recorded prompt ids, which only the policy's own
     engine can read: inside `clawrl serve` it uses the serving engine, under the weights of the
@@ -206,4 +211,4 @@ def build_worker(
     selector = None
     if serving_engine is not None:
         selector = OverlapSelector(serving_engine, config.hint_top_k, teacher_version=0 if teacher == "base" else None)
-    return JudgeWorker(store, backend, config, selector=selector, memory_notes=memory_notes, memory_from=memory_from)
+    return JudgeWorker(store, backend, config, worker_id, selector, memory_notes, memory_from)

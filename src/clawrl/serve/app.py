@@ -29,7 +29,7 @@ from clawrl.serve.bodies import read_json
 from clawrl.serve.completions import ChatService
 from clawrl.serve.episodes import end_episode, parse_body, start_episode
 from clawrl.errors import APIError, describe_validation_error, install_error_handlers
-from clawrl.serve.metrics import ServeMetrics, timed_stream
+from clawrl.serve.metrics import JudgeFleet, ServeMetrics, timed_stream
 from clawrl.serve.retirement import NoteRetirer
 from clawrl.versions.follower import PolicyFollower
 from clawrl.store import Store
@@ -44,12 +44,14 @@ READY_STORE_TIMEOUT_S = 5.0  # /readyz waits this long for the store
 
 
 def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWorker | None = None,
-               trainer: TrainerProcess | None = None, adapters: AdaptersMode = "shared") -> FastAPI:
+               trainer: TrainerProcess | None = None, adapters: AdaptersMode = "shared",
+               judges: JudgeFleet | None = None) -> FastAPI:
     """The app; with `judge`, the judge loop runs as a background task of this process. `trainer`
-    (started and stopped by the caller) is reported on /healthz and /metrics. `adapters`: whose
-    lineage answers a request (the trainer's `--adapters`)."""
+    and `judges` (the judge actors of `--judge-actors`; both started and stopped by the caller) are
+    reported on /healthz and /metrics. `adapters`: whose lineage answers a request (the trainer's
+    `--adapters`)."""
     served_name = config.served_model_name or engine.model_name
-    metrics = ServeMetrics(store, trainer, engine)
+    metrics = ServeMetrics(store, trainer, engine, judges)
     policy = PolicyFollower(engine, store, metrics.registry, config.policy_poll_s, per_user=adapters == "per-user")
     service = ChatService(engine, store, config, metrics, {served_name, engine.model_name}, policy)
     retirer = NoteRetirer(engine, store, config, policy.lineage_for) if config.memory_retiring else None
@@ -89,10 +91,12 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     app.add_middleware(_CountRequests, metrics=metrics)
 
-    # exclude_unset: no `trainer` without one (but its `pid: null` is kept)
+    # exclude_unset: no `trainer` without one (but its `pid: null` is kept), no `judges` without actors
     @app.get("/healthz", response_model_exclude_unset=True, **openapi.HEALTHZ)
     async def healthz() -> schemas.Health:
-        extra = {"trainer": schemas.TrainerStatus(**trainer.status())} if trainer is not None else {}
+        extra: dict[str, Any] = {"trainer": schemas.TrainerStatus(**trainer.status())} if trainer is not None else {}
+        if judges is not None:
+            extra["judges"] = schemas.JudgeActorsStatus(**judges.status())
         return schemas.Health(status="ok", model=served_name, policy_version=engine.policy_version, **extra)
 
     @app.get("/readyz", **openapi.READYZ)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -104,6 +105,28 @@ class TrainerProcessCollector:
         yield from (running, restarts)
 
 
+class JudgeFleet(Protocol):
+    """The judge actors of `--placement ray --judge-actors K` (`cli/ray_judges.JudgeActors`), as
+    /healthz and /metrics read them: `status()` has `actors`, `alive`, `restarts` and `workers`."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class JudgeActorCollector:
+    """The judge actors, read at scrape time: how many are alive, how often one was started again."""
+
+    def __init__(self, judges: JudgeFleet) -> None:
+        self.judges = judges
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.judges.status()
+        alive = GaugeMetricFamily("clawrl_judge_actors_alive", "Judge actors alive", value=status["alive"])
+        wanted = GaugeMetricFamily("clawrl_judge_actors", "Judge actors asked for (--judge-actors)", value=status["actors"])
+        restarts = CounterMetricFamily("clawrl_judge_actor_restarts", "Times a judge actor that died was started again",
+                                       value=status["restarts"])  # fmt: skip
+        yield from (alive, wanted, restarts)
+
+
 class ReplicaCollector:
     """The replicas of `--replicas`, read at scrape time: which are in rotation, requests started on each."""
 
@@ -120,7 +143,8 @@ class ReplicaCollector:
 
 
 class ServeMetrics:
-    def __init__(self, store: Store, trainer: TrainerProcess | None = None, engine: Engine | None = None) -> None:
+    def __init__(self, store: Store, trainer: TrainerProcess | None = None, engine: Engine | None = None,
+                 judges: JudgeFleet | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(JudgmentCollector(store))
         self.registry.register(TrainingCollector(store))
@@ -129,6 +153,8 @@ class ServeMetrics:
             self.registry.register(TrainerProcessCollector(trainer))
         if isinstance(engine, ReplicatedEngine):
             self.registry.register(ReplicaCollector(engine))
+        if judges is not None:
+            self.registry.register(JudgeActorCollector(judges))
         self.requests = Counter(
             "clawrl_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry
         )

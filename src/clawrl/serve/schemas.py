@@ -410,11 +410,25 @@ class TrainerStatus(BaseModel):
     node: str | None = None  # ... and the address of the node it runs on
 
 
+class JudgeActorStatus(TrainerStatus):
+    """One judge actor (`--judge-actors`): as a trainer's actor, with the worker id its verdicts carry."""
+
+    worker_id: str | None = None
+
+
+class JudgeActorsStatus(BaseModel):
+    actors: int  # --judge-actors
+    alive: int
+    restarts: int  # all actors together
+    workers: list[JudgeActorStatus]
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
     policy_version: int
     trainer: TrainerStatus | None = None  # only when the server runs a trainer
+    judges: JudgeActorsStatus | None = None  # only with judge actors
 
 
 class Readiness(BaseModel):

@@ -115,6 +115,13 @@ class JudgingStore:
                 .values(expires_at=expired)
             )
 
+    def release_leases(self, worker_id: str, now: float | None = None) -> None:
+        """Give back every turn `worker_id` holds (a judge actor that died: its turns need not wait for
+        their leases to run out); expired as `release_lease` does, so attempts still count."""
+        expired = (time.time() if now is None else now) - 1.0
+        with self.database.write() as db:
+            db.execute(update(JudgeLeaseRow).where(JudgeLeaseRow.worker_id == worker_id).values(expires_at=expired))
+
     def judge_backlog(self, now: float | None = None) -> tuple[int, float]:
         """How many turns wait for a verdict, and how long the oldest of them has been recorded (s)."""
         now = time.time() if now is None else now

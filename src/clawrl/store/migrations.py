@@ -14,7 +14,7 @@ from clawrl.store.queues import backfill
 from clawrl.store.schema import EMPTY_ANSWER, Base, EpisodeRow, Meta, PolicyPointerRow, unsampled_step
 from clawrl.types import DEFAULT_USER, SHARED_LINEAGE
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 MIGRATION_LOCK_KEY = 0x636C6177726C  # "clawrl": the PostgreSQL advisory lock migrations hold
 
 
@@ -123,6 +123,14 @@ def _sessions_by_user_recency(connection: Connection) -> None:
     connection.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_user_recent ON sessions (user_id, updated_at)"))
 
 
+def _judging_workers(connection: Connection) -> None:
+    """v15 records the judge worker that wrote each verdict (`judgments.worker_id`): with judges on
+    many machines (Ray actors, `clawrl judge` processes) it tells which one judged a turn; verdicts
+    stored before keep none."""
+    if "worker_id" not in _columns(connection, "judgments"):
+        connection.execute(text("ALTER TABLE judgments ADD COLUMN worker_id VARCHAR(64)"))
+
+
 def _columns(connection: Connection, table: str) -> set[str]:
     return {column["name"] for column in inspect(connection).get_columns(table)}
 
@@ -141,6 +149,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     12: _memory_training,
     13: _sampled_episodes,
     14: _sessions_by_user_recency,
+    15: _judging_workers,
 }
 
 

@@ -176,6 +176,7 @@ class JudgmentRow(Base):
     judge_model: Mapped[str] = mapped_column(String(256))
     latency_s: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float, index=True)
+    worker_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who judged it (None before v15)
 
 
 class JudgeLeaseRow(Base):
