@@ -6,7 +6,9 @@ through it with the openai client are judged by the actors (each verdict names t
 it, never the server), each once. A turn leased to an actor that is then killed is judged by
 another long before its lease would have run out, and the killed actor is started again as a new
 one. A judge no node can hold, or one that needs the served model, is refused before anything
-loads; and the embedded default `clawrl serve` goes through its whole start without importing Ray.
+loads; an actor that finds no store where the server's should be fails instead of judging a new
+empty one; and the embedded default `clawrl serve` goes through its whole start without importing
+Ray.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import pytest
 import ray
 from openai import OpenAI
 
+from clawrl.cli.ray_judges import JudgeActor
+from clawrl.config import EngineConfig, JudgeConfig, JudgeSettings, StoreConfig
 from clawrl.serve.runner import free_port
 from clawrl.store import Store
 from tests.helpers import CORRECTION, healthz, wait_until
@@ -158,3 +162,14 @@ def test_the_embedded_default_serves_with_its_judge_in_process_and_imports_no_ra
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "judge: rule" in result.stderr and "serving " in result.stderr, result.stderr  # started in full
+
+
+def test_an_actor_on_a_node_without_the_servers_store_fails_saying_so_rather_than_judge_an_empty_one(
+    tmp_path: Path,
+) -> None:
+    """What a judge actor does first on a node that does not see the run directory (run here as a
+    plain object: no Ray needed): it opens no new store there, and its error names what is missing."""
+    settings = JudgeSettings(store=StoreConfig(run_dir=tmp_path / "elsewhere"), judge=JudgeConfig(judge="rule"))
+    with pytest.raises(RuntimeError, match="judge actor clawrl-judge-1-0-0: .*--run-dir"):
+        JudgeActor(settings, EngineConfig(), None, "directives", "clawrl-judge-1-0-0", None)
+    assert not (tmp_path / "elsewhere" / "clawrl.db").exists()

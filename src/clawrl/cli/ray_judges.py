@@ -3,7 +3,8 @@
 Each `JudgeActor` runs what `clawrl judge` runs (`JudgeWorker.run_forever`, `judge/worker.py`) in
 its own Ray worker process, on a node Ray picks with `--judge-cpus` and `--judge-gpus` free: its
 own store connection, opened from the store settings (the run directory's SQLite file on one
-machine, PostgreSQL by `--database-url` across nodes), its own backend, and the store's leases, so
+machine, PostgreSQL by `--database-url` across nodes; a node where the SQLite file is not there
+fails the actor rather than judging a new empty store), its own backend, and the store's leases, so
 that no turn is judged twice. Its worker id is its actor's name (`clawrl-judge-<server pid>-<index>-
 <start>`), which its leases and every verdict it writes carry.
 
@@ -35,6 +36,7 @@ from clawrl.cli.ray_loops import RayLoop, actor_location, unplaceable as no_node
 from clawrl.config import EngineConfig, JudgeConfig, JudgeSettings, ServeSettings
 from clawrl.judge.worker import build_worker
 from clawrl.logs import LOG_FORMAT_VARIABLE, chosen_format, configure_logging
+from clawrl.preflight import StartupError
 from clawrl.store import Store
 from clawrl.trainer_process import TrainerProcess
 from clawrl.types import MemoryFrom
@@ -61,8 +63,11 @@ class JudgeActor:
     def __init__(self, settings: JudgeSettings, engine_config: EngineConfig, memory_notes: int | None,
                  memory_from: MemoryFrom, worker_id: str, log_format: str | None) -> None:  # fmt: skip
         configure_logging(chosen_format(log_format))  # the server's format, to this worker's log
+        try:  # the server's store: on a node that does not see the run directory, never a new empty one
+            store = _open_store(settings.store, must_exist=True)
+        except StartupError as error:  # a SystemExit would end the actor's process without saying why
+            raise RuntimeError(f"judge actor {worker_id}: {error.message}") from None
         step_back(settings.background)  # as `clawrl judge` does: behind serving where they share a node
-        store = _open_store(settings.store)
         self.worker = build_worker(store, settings.judge, None, engine_config, memory_notes=memory_notes,
                                    memory_from=memory_from, worker_id=worker_id)  # fmt: skip
         self._stop = asyncio.Event()
