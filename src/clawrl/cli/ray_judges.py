@@ -62,11 +62,11 @@ class JudgeActor:
 
     def __init__(self, settings: JudgeSettings, engine_config: EngineConfig, memory_notes: int | None,
                  memory_from: MemoryFrom, worker_id: str, log_format: str | None) -> None:  # fmt: skip
-        configure_logging(chosen_format(log_format))  # the server's format, to this worker's log
         try:  # the server's store: on a node that does not see the run directory, never a new empty one
             store = _open_store(settings.store, must_exist=True)
         except StartupError as error:  # a SystemExit would end the actor's process without saying why
             raise RuntimeError(f"judge actor {worker_id}: {error.message}") from None
+        configure_logging(chosen_format(log_format))  # the server's format, to this worker's log
         step_back(settings.background)  # as `clawrl judge` does: behind serving where they share a node
         self.worker = build_worker(store, settings.judge, None, engine_config, memory_notes=memory_notes,
                                    memory_from=memory_from, worker_id=worker_id)  # fmt: skip
