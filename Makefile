@@ -45,7 +45,7 @@ agents:
 # minutes instead of 3); each one's output is printed in one piece when it ends.
 test:
 	$(MAKE) --no-print-directory -j3 --output-sync=target install vllm agents
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache
