@@ -308,6 +308,17 @@ def publish_adapter(store: Store, run_dir: Path, adapter: Path) -> None:
     store.training.register_version(dataclasses.replace(version(1, 0), path=str(path), sha256=sha256), ["t1"])
 
 
+def publish_version(run_dir: Path, number: int, kind: str, weights: Path) -> Path:
+    """Version `number` of the shared lineage from `weights`' files, published as the trainer does
+    (with no samples behind it); its directory."""
+    manifest = Manifest(number, number - 1, number, kind, [], {})
+    path, sha256 = write_version(run_dir, manifest, lambda directory: copy_files(weights, directory),
+                                 lambda state: state.write_bytes(b"state"))  # fmt: skip
+    registered = dataclasses.replace(version(number, number - 1), kind=kind, path=str(path), sha256=sha256)
+    Store.for_run_dir(run_dir).training.register_version(registered, [])
+    return path
+
+
 def copy_files(source: Path, directory: Path) -> None:
     """Every file of `source` into `directory`."""
     for path in source.iterdir():

@@ -22,8 +22,8 @@ from clawrl.engines.ray_replica import RayReplica
 from clawrl.engines.ray_weights import LocalCopies, VersionShipper
 from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.store import Store
-from clawrl.versions.files import ChecksumError, Manifest, write_version
-from tests.helpers import copy_files, save_lora_adapter, save_perturbed_weights, start_server, version, wait_until
+from clawrl.versions.files import ChecksumError
+from tests.helpers import publish_version as publish, save_lora_adapter, save_perturbed_weights, start_server, wait_until
 
 PROMPT = "Tell me about the harbour and the boats of the old town."
 SMALL_BUCKET_MIB = 0.25  # the tiny model's weights (about 1 MiB) in several pieces
@@ -34,16 +34,6 @@ def ray_cluster() -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def publish(run_dir: Path, number: int, kind: str, weights: Path) -> Path:
-    """Version `number` of the shared lineage from `weights`' files, published as the trainer does."""
-    manifest = Manifest(number, number - 1, number, kind, [], {})
-    path, sha256 = write_version(run_dir, manifest, lambda directory: copy_files(weights, directory),
-                                 lambda state: state.write_bytes(b"state"))  # fmt: skip
-    registered = dataclasses.replace(version(number, number - 1), kind=kind, path=str(path), sha256=sha256)
-    Store.for_run_dir(run_dir).training.register_version(registered, [])
-    return path
 
 
 def answer(client: OpenAI, model: str) -> tuple[str, str]:

@@ -24,6 +24,8 @@ from typing import Any, Protocol
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
+from clawrl.restarts import RestartBackoff
+
 log = logging.getLogger(__name__)
 
 
@@ -95,8 +97,7 @@ class TrainerProcess:
         self.start_trainer = start_trainer or self._start_process
         self.role = role
         self.stop_timeout_s = stop_timeout_s
-        self.max_quick_failures = max_quick_failures
-        self.healthy_after_s = healthy_after_s
+        self.backoff = RestartBackoff(max_quick_failures, healthy_after_s)
         self.process: TrainerHandle | None = None
         self.restarts = 0  # how many times a dead trainer was started again
         self.given_up = False  # it kept dying and is not started again
@@ -126,21 +127,19 @@ class TrainerProcess:
         return getattr(self.process, "description", None) or f"pid {self.process.pid}"
 
     def _supervise(self) -> None:
-        quick_failures = 0
         while True:
             assert self.process is not None
             returncode = self.process.wait()
             if self._stopping.is_set():
                 return
             ran_s = time.monotonic() - self._started_at
-            quick_failures = quick_failures + 1 if ran_s < self.healthy_after_s else 1
-            if quick_failures > self.max_quick_failures:
+            delay_s = self.backoff.pause_after_failure(ran_s)
+            if delay_s is None:
                 log.error("%s exited %d times in a row within %.0f s of starting (last: %s); not starting it "
-                          "again: the other loops go on", self.role, quick_failures, self.healthy_after_s,
-                          _ending(returncode))
+                          "again: the other loops go on", self.role, self.backoff.quick_failures,
+                          self.backoff.healthy_after_s, _ending(returncode))
                 self.given_up = True
                 return
-            delay_s = min(2.0 ** (quick_failures - 1), 60.0)
             log.warning("%s (%s) ended after %.0f s (%s); starting it again in %.0f s",
                         self.role, self._which(), ran_s, _ending(returncode), delay_s)
             if self._stopping.wait(delay_s):

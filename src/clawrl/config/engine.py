@@ -38,6 +38,13 @@ class EngineConfig(ComponentSettings):
     )
     replica_cpus: float = Field(1.0, ge=0, description="With --placement ray: CPUs Ray reserves for each replica's actor.")
     replica_gpus: float = Field(0.0, ge=0, description="With --placement ray: GPUs for each replica's actor (1 on a GPU cluster).")
+    replica_restarts: int = Field(
+        5, ge=0, description="With --placement ray: a replica whose actor died is started again as a new actor, "
+        "catches up with the versions the others serve and goes back into rotation, after the trainer's back-off "
+        "(1 s, 2 s, ... at most a minute); given up on (it stays out) after this many quick failures in a row, "
+        "each a start or catch-up that failed or a death within a minute of coming back. 0: a replica that dies "
+        "stays out until the server restarts."
+    )
     weights_transfer: Literal["object-store", "shared-path"] = Field(
         "object-store", description="With --placement ray: how a published version reaches the replica actors. "
         "`object-store`: the server reads and checks the version once and puts its files into Ray's object store "

@@ -38,7 +38,7 @@ def build_engine(config: EngineConfig, model_path: str | None = None) -> Engine:
         return engines[0]
     from clawrl.engines.replicas import ReplicatedEngine
 
-    return ReplicatedEngine(engines)
+    return ReplicatedEngine(engines, restarts=config.replica_restarts)  # only replicas in actors of their own restart
 
 
 def _build_one(config: EngineConfig, model_path: str | None) -> Engine:

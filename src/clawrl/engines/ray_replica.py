@@ -16,6 +16,11 @@ each actor writes and checks a copy of its own on its node and loads that, so th
 share no disk with the server. With `--weights-transfer shared-path` the actor loads the path the
 store records instead, which must then be on a filesystem every replica's node mounts.
 
+An actor that dies marks its replica dead (`died`); the router takes it out and its supervisor
+(`engines/replica_restarts.py`) has `restart` start a new actor with the same settings, which the
+router catches up with the versions served before it is back in rotation. A call to the old actor
+that fails after that concerns the old actor alone: each call remembers the actor it went to.
+
 What it does not do: per-user adapters (`--adapters per-user`) through actors: the actor's engine
 evicts adapters on its own, and this side learns of it only at its next load. (The trainer and the
 judges run in actors of their own: `cli/ray_trainer.py`, `cli/ray_judges.py`.)
@@ -124,11 +129,12 @@ class RayReplica(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         self._vocab_size: int = AutoConfig.from_pretrained(source).get_text_config().vocab_size
         self.max_context_tokens = 0  # the actor's engine's, once started
-        actor_class = ray.remote(EngineActor).options(num_cpus=config.replica_cpus, num_gpus=config.replica_gpus)
-        self._actor = actor_class.remote(make_engine, config, model_path)
+        self._actor_class = ray.remote(EngineActor).options(num_cpus=config.replica_cpus, num_gpus=config.replica_gpus)
+        self._actor_args = (make_engine, config, model_path)
+        self._actor = self._actor_class.remote(*self._actor_args)
         self._shipper = shipper
         self._versions: dict[str, Any] = {"current": {SHARED_LINEAGE: 0}, "held": [0], "copies": {}}
-        self._dead: str | None = None
+        self._dead: str | None = None  # why the actor is gone: it died (a RayActorError's name), or "closed"
         self._started = False
 
     @property
@@ -144,6 +150,25 @@ class RayReplica(Engine):
         self.constrained_decoding = info["constrained_decoding"]
         self._versions = info["versions"]
         self._started = True
+
+    @property
+    def died(self) -> bool:
+        """Whether the actor died (killed, out of memory, its node lost), rather than was closed: the
+        router's supervisor (`engines/replica_restarts.py`) starts a new one then."""
+        return self._dead not in (None, "closed")
+
+    async def restart(self) -> None:
+        """A new actor in place of the dead one, with the same settings, started: it serves the base
+        model until versions are loaded on it. Raises (RayError) when it cannot start."""
+        ray.kill(self._actor, no_restart=True)  # whatever is left of the old one: its resources are the new one's
+        self._started = False
+        self._actor = self._actor_class.remote(*self._actor_args)
+        self._dead = None
+        self._versions = {"current": {SHARED_LINEAGE: 0}, "held": [0], "copies": {}}
+        try:
+            await self.start()
+        except RayError as error:
+            raise self._failed(error, self._actor) from None
 
     async def close(self) -> None:
         if self._dead is None:
@@ -181,11 +206,12 @@ class RayReplica(Engine):
         asked anything, for a version whose files are not as its manifest says."""
         if lineage != SHARED_LINEAGE:
             raise ValueError("--placement ray serves the shared lineage only (not --adapters per-user)")
+        actor = self._actor
         if self._shipper is None or version == 0:  # the base is in the actor already: its path is not read
-            self._versions = await self._call(self._actor.load_version.remote(version, str(path), lineage))
+            self._versions = await self._call(actor.load_version.remote(version, str(path), lineage), actor)
             return
         async with self._shipper.shipment(version, path) as shipment:
-            self._versions = await self._call(self._actor.load_version.remote(version, shipment, lineage))
+            self._versions = await self._call(actor.load_version.remote(version, shipment, lineage), actor)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -203,11 +229,11 @@ class RayReplica(Engine):
             raise LineageNotLoadedError(f"no version of lineage {lineage!r} is loaded")
         stream = GenerationStream(version)
         refs = self._actor.generate.options(num_returns="streaming").remote(prompt, dataclasses.asdict(sampling), lineage)
-        task = asyncio.get_running_loop().create_task(self._relay(refs, stream))
+        task = asyncio.get_running_loop().create_task(self._relay(refs, stream, self._actor))
         stream.on_cancel(task.cancel)
         return stream
 
-    async def _relay(self, refs: Any, stream: GenerationStream) -> None:
+    async def _relay(self, refs: Any, stream: GenerationStream, actor: Any) -> None:
         admitted = False
         try:
             async for ref in refs:
@@ -225,23 +251,26 @@ class RayReplica(Engine):
         except ValueError as error:  # raised by the actor's engine: the request's own fault
             stream.fail(error)
         except Exception as error:  # noqa: BLE001 - the actor died or failed: the router retries elsewhere
-            stream.fail(self._failed(error))
+            stream.fail(self._failed(error, actor))
 
     async def score(
         self, prompt_token_ids: list[int], response_token_ids: list[int], top_k: int = 0, version: int | None = None
     ) -> ScoredResponse:
-        return await self._call(self._actor.score.remote(prompt_token_ids, response_token_ids, top_k, version))
+        actor = self._actor
+        return await self._call(actor.score.remote(prompt_token_ids, response_token_ids, top_k, version), actor)
 
-    async def _call(self, ref: Any) -> Any:
-        """Await an actor call; the actor's death becomes EngineClosedError, its ValueError stays one."""
+    async def _call(self, ref: Any, actor: Any) -> Any:
+        """Await a call to `actor`; its death becomes EngineClosedError, its ValueError stays one."""
         try:
             return await ref
         except ValueError:
             raise
         except RayError as error:
-            raise self._failed(error) from None
+            raise self._failed(error, actor) from None
 
-    def _failed(self, error: BaseException) -> EngineClosedError:
-        if isinstance(error, ray.exceptions.RayActorError):
+    def _failed(self, error: BaseException, actor: Any) -> EngineClosedError:
+        """The error a failed call to `actor` ends with; the replica is dead if that actor died and
+        is still this replica's (a call to the actor before a restart fails late, after it)."""
+        if isinstance(error, ray.exceptions.RayActorError) and actor is self._actor:
             self._dead = f"{type(error).__name__}"
         return EngineClosedError(f"replica actor failed: {type(error).__name__}: {str(error)[:200]}")

@@ -20,9 +20,15 @@ server, the store and the follower see one engine; this one picks a replica for 
   a replica that fails the load is taken out. A lineage's version is the router's only when every
   replica in rotation has it current: the follower loads it again otherwise.
 
+* **Coming back.** A replica taken out because its process died (a Ray actor: `--placement ray`)
+  is started again by `engines/replica_restarts.py`, then `readmit` loads on it every lineage's
+  version the replicas in rotation serve, and puts it back only once it holds them all with no
+  load under way: a version published while it was coming back is loaded on it first, and no
+  request reaches it before it serves the current set.
+
 Where the replicas run: engines in this process (`--placement local`), or each in a Ray actor
-placed on the cluster (`--placement ray`, `engines/ray_replica.py`). A replica taken out is not
-brought back (restart the server).
+placed on the cluster (`--placement ray`, `engines/ray_replica.py`). An in-process replica or a
+server at `--engine-url` taken out is not brought back (restart the server).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
+from clawrl.engines.replica_restarts import ReplicaRestarts
 from clawrl.engines.base import (
     Engine,
     EngineClosedError,
@@ -70,6 +77,7 @@ class _Replica:
         self.engine = engine
         self.in_flight = 0
         self.requests = 0  # every request started here, for /metrics and tests
+        self.incarnation = 0  # how many times it came back into rotation: a request of an earlier one fails late
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def matched_blocks(self, hashes: list[int]) -> int:
@@ -88,11 +96,17 @@ class _Replica:
         while len(self._blocks) > AFFINITY_BLOCKS_KEPT:
             self._blocks.popitem(last=False)
 
+    def forget(self) -> None:
+        """Forget every prefix sent here: a restarted replica's cache is empty."""
+        self._blocks.clear()
+
 
 class ReplicatedEngine(Engine):
     """Engines of one model behind the engine protocol; see the module docstring."""
 
-    def __init__(self, replicas: Sequence[Engine]) -> None:
+    def __init__(self, replicas: Sequence[Engine], restarts: int = 0) -> None:
+        """`restarts`: quick failures in a row after which a replica whose process died is given up
+        on (`--replica-restarts`; 0, or a replica in this process: it stays out)."""
         if not replicas:
             raise ValueError("a replicated engine needs at least one replica")
         first = replicas[0]
@@ -101,6 +115,11 @@ class ReplicatedEngine(Engine):
         self._replicas = [_Replica(index, engine) for index, engine in enumerate(replicas)]
         self._out: list[_Replica] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._serving: dict[str, tuple[int, Path]] = {}  # per lineage, the version last loaded on the replicas in rotation
+        self._loads = 0  # `load_version` calls under way
+        self._no_loads = asyncio.Event()
+        self._no_loads.set()
+        self.restarts = ReplicaRestarts(self.readmit, restarts)
 
     # --- what the replicas have in common ---------------------------------------------------
 
@@ -134,6 +153,13 @@ class ReplicatedEngine(Engine):
         """(replica index, in rotation, requests started there) for each replica."""
         return [(replica.index, replica in self._replicas, replica.requests) for replica in self._all()]
 
+    def replica_status(self) -> list[dict[str, int | bool]]:
+        """What /healthz and /metrics say of each replica: in rotation, requests started there, the
+        times it came back after its process died, whether it was given up on."""
+        return [{"replica": index, "in_rotation": rotating, "requests": requests,
+                 "restarts": self.restarts.status(index)[0], "given_up": self.restarts.status(index)[1]}
+                for index, rotating, requests in self.replica_requests()]  # fmt: skip
+
     def _all(self) -> list[_Replica]:
         return sorted(self._replicas + self._out, key=lambda replica: replica.index)
 
@@ -151,6 +177,7 @@ class ReplicatedEngine(Engine):
             await replica.engine.start()
 
     async def close(self) -> None:
+        self.restarts.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*(replica.engine.close() for replica in self._all()), return_exceptions=True)
@@ -168,6 +195,28 @@ class ReplicatedEngine(Engine):
                 self._replicas.remove(replica)
                 self._out.append(replica)
                 logger.warning("replica %d taken out of rotation (%d left): %s", replica_index, len(self._replicas), why)
+                self.restarts.taken_out(replica_index, replica.engine)
+
+    async def readmit(self, replica_index: int) -> None:
+        """Load on a replica that is out (restarted: it serves the base) each lineage's version the
+        replicas in rotation serve, then put it back into rotation. The set is read again after the
+        loads, with no load under way: one that ran meanwhile (a version published while this one
+        caught up) is loaded here too before it is admitted, and one that starts after it includes it."""
+        replica = next(replica for replica in self._out if replica.index == replica_index)
+        while True:
+            await self._no_loads.wait()
+            wanted = dict(self._serving)
+            for lineage, (version, path) in wanted.items():
+                if replica.engine.lineage_version(lineage) != version:
+                    await replica.engine.load_version(version, path, lineage)
+            if self._loads == 0 and self._serving == wanted:  # no await from here to the admission
+                break
+        self._out.remove(replica)
+        replica.forget()
+        replica.incarnation += 1
+        self._replicas.append(replica)
+        logger.info("replica %d back in rotation (%d in rotation), serving %s", replica_index, len(self._replicas),
+                    ", ".join(f"v{version} to {lineage}" for lineage, (version, _) in sorted(wanted.items())) or "the base")  # fmt: skip
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -221,13 +270,15 @@ class ReplicatedEngine(Engine):
         the request starts again on another, until none is left."""
         tried = {replica.index}
         while True:
+            incarnation = replica.incarnation  # started in this incarnation: it cannot have come back since
             try:
                 failure = await self._pass_on(inner, stream)
             finally:
                 replica.in_flight -= 1
             if failure is None:
                 return
-            self.take_out(replica.index, failure)
+            if replica.incarnation == incarnation:  # else it died before a restart, and is back since
+                self.take_out(replica.index, failure)
             try:
                 replica, inner = self._start_on_some_replica(prompt, sampling, lineage, hashes, tried)
             except Exception as no_other:  # noqa: BLE001 - none left (or the lineage nowhere): the consumer gets why
@@ -269,13 +320,22 @@ class ReplicatedEngine(Engine):
         return await replica.engine.score(prompt_token_ids, response_token_ids, top_k, number)
 
     async def load_version(self, version: int, path: Path, lineage: str = SHARED_LINEAGE) -> None:
-        """Load `version` on every replica in rotation at once; a replica that fails is taken out."""
+        """Load `version` on every replica in rotation at once; a replica that fails is taken out.
+        The version is then the one a replica coming back loads for the lineage (`readmit`)."""
         replicas = list(self._replicas)
         if not replicas:
             raise EngineClosedError("no replica is in rotation to load the version on")
-        results = await asyncio.gather(*(replica.engine.load_version(version, path, lineage) for replica in replicas), return_exceptions=True)
-        failed = [(replica, result) for replica, result in zip(replicas, results, strict=True) if isinstance(result, BaseException)]
-        if len(failed) == len(replicas):
-            raise failed[0][1]  # the version's own fault (or every replica's): the follower reports it
+        self._loads += 1
+        self._no_loads.clear()
+        try:
+            results = await asyncio.gather(*(replica.engine.load_version(version, path, lineage) for replica in replicas), return_exceptions=True)
+            failed = [(replica, result) for replica, result in zip(replicas, results, strict=True) if isinstance(result, BaseException)]
+            if len(failed) == len(replicas):
+                raise failed[0][1]  # the version's own fault (or every replica's): the follower reports it
+            self._serving[lineage] = (version, path)
+        finally:
+            self._loads -= 1
+            if not self._loads:
+                self._no_loads.set()
         for replica, error in failed:
             self.take_out(replica.index, f"could not load version {version}: {type(error).__name__}: {error}")

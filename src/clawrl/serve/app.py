@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from clawrl.config import ServeConfig
 from clawrl.dashboard.routes import add_dashboard
 from clawrl.engines.base import Engine
+from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.judge.worker import JudgeWorker
 from clawrl.serve import memory_api, messages_api, openapi, records_api, responses_api, schemas
 from clawrl.serve.auth import Caller, KeyChecker, owned_session_id, reaches, scoped_session_id
@@ -91,12 +92,15 @@ def create_app(engine: Engine, store: Store, config: ServeConfig, judge: JudgeWo
 
     app.add_middleware(_CountRequests, metrics=metrics)
 
-    # exclude_unset: no `trainer` without one (but its `pid: null` is kept), no `judges` without actors
+    # exclude_unset: no `trainer` without one (but its `pid: null` is kept), no `judges` without actors, no
+    # `replicas` with one engine
     @app.get("/healthz", response_model_exclude_unset=True, **openapi.HEALTHZ)
     async def healthz() -> schemas.Health:
         extra: dict[str, Any] = {"trainer": schemas.TrainerStatus(**trainer.status())} if trainer is not None else {}
         if judges is not None:
             extra["judges"] = schemas.JudgeActorsStatus(**judges.status())
+        if isinstance(engine, ReplicatedEngine):
+            extra["replicas"] = [schemas.ReplicaStatus(**replica) for replica in engine.replica_status()]
         return schemas.Health(status="ok", model=served_name, policy_version=engine.policy_version, **extra)
 
     @app.get("/readyz", **openapi.READYZ)

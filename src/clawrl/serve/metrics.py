@@ -128,7 +128,8 @@ class JudgeActorCollector:
 
 
 class ReplicaCollector:
-    """The replicas of `--replicas`, read at scrape time: which are in rotation, requests started on each."""
+    """The replicas of `--replicas`, read at scrape time: which are in rotation, requests started on
+    each, and how often each came back after its actor died (`--placement ray`)."""
 
     def __init__(self, engine: ReplicatedEngine) -> None:
         self.engine = engine
@@ -136,10 +137,14 @@ class ReplicaCollector:
     def collect(self) -> Iterator[Metric]:
         in_rotation = GaugeMetricFamily("clawrl_replica_in_rotation", "1 while a replica gets new requests", labels=["replica"])
         requests = CounterMetricFamily("clawrl_replica_requests", "Requests started on a replica", labels=["replica"])
-        for index, rotating, started in self.engine.replica_requests():
-            in_rotation.add_metric([str(index)], float(rotating))
-            requests.add_metric([str(index)], started)
-        yield from (in_rotation, requests)
+        restarts = CounterMetricFamily("clawrl_replica_restarts", "Times a replica whose actor died was started again "
+                                       "and put back into rotation", labels=["replica"])  # fmt: skip
+        for status in self.engine.replica_status():
+            replica = [str(status["replica"])]
+            in_rotation.add_metric(replica, float(status["in_rotation"]))
+            requests.add_metric(replica, status["requests"])
+            restarts.add_metric(replica, status["restarts"])
+        yield from (in_rotation, requests, restarts)
 
 
 class ServeMetrics:

@@ -423,12 +423,23 @@ class JudgeActorsStatus(BaseModel):
     workers: list[JudgeActorStatus]
 
 
+class ReplicaStatus(BaseModel):
+    """One replica of `--replicas` (or of several `--engine-url`s)."""
+
+    replica: int
+    in_rotation: bool  # new requests go to it
+    requests: int  # started on it
+    restarts: int  # --placement ray: times its actor died and a new one came back into rotation
+    given_up: bool  # its actor kept dying: it stays out
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
     policy_version: int
     trainer: TrainerStatus | None = None  # only when the server runs a trainer
     judges: JudgeActorsStatus | None = None  # only with judge actors
+    replicas: list[ReplicaStatus] | None = None  # only with several replicas
 
 
 class Readiness(BaseModel):
