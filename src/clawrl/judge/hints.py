@@ -43,7 +43,8 @@ MAX_HINTS = 4  # candidates per turn: each costs the selector two scoring passes
 QUOTED_WORDS = 4  # a clause sharing this many consecutive words with the conversation quotes the task
 
 _DIRECTIVE = re.compile(
-    r"\b(?:don't|do not|never|avoid|stop|without|use|please|you should|rewrite it|make it|keep it|i meant)\b",
+    r"\b(?:don't|do not|never|avoid|stop|without|use|please|pls|plz|you should|rewrite it|make it|keep it|i meant|"
+    r"i prefer|i'?d prefer|i would prefer|i'?d rather|i would rather)\b",
     re.IGNORECASE,
 )
 # Triggers that direct only where they open a clause: "don't use bold" does, "I don't know" does not.
@@ -53,9 +54,28 @@ _DIRECTION_CUES = ("complaint", "too", "comparative", "emphasis", "contrast", "r
 _APPROVAL_CUES = ("praise", "thanks", "works", "done", "hesitation", "laughter", "positive_emoji")
 _POINTS_AT_THE_TASK = re.compile(
     r"\b(?:this|that|the other|the next|the first|the last) (?:one|question|problem|exercise|task)\b|"
-    r"\bmy (?:question|problem|numbers|exercise|task|homework)\b|\b(?:those|these) (?:numbers|values)\b",
+    r"\bmy (?:question|problem|numbers|exercise|task|homework|message|file|data|text)\b|"
+    r"\b(?:those|these|the) (?:numbers|values)\b",
     re.IGNORECASE,
 )
+# Words that say a request holds beyond this answer ("from now on", "next time", "always").
+_STANDING = (r"(?:from now on|going forward|(?:for|in) (?:the )?future(?: reference)?|next time|always|every time|"
+             r"each time|any ?time|whenever|in general|generally|by default|from here on)")
+_STANDS = re.compile(rf"\b{_STANDING}\b", re.IGNORECASE)
+_STANDING_AT_END = re.compile(rf"\b{_STANDING},?\s*$", re.IGNORECASE)
+# Words that only close the request before them ("no emojis please", "do lists instead"): where
+# they open no clause, the request is what comes before them.
+_TAIL = re.compile(r"(?:please|pls|plz|instead)\b", re.IGNORECASE)
+# Clauses about this answer alone, unless a standing word says otherwise: more content for it
+# ("mention the deadline", "add a column"), a repair of it, a question, the answer's purpose
+# ("it's going to my boss").
+_FOR_THIS_ANSWER = re.compile(
+    r"^(?:(?:please|pls|just|also|and|it|this|that|you) )*(?:should )?(?:add|mention|include|insert|fix|translate|correct)\b|"
+    r"^(?:what|why|how|which|where|when|who)\b|\b(?:it'?s|this is|that'?s) (?:for|going to)\b",
+    re.IGNORECASE,
+)
+# A standing complaint about correctness ("you always get this wrong") is no preference.
+_ABOUT_CORRECTNESS = re.compile(r"\b(?:wrong|mistake|incorrect|right answer)\b", re.IGNORECASE)
 _WORD = re.compile(r"\w+")
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？])|\n+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
@@ -110,22 +130,42 @@ def reply_hint(text: str) -> str | None:
 
 
 def durable_directives(hint: str, conversation: list[str]) -> str | None:
-    """What of `hint` would hold for the user's later requests, as one note: its directive clauses
-    without those that name a number, point at the task ("this one", "my numbers") or quote
-    QUOTED_WORDS consecutive words of `conversation` (the texts the answer replied to, and the
-    answer); None when none is left."""
+    """What of `hint` would hold for the user's later requests, as one note; None when nothing would.
+
+    Each sentence of the hint that says it holds beyond this answer ("from now on", "next time",
+    "always": `_STANDS`) is kept whole, since the hint's clause of it may have lost the words that
+    said so or, parsed again, its object ("Do lists instead from now on."); of the other sentences
+    their directive clauses. Dropped: a clause about this answer alone (more content for it, a
+    repair, a question, its purpose: `_FOR_THIS_ANSWER`), one that names a number (unless it
+    stands: "always use 24-hour time"), points at the task ("this one", "my numbers") or quotes
+    QUOTED_WORDS consecutive words of `conversation` (the texts the answer replied to, and the answer).
+    """
     quoted = set()
     for text in conversation:
         words = _WORD.findall(fold(text))
         quoted.update(tuple(words[start : start + QUOTED_WORDS]) for start in range(len(words) - QUOTED_WORDS + 1))
 
     def durable(clause: str) -> bool:
+        stands = _STANDS.search(clause) is not None
+        if not stands and (_FOR_THIS_ANSWER.search(clause) or any(char.isdigit() for char in clause)):
+            return False
         words = _WORD.findall(fold(clause))
         runs = {tuple(words[start : start + QUOTED_WORDS]) for start in range(len(words) - QUOTED_WORDS + 1)}
-        return not any(char.isdigit() for char in clause) and not _POINTS_AT_THE_TASK.search(clause) and not runs & quoted
+        return not _POINTS_AT_THE_TASK.search(clause) and not runs & quoted
 
-    kept = [clause for clause in directive_hints(hint) if durable(clause)]
+    clauses = [_standing_sentence(sentence) or directive_clause(sentence) for sentence in _sentences(hint)]
+    usable = [clause for clause in clauses if clause and len(clause) >= MIN_HINT_CHARS and durable(clause)]
+    kept = list(dict.fromkeys(usable))[:MAX_HINTS]
     return " ".join(kept) if kept else None
+
+
+def _standing_sentence(sentence: str) -> str | None:
+    """A sentence that says it holds from now on, whole; None for any other, and for a question or a
+    standing complaint about correctness, which ask for nothing to keep doing."""
+    if not _STANDS.search(sentence) or _ABOUT_CORRECTNESS.search(sentence) or re.match(r"(?:what|why|how|which|who)\b",
+                                                                                          sentence, re.IGNORECASE):
+        return None
+    return _as_sentence(sentence)
 
 
 def memory_note(turn: Turn, hint: str, memory_from: MemoryFrom) -> str | None:
@@ -145,8 +185,22 @@ def directive_clause(sentence: str) -> str | None:
     english = _english_trigger(sentence)
     start = _request_start(sentence)
     if english is not None and (start is None or english <= start):
-        return _as_sentence(sentence[english:])
-    return _as_sentence(_imperative(sentence[start:])) if start is not None else None
+        begin, clause = english, sentence[english:]
+    elif start is not None:
+        begin, clause = start, _imperative(sentence[start:])
+    else:
+        return None
+    negation = re.search(r"\bno\s+$", sentence[:begin], re.IGNORECASE)  # "no need to ...": "no" denies, it leads in nothing
+    if negation is not None:
+        begin, clause = negation.start(), f"{negation.group()}{clause}"
+    tail = _TAIL.match(sentence, begin)
+    if tail is not None and not _opens_clause(sentence[:begin]):
+        # "no emojis please, i use this for work", "always cite sources please": the request is before it
+        ends = not sentence[tail.end():].strip(" .!?")
+        clause = sentence[_segment_start(sentence, begin) : begin if ends else None]
+        begin = _segment_start(sentence, begin)
+    standing = _STANDING_AT_END.search(sentence[:begin])  # "going forward can you keep it short": keep the first words
+    return _as_sentence(f"{standing.group().rstrip(', ')} {clause}" if standing else clause)
 
 
 def _english_trigger(sentence: str) -> int | None:
@@ -179,16 +233,33 @@ def _request_start(sentence: str) -> int | None:
 
 
 def _opens_clause(before: str) -> bool:
-    """Whether a word after `before` opens a clause: nothing, a punctuation mark or up to two lead-ins before it."""
+    """Whether a word after `before` opens a clause: nothing, a punctuation mark or up to two lead-ins
+    (a standing phrase such as "next time" among them) before it."""
     for _ in range(3):
         before = before.rstrip()
         if not before or before[-1] in ",;:—–-(¿¡\"'«>":
             return True
+        standing = _STANDING_AT_END.search(before)
+        if standing is not None:
+            before = before[: standing.start()]
+            continue
         words = before.split()
         if fold(words[-1].strip(",.!")) not in _LEAD_INS:
             return False
         before = before[: len(before) - len(words[-1])]
     return False
+
+
+def _segment_start(sentence: str, end: int) -> int:
+    """Where the stretch of `sentence` that ends at `end` starts: after the last comma, semicolon or
+    colon before it, past the lead-ins ("so", "but") that open it."""
+    start = max(sentence.rfind(mark, 0, end) for mark in ",;:") + 1
+    words = list(re.finditer(r"\S+", sentence[start:end]))
+    for word in words:
+        lead_in = fold(word.group().strip(",.!"))
+        if lead_in not in _LEAD_INS or lead_in == "no" or word is words[-1]:  # "no emojis please": "no" is the request
+            return start + word.start()
+    return start
 
 
 def _imperative(clause: str) -> str:
