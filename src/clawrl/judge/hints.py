@@ -67,11 +67,11 @@ _STANDING_AT_END = re.compile(rf"\b{_STANDING},?\s*$", re.IGNORECASE)
 # they open no clause, the request is what comes before them.
 _TAIL = re.compile(r"(?:please|pls|plz|instead)\b", re.IGNORECASE)
 # Clauses about this answer alone, unless a standing word says otherwise: more content for it
-# ("mention the deadline", "add a column"), a repair of it, a question, the answer's purpose
-# ("it's going to my boss").
+# ("mention the deadline", "add a column"), a repair of it, a question. Not the answer's purpose:
+# "it's for a tweet" is this answer's, "it's for my pupils" (the simulated teacher's) every answer's.
 _FOR_THIS_ANSWER = re.compile(
     r"^(?:(?:please|pls|just|also|and|it|this|that|you) )*(?:should )?(?:add|mention|include|insert|fix|translate|correct)\b|"
-    r"^(?:what|why|how|which|where|when|who)\b|\b(?:it'?s|this is|that'?s) (?:for|going to)\b",
+    r"^(?:what|why|how|which|where|when|who)\b",
     re.IGNORECASE,
 )
 # A standing complaint about correctness ("you always get this wrong") is no preference.
