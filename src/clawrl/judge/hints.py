@@ -5,7 +5,9 @@ One candidate per sentence that asks for a change, in any of the corpus's langua
 * an English directive trigger ("don't ...", "without ...", "use ...", "please ...", "make it ...")
   starts the clause, which runs to the sentence's end, as the rule judge always did:
   "too AI-like, rewrite it without the bold" gives "Rewrite it without the bold."; "don't", "never",
-  "stop" and "use" count only where they open a clause ("I don't know" asks for nothing);
+  "stop" and "use" count only where they open a clause ("I don't know" asks for nothing), and a
+  standing phrase ("next time don't ...") leads into one as "but" does; a "please" or "instead"
+  that opens no clause closes the request before it ("no emojis please, i use this for work");
 * otherwise a request put as a question loses its frame and becomes an imperative: "could you
   make it shorter?" gives "Make it shorter.", "¿puedes hacerlo más corto?" gives "Hacerlo más
   corto.", "would you mind making it more polite?" gives "Make it more polite.";
@@ -24,8 +26,9 @@ Nothing here decides whether a reply directs at all: the judge offers these cand
 its classifier reads the reply as a correction (`rule.py`).
 
 A hint is about one answer; a memory note (`--memory on`) is said again on every later prompt of
-the user. `durable_directives` keeps of a hint what would still hold then: its directive clauses,
-less those tied to this task (a number, words quoted from the conversation, "this one"). "Please
+the user. `durable_directives` keeps of a hint what would still hold then: the sentences that say
+they hold from now on, and the directive clauses less those tied to this task (a number, words
+quoted from the conversation, "this one", more content for this answer). "Please
 answer this one: Jia travels 33 km ..." is a fine hint for its turn and a harmful note: on later
 prompts it asks for another problem's answer.
 """
