@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -317,6 +318,18 @@ def publish_version(run_dir: Path, number: int, kind: str, weights: Path) -> Pat
     registered = dataclasses.replace(version(number, number - 1), kind=kind, path=str(path), sha256=sha256)
     Store.for_run_dir(run_dir).training.register_version(registered, [])
     return path
+
+
+def ask(client: OpenAI, model: str, content: str, header: str = "x-clawrl-turn", max_tokens: int = 24) -> tuple[int, str | None]:
+    """One request of a new conversation, sampled: (HTTP status, the answer's `header`: by default the
+    turn id the server recorded it as); a failed request is a result, with None."""
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=1.0
+        )
+    except Exception as error:  # noqa: BLE001 - a failed request is a result here
+        return getattr(error, "status_code", 599), None
+    return raw.http_response.status_code, raw.headers[header]
 
 
 def copy_files(source: Path, directory: Path) -> None:

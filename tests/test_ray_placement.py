@@ -16,7 +16,7 @@ from clawrl.engines import build_engine
 from clawrl.engines.ray_replica import RayReplica
 from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.store import Store
-from tests.helpers import publish_adapter, save_lora_adapter, start_server, wait_until
+from tests.helpers import ask as ask_once, publish_adapter, save_lora_adapter, start_server, wait_until
 
 PROMPT = "Tell me everything about the harbour, the boats, the tides and the fishermen of the old town. " * 3
 
@@ -29,14 +29,8 @@ def ray_cluster() -> object:
 
 
 def ask(client: OpenAI, model: str, index: int) -> tuple[int, str | None]:
-    """One request of a new conversation: (HTTP status, the turn id the server recorded it as)."""
-    try:
-        raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": f"{index}: {PROMPT}"}], max_tokens=24, temperature=1.0
-        )
-    except Exception as error:  # noqa: BLE001 - a failed request is a result here
-        return getattr(error, "status_code", 599), None
-    return raw.http_response.status_code, raw.headers["x-clawrl-turn"]
+    """Conversation `index`'s one request: (HTTP status, the turn id the server recorded it as)."""
+    return ask_once(client, model, f"{index}: {PROMPT}")
 
 
 def test_two_replica_actors_serve_swap_and_survive_one_killed(ray_cluster: object, tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from clawrl.engines.ray_replica import RayReplica
 from clawrl.engines.replicas import ReplicatedEngine
 from clawrl.store import Store
 from clawrl.types import SHARED_LINEAGE, ScoredResponse
-from tests.helpers import healthz, publish_version, save_lora_adapter, start_server, wait_until
+from tests.helpers import ask as ask_once, healthz, publish_version, save_lora_adapter, start_server, wait_until
 
 PROMPT = "Tell me everything about the harbour, the boats, the tides and the fishermen of the old town. " * 3
 
@@ -44,14 +44,8 @@ def ray_engine(model_dir: Path, **settings: Any) -> ReplicatedEngine:
 
 
 def ask(client: OpenAI, model: str, index: int) -> tuple[int, str | None]:
-    """One request of a new conversation: (HTTP status, the policy version the server says answered it)."""
-    try:
-        raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": f"{index}: {PROMPT}"}], max_tokens=16, temperature=1.0
-        )
-    except Exception as error:  # noqa: BLE001 - a failed request is a result here
-        return getattr(error, "status_code", 599), None
-    return raw.http_response.status_code, raw.headers["x-clawrl-policy-version"]
+    """Conversation `index`'s one request: (HTTP status, the policy version the server says answered it)."""
+    return ask_once(client, model, f"{index}: {PROMPT}", "x-clawrl-policy-version", max_tokens=16)
 
 
 def replica(engine: ReplicatedEngine, index: int) -> dict[str, Any]:

@@ -67,9 +67,9 @@ class ReplicaRestarts:
         self._tasks[index] = task
         task.add_done_callback(lambda _: self._tasks.pop(index, None))
 
-    def status(self, index: int) -> tuple[int, bool]:
-        """(times replica `index` came back, whether it was given up on)."""
-        return self.restarts.get(index, 0), index in self.given_up
+    def status(self, index: int) -> dict[str, int | bool]:
+        """How many times replica `index` came back, and whether it was given up on."""
+        return {"restarts": self.restarts.get(index, 0), "given_up": index in self.given_up}
 
     def close(self) -> None:
         for task in list(self._tasks.values()):

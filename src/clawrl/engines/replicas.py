@@ -156,8 +156,7 @@ class ReplicatedEngine(Engine):
     def replica_status(self) -> list[dict[str, int | bool]]:
         """What /healthz and /metrics say of each replica: in rotation, requests started there, the
         times it came back after its process died, whether it was given up on."""
-        return [{"replica": index, "in_rotation": rotating, "requests": requests,
-                 "restarts": self.restarts.status(index)[0], "given_up": self.restarts.status(index)[1]}
+        return [{"replica": index, "in_rotation": rotating, "requests": requests, **self.restarts.status(index)}
                 for index, rotating, requests in self.replica_requests()]  # fmt: skip
 
     def _all(self) -> list[_Replica]:
