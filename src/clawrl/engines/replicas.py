@@ -134,9 +134,9 @@ class ReplicatedEngine(Engine):
     @property
     def policy_version(self) -> int:
         """The shared lineage's version on every replica; while a load is under way and the replicas
-        differ, the first one's."""
+        differ, the one they all served before it (a version is reported only once all serve it)."""
         agreed = self._lineage_version(SHARED_LINEAGE)
-        return agreed if agreed is not None else self._replicas[0].engine.policy_version if self._replicas else 0
+        return agreed if agreed is not None else self._serving.get(SHARED_LINEAGE, (0, None))[0]
 
     def lineage_version(self, lineage: str) -> int | None:
         return self._lineage_version(lineage)
