@@ -292,7 +292,7 @@ def test_a_version_12_store_marks_its_sampled_episodes_in_place(store: Store) ->
         with upgraded.read() as db:
             indexes = {index["name"]: index["column_names"] for index in sqlalchemy.inspect(db.connection()).get_indexes("episodes")}
             assert indexes["ix_episodes_waiting"] == ["sampled", "group_id"]
-            assert db.scalar(select(Meta.value).where(Meta.key == "schema_version")) == str(SCHEMA_VERSION) == "14"
+            assert db.scalar(select(Meta.value).where(Meta.key == "schema_version")) == str(SCHEMA_VERSION) == "15"
         builder = EpisodeSampleBuilder(upgraded.episodes, upgraded.training, "rl", gamma=0.5, judge_coef=0.0)
         assert builder.build() == 1 and polled(upgraded) == [] and flags(upgraded)["w1"] is True
     finally:

@@ -101,7 +101,7 @@ def test_a_version_2_store_is_upgraded_in_place(tmp_path: Path) -> None:
     training.add_samples([ready_sample("t1")])
     training.register_version(version(1, 0), ["t1"])
     with sqlite3.connect(tmp_path / "clawrl.db") as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "14"
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION) == "15"
 
 
 def test_each_lineage_has_its_own_pointer_numbers_never_repeat_and_rollback_stays_inside(tmp_path: Path) -> None:
