@@ -39,7 +39,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
-from clawrl.engines.replica_restarts import ReplicaRestarts
 from clawrl.engines.base import (
     Engine,
     EngineClosedError,
@@ -47,6 +46,7 @@ from clawrl.engines.base import (
     LineageNotLoadedError,
     SamplingParams,
 )
+from clawrl.engines.replica_restarts import ReplicaRestarts
 from clawrl.types import SHARED_LINEAGE, ScoredResponse
 
 logger = logging.getLogger(__name__)
