@@ -22,8 +22,10 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from clawrl.cli import build_parser, config_from_args
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
 from clawrl.model.chat import render_prompt
@@ -182,7 +184,8 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
 
     async def retire_with(model_dir: Path, gap: float, turns: int = 2, twice: bool = False) -> list[Any]:
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
-        config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns)
+        config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns,
+                             memory_retire_samples=1)  # one answer a turn, as `measured` was taken  # fmt: skip
         retirer = NoteRetirer(engine, store, config)
         await engine.start()
         try:
@@ -220,6 +223,64 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     assert store.memory.injected("default", 4) == [] and len(store.memory.notes("default")) == 2
     assert not ServeConfig(memory_retire="on").memory_retiring  # retiring needs memory on
     store.close()
+
+
+def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With --memory-retire-samples S, each turn gets S fresh answers of its own, and the gap is the mean
+    over all S x turns of them of the summed log-ratio, as the engine's own score() gives it here."""
+    store = Store.for_run_dir(tmp_path / "run")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    conversation = Conversation(store, tokenizer)
+    hint = store.memory.remember("default", HINT, "hint", limit=4)
+    for index, question in enumerate(QUESTIONS):
+        conversation.turn(f"t{index}", f"s{index}", question, NOTED, notes=[hint])
+    turns = store.memory.noted_turns("default", [hint.id], 2, opening=True)[hint.id]
+    samples = 3
+    engine = build_engine(EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1))
+    config = ServeConfig(memory="on", memory_retire="on", memory_retire_turns=2, memory_retire_samples=samples)
+
+    async def summed_log_ratio(messages: list[dict[str, Any]], answer: list[int]) -> float:
+        untold = await engine.score(render_prompt(tokenizer, messages, None), answer, version=0)
+        told = await engine.score(render_prompt(tokenizer, with_notes(messages, [hint]), None), answer, version=0)
+        return sum(untold.logprobs) - sum(told.logprobs)
+
+    async def measure() -> tuple[Any, Any, Any, list[float], list[Any]]:
+        await engine.start()
+        try:
+            found = await note_gap(engine, turns, hint, "shared", 0, samples)
+            again = await note_gap(engine, turns, hint, "shared", 0, samples)
+            first_alone = await note_gap(engine, turns[:1], hint, "shared", 0, samples)
+            reference = [await summed_log_ratio(turns[position // samples].messages, answer)
+                         for position, answer in enumerate(found.answers)]  # fmt: skip
+            checks = await NoteRetirer(engine, store, config).check_user("default", 0)
+            return found, again, first_alone, reference, checks
+        finally:
+            await engine.close()
+
+    found, again, first_alone, reference, checks = asyncio.run(measure())
+    assert len(found.answers) == samples * len(turns) == 6 and all(found.answers)
+    for position in range(0, len(found.answers), samples):  # each turn's answers differ from one another
+        assert len({tuple(answer) for answer in found.answers[position:position + samples]}) > 1
+    assert first_alone.answers == found.answers[:samples]  # the first turn's, in order: then the second's
+    assert found.gap == pytest.approx(sum(reference) / len(reference), abs=1e-6)
+    assert found.gap != pytest.approx(sum(reference[::samples]) / len(turns), abs=1e-3)  # not the first answers' alone
+    assert again.answers == found.answers and again.gap == found.gap  # seeded: the same version, the same answers
+    assert [(check.note_id, check.turns) for check in checks] == [(hint.id, 2)]  # the setting, through the server's task
+    assert checks[0].gap == pytest.approx(found.gap, abs=1e-6) and checks[0].retired == (found.gap <= config.memory_retire_gap)
+    store.close()
+
+
+def test_the_answers_a_turn_are_refused_below_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ServeConfig().memory_retire_samples == 4
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ServeConfig(memory_retire_samples=0)
+    with pytest.raises(SystemExit) as refused:
+        config_from_args(ServeConfig, build_parser().parse_args(["serve", "--memory-retire-samples", "0"]))
+    assert refused.value.code == (
+        "error: --memory-retire-samples (CLAWRL_MEMORY_RETIRE_SAMPLES): Input should be greater than or equal to 1 (got 0)"
+    )
+    monkeypatch.setenv("CLAWRL_MEMORY_RETIRE_SAMPLES", "2")
+    assert config_from_args(ServeConfig, build_parser().parse_args(["serve"])).memory_retire_samples == 2
 
 
 # --------------------------------------------------------------------------- real servers

@@ -89,9 +89,9 @@ class ServeConfig(ComponentSettings):
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
         "each active note is checked once under each newly served policy version, on the user's latest conversation "
-        "openings given with it (--memory-retire-turns): the version answers each without notes, and each answer is "
-        "scored with no notes and with the note alone; a note whose gap is at most "
-        "--memory-retire-gap is no longer injected (it stays listed, exported and forgettable, and is active again "
+        "openings given with it (--memory-retire-turns): the version answers each without notes "
+        "(--memory-retire-samples times), and each answer is scored with no notes and with the note alone; a note "
+        "whose gap is at most --memory-retire-gap is no longer injected (it stays listed, exported and forgettable, and is active again "
         "when taught again). A background task: requests never wait for it.",
     )
     memory_retire_gap: float = Field(
@@ -108,6 +108,17 @@ class ServeConfig(ComponentSettings):
         le=64,
         description="With --memory-retire on, how many of the user's latest main turns served with a note it is "
         "checked on; a note with fewer such turns is kept.",
+    )
+    memory_retire_samples: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="With --memory-retire on, how many fresh answers the weights give without notes on each of those "
+        "turns, each with its own seed; the gap is the mean over all of them. One answer's summed log-ratio is a noisy "
+        "estimate: its variance is about twice the gap (told and untold differ little on each token), so near the "
+        "default threshold of 1 nat one answer varies by some 1.4 nats, and the mean of one answer on each of four "
+        "turns by 0.7, most of the threshold. Four answers a turn halve that, for four times the sampling and "
+        "scoring (in the background: requests never wait for it).",
     )
     memory_retire_every_s: float = Field(
         30.0,

@@ -6,12 +6,13 @@ the record, no longer injected (`store.memory.retire`).
 
 What is checked, for each active note of a user under the version now serving their lineage: their
 latest `--memory-retire-turns` main turns that open a conversation and whose prompt carried the note. On each turn's messages with no
-notes the version samples a fresh answer (temperature 1, as long as the recorded answer), which it
-scores under two prompts: the messages with no notes, and with this note alone. The note's gap is the
-mean over the turns of the answer's log p(untold) - log p(told), summed over its tokens: an estimate
-of how far, in nats per answer, what the weights say alone is from what they say when told (the
-reverse KL that on-policy distillation drives down on the student's own samples). At most
-`--memory-retire-gap` nats per answer, the note is retired.
+notes the version samples `--memory-retire-samples` fresh answers (temperature 1, each as long as the
+recorded answer, each with its own seed), which it scores under two prompts: the messages with no
+notes, and with this note alone. The note's gap is the mean over all the answers, of all the turns, of
+log p(untold) - log p(told), summed over the answer's tokens: an estimate of how far, in nats per
+answer, what the weights say alone is from what they say when told (the reverse KL that on-policy
+distillation drives down on the student's own samples). At most `--memory-retire-gap` nats per
+answer, the note is retired.
 
 Why these choices. The first criterion (recorded answers, the user's active notes against the same
 less this one, nats per token) retired 42 of 44 notes within a version or two while the weights
@@ -24,6 +25,15 @@ held-out prompts with its notes while the weights alone of the arm that had reti
   What the user would see without the note is what the weights say untold.
 * Summed over the answer. A style is a handful of decisions in an answer of fifty tokens: per token,
   a decisive difference reads as noise.
+* Several answers per turn (4 by default). One sampled answer's summed log-ratio is an unbiased but
+  noisy estimate of the reverse KL: where told and untold differ little on each token, its variance
+  is about twice the KL itself, so near the threshold of 1 nat one answer is off by some 1.4 nats,
+  and the mean of one answer on each of four turns by some 0.7, most of the threshold; a note near it
+  was retired or kept by chance (and, retired too early, taught again: the churn of the second
+  report in docs/benchmarks.md). Four answers a turn halve that error, for four times the sampling
+  and scoring of a background task; the turns' own spread (which openings the user happened to make)
+  remains. The answers are sampled one after another, so the check holds at most one of the
+  engine's sequences at a time, as with one.
 * Turns that open a conversation. Later in one, the user's own words in it (the correction the note
   was drawn from, often) say what the note says, and the note alone moves little there: on the
   tiny model one note changes an opening answer by about 2.4 nats, and later turns by a fraction of
@@ -79,31 +89,44 @@ class NoteGap:
     """One measurement of a note: the gap and the fresh answers it was measured on."""
 
     gap: float  # nats per answer: mean over the answers of log p(untold) - log p(told), summed over tokens
-    answers: list[list[int]]  # the answers the version sampled untold, one per turn
+    answers: list[list[int]]  # the answers the version sampled untold: per turn in order, `samples` of each
 
 
 class VersionMovedError(RuntimeError):
     """The lineage's version changed while a note was measured under it."""
 
 
-async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, lineage: str, version: int) -> NoteGap:
+def sample_seed(version: int, turn_index: int, sample_index: int) -> int:
+    """The seed of the `sample_index`-th fresh answer on the `turn_index`-th turn under `version`: the
+    same answers each time the same version is checked, a different seed for every (turn, sample) while
+    both indices are under 1000 (--memory-retire-turns and --memory-retire-samples are at most 64)."""
+    return (version * 1000 + turn_index) * 1000 + sample_index
+
+
+async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, lineage: str, version: int,
+                   samples: int = 1) -> NoteGap:  # fmt: skip
     """The gap of `note` on `turns` under `version`, the version serving `lineage`: on each turn's
-    messages with no notes, a fresh answer sampled by that version, and the mean over the turns of
-    its log p(answer | no notes) - log p(answer | `note` alone), summed over its tokens.
-    VersionMovedError when `lineage` is served by another version meanwhile."""
+    messages with no notes, `samples` fresh answers sampled by that version (seeds `sample_seed`), and
+    the mean over all of them of log p(answer | no notes) - log p(answer | `note` alone), summed over
+    the answer's tokens. VersionMovedError when `lineage` is served by another version meanwhile (for
+    any of the answers)."""
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, not {samples}")
     gaps, answers = [], []
     for index, turn in enumerate(turns):
         untold_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, turn.messages, turn.tools)
         told_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, with_notes(turn.messages, [note]), turn.tools)
-        sampling = SamplingParams(temperature=1.0, max_tokens=max(1, len(turn.response_token_ids)), seed=version * 1000 + index)
-        stream = engine.generate(untold_ids, sampling, lineage)
-        answer = [step.token_id async for step in stream]
-        if stream.policy_version != version or not answer:
-            raise VersionMovedError(f"{lineage} is no longer served by version {version}")
-        untold = await engine.score(untold_ids, answer, version=version)
-        told = await engine.score(told_ids, answer, version=version)
-        gaps.append(sum(a - b for a, b in zip(untold.logprobs, told.logprobs, strict=True)))
-        answers.append(answer)
+        for sample in range(samples):  # one after another: the check holds one of the engine's sequences at most
+            sampling = SamplingParams(temperature=1.0, max_tokens=max(1, len(turn.response_token_ids)),
+                                      seed=sample_seed(version, index, sample))  # fmt: skip
+            stream = engine.generate(untold_ids, sampling, lineage)
+            answer = [step.token_id async for step in stream]
+            if stream.policy_version != version or not answer:
+                raise VersionMovedError(f"{lineage} is no longer served by version {version}")
+            untold = await engine.score(untold_ids, answer, version=version)
+            told = await engine.score(told_ids, answer, version=version)
+            gaps.append(sum(a - b for a, b in zip(untold.logprobs, told.logprobs, strict=True)))
+            answers.append(answer)
     return NoteGap(sum(gaps) / len(gaps), answers)
 
 
@@ -162,7 +185,8 @@ class NoteRetirer:
             if len(turns) < wanted:
                 checks.append(NoteCheck(user_id, note.id, version, len(turns), None, False))
                 continue
-            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version)).gap
+            samples = self.config.memory_retire_samples
+            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version, samples)).gap
             self.measured[(user_id, note.id)] = version
             retired = gap <= self.config.memory_retire_gap
             if retired:
@@ -171,12 +195,12 @@ class NoteRetirer:
                 except NoSuchNote:  # removed by its user meanwhile
                     retired = False
                 else:
-                    log.info("retired memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns "
-                             "(at most --memory-retire-gap %g)", note.id, user_id, gap, version, len(turns),
-                             self.config.memory_retire_gap)  # fmt: skip
+                    log.info("retired memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns, "
+                             "%d answers each (at most --memory-retire-gap %g)", note.id, user_id, gap, version,
+                             len(turns), samples, self.config.memory_retire_gap)  # fmt: skip
             else:
-                log.info("kept memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns",
-                         note.id, user_id, gap, version, len(turns))  # fmt: skip
+                log.info("kept memory note %d of %s's: gap %.4f nats per answer under version %d on %d turns, %d "
+                         "answers each", note.id, user_id, gap, version, len(turns), samples)  # fmt: skip
             checks.append(NoteCheck(user_id, note.id, version, len(turns), gap, retired))
         return checks
 
