@@ -162,3 +162,61 @@ def test_pretrained_model_path_builds_once_then_reuses(tmp_path: Path, monkeypat
     assert record["weights_sha256"] == weights_digest(path)
     again = real(tmp_path / "again", 0, TOY)
     assert again is not None and weights_digest(tmp_path / "again") == record["weights_sha256"]  # same machine, same bits
+
+
+# --------------------------------------------------------------------------- another unprompted style mix
+
+
+BALANCED = tuple(chats.style_mix("balanced").items())
+
+
+def test_style_mixes_by_name_or_weights() -> None:
+    assert chats.style_mix("default") is DEFAULT_STYLES
+    assert chats.style_mix(" balanced ") == {"ai": 0.25, "plain": 0.25, "warm": 0.25, "terse": 0.25}
+    assert chats.style_mix("terse=2,ai=4,plain=2,warm=2") == {"ai": 4.0, "plain": 2.0, "warm": 2.0, "terse": 2.0}
+    for wrong in ("bogus", "ai=0.5,plain=0.5", "ai=1,plain=1,warm=1,terse=x", "ai=1,plain=1,warm=1,terse=-1",
+                  "ai=1,ai=1,plain=1,warm=1,terse=1", "ai=0,plain=0,warm=0,terse=0", "ai=1,plain=1,warm=1,loud=1"):
+        with pytest.raises(ValueError):
+            chats.style_mix(wrong)
+
+
+def test_the_default_mix_draws_todays_conversations() -> None:
+    assert [chat(random.Random(seed)) for seed in range(20)] == \
+        [chat(random.Random(seed), DEFAULT_STYLES) for seed in range(20)]
+    rng = random.Random(1)
+    answers = [default_chat(rng, chats.style_mix("balanced"))[-1]["content"] for _ in range(2000)]
+    terse = sum(_one_short_sentence(answer) for answer in answers) / 2000
+    warm = sum(is_warm(answer) for answer in answers) / 2000
+    assert abs(terse - 0.25) < 0.04 and abs(warm - 0.25) < 0.05
+
+
+def test_another_mix_is_another_model_and_the_default_keeps_its_identity(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    default, balanced = TOY, PretrainConfig(**{**TOY.__dict__, "styles": BALANCED})
+    # today's model: the same key and record whether the default mix is left out or spelt out
+    assert "styles" not in default.identity()
+    assert default.identity() == {name: value for name, value in default.__dict__.items() if name != "styles"}
+    spelt_out = PretrainConfig(**{**TOY.__dict__, "styles": tuple(DEFAULT_STYLES.items())})
+    assert content_key(0, spelt_out) == content_key(0, default) and spelt_out.identity() == default.identity()
+    assert content_key(0, balanced) != content_key(0, default)
+    assert balanced.identity()["styles"] == dict(BALANCED)
+    path = pretrained_model_path(tmp_path, seed=0, config=balanced)
+    assert path.name == f"tiny-pretrained-seed0-{content_key(0, balanced)}"
+    assert json.loads((path / "pretrain.json").read_text())["config"]["styles"] == dict(BALANCED)
+    # the benchmark serves that directory under the model's name, and records the mix
+    from clawrl.config import BenchConfig
+    from clawrl.sim import bench
+    from clawrl.sim.report import command_line
+
+    built: list[PretrainConfig] = []
+    monkeypatch.setattr(bench, "pretrained_model_path",
+                        lambda cache, seed, config: built.append(config) or path)  # type: ignore[func-returns-value]
+    config = BenchConfig(pretrain_styles="balanced")
+    assert bench.served_model_flags(config) == ["--model", str(path), "--served-model-name", "tiny-pretrained"]
+    assert built[-1].styles == BALANCED and built[-1].steps == PretrainConfig().steps
+    assert bench.model_build(path)["styles"] == dict(BALANCED)
+    assert command_line(config).endswith(" --pretrain-styles balanced")
+    assert bench.served_model_flags(BenchConfig()) == ["--model", "tiny-pretrained"]
+    assert "--pretrain-styles" not in command_line(BenchConfig())
+    with pytest.raises(ValueError):
+        bench.pretrain_config(BenchConfig(pretrain_styles="balanced", model="tiny"))

@@ -13,13 +13,18 @@ from clawrl.preflight import check_model, check_writable_dir, is_locally_built
 
 
 def cmd_bench_learn(args: argparse.Namespace) -> int:
-    from clawrl.sim.bench import given_train_flags, run_bench
+    from clawrl.sim.bench import given_train_flags, pretrain_config, run_bench
     from clawrl.sim.report import report_table
 
     config = config_from_args(BenchConfig, args)
     check_writable_dir(config.out, "--out")
     if not is_locally_built(config.model):
         check_model(config.model)
+    try:
+        pretrain_config(config)  # a style mix it cannot read, or one for a model it does not pre-train: refused now
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if config.users:
         return _bench_learn_users(config, given_train_flags(args))
     results = run_bench(config, given_train_flags(args))

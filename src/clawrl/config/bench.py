@@ -117,6 +117,13 @@ class BenchConfig(ComponentSettings):
         "directory or a hub id.",
     )
     model_seed: int = Field(0, description="Seed of the locally built model (clawrl serve --seed).")
+    pretrain_styles: str = Field(
+        "default",
+        description="The unprompted style mix `tiny-pretrained` is pre-trained with: `default` (today's model: 70% "
+        "AI-like, 14% plain, 10% warm, 6% terse answers to a question with no instruction), `balanced` (a quarter "
+        "each), or weights such as `ai=0.4,plain=0.2,warm=0.2,terse=0.2`. Another mix is another model, built once "
+        "into the cache under its own key, its pretrain.json recording the mix; the arms serve its directory.",
+    )
     problems_per_session: int = Field(2, ge=1, description="Word problems the user asks per session.")
     heldout_prompts: int = Field(48, ge=1, description="Held-out prompts per evaluation (side turns).")
     eval_every: int = Field(

@@ -58,10 +58,11 @@ from clawrl.judge.hints import memory_note
 from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import free_port
 from clawrl.sim.answers import on_topic, result_correct
+from clawrl.sim.chats import style_mix
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT
 from clawrl.sim.models import resolve_model
 from clawrl.sim.personas import PERSONAS, Persona
-from clawrl.sim.pretrain import weights_digest
+from clawrl.sim.pretrain import PRETRAINED_NAME, PretrainConfig, pretrained_model_path, weights_digest
 from clawrl.sim.report import command_line, flags_for, write_report
 from clawrl.sim.results import Evaluation, RunResult
 from clawrl.sim.stats import training_summary
@@ -91,7 +92,7 @@ def serve_command(arm: str, config: BenchConfig, train_flags: dict[str, Any], ru
     """The `clawrl serve` command line for one arm."""
     command = [
         sys.executable, "-m", "clawrl.cli", "serve",
-        "--model", config.model, "--seed", str(config.model_seed), "--cpu-threads", "1",
+        *served_model_flags(config), "--seed", str(config.model_seed), "--cpu-threads", "1",
         "--port", str(port), "--run-dir", str(run_dir), "--judge", "rule",
     ]
     if arm in TRAINED_ARMS:
@@ -494,14 +495,39 @@ def model_build(model_dir: Path) -> dict[str, Any] | None:
         return None
     written = json.loads(record.read_text())
     # A model cached before builds were recorded has no digest in its record: the weights still say it.
-    return {"seed": written.get("seed"), "weights_sha256": written.get("weights_sha256") or weights_digest(model_dir),
-            "build": written.get("build")}
+    build = {"seed": written.get("seed"), "weights_sha256": written.get("weights_sha256") or weights_digest(model_dir),
+             "build": written.get("build")}
+    if "styles" in written.get("config", {}):  # pre-trained with another unprompted style mix than today's
+        build["styles"] = written["config"]["styles"]
+    return build
+
+
+def pretrain_config(config: BenchConfig) -> PretrainConfig | None:
+    """How the served tiny model is pre-trained when --pretrain-styles names a mix other than today's
+    (`chats.style_mix`); None for today's model (resolved by name, as every other command does)."""
+    if config.pretrain_styles.strip() == "default":
+        return None
+    styles = style_mix(config.pretrain_styles)
+    if config.model != PRETRAINED_NAME:
+        raise ValueError(f"--pretrain-styles is how {PRETRAINED_NAME} is pre-trained; --model {config.model} is not it")
+    return PretrainConfig(styles=tuple(styles.items()))
 
 
 def prepared_model(config: BenchConfig) -> str:
     """Where the served weights are; a locally built model is built here, once, before any server
     (and its trainer) asks for it at the same time."""
+    pretraining = pretrain_config(config)
+    if pretraining is not None:
+        return str(pretrained_model_path(EngineConfig().cache_dir, config.model_seed, pretraining))
     return resolve_model(EngineConfig(model=config.model, seed=config.model_seed))
+
+
+def served_model_flags(config: BenchConfig) -> list[str]:
+    """`clawrl serve`'s --model: the model's name, or, pre-trained with another style mix, its
+    directory served under the name (requests keep naming `config.model`)."""
+    if pretrain_config(config) is None:
+        return ["--model", config.model]
+    return ["--model", prepared_model(config), "--served-model-name", config.model]
 
 
 def given_train_flags(args: Any) -> dict[str, Any]:

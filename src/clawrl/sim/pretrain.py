@@ -39,7 +39,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from clawrl.messages import teacher_messages
-from clawrl.sim.chats import HINTS, Chat, ask, chat
+from clawrl.sim.chats import DEFAULT_STYLES, HINTS, Chat, ask, chat
 from clawrl.sim.corpus import Problem, build_corpus
 from clawrl.sim.memory import DEFAULT_SYSTEM_PROMPT, system_prompt_with_notes
 from clawrl.sim.personas import PERSONAS, Persona, evaluation_hints
@@ -70,6 +70,23 @@ class PretrainConfig:
     weight_decay: float = 0.01
     max_tokens: int = 384  # longer conversations are cut (rare: a corrected chat of three problems)
     threads: int = 2  # CPU results depend on the thread count; fixed, so the same seed gives the same bytes
+    # The unprompted style mix (`chats.DEFAULT_STYLES` when None, today's model): ((style, weight), ...),
+    # e.g. `styles_config(chats.style_mix("balanced"))`
+    styles: tuple[tuple[str, float], ...] | None = None
+
+    def style_weights(self) -> dict[str, float]:
+        """The unprompted style mix the conversations are drawn with."""
+        return DEFAULT_STYLES if self.styles is None else dict(self.styles)  # type: ignore[return-value]
+
+    def identity(self) -> dict[str, object]:
+        """The settings as the cache key and pretrain.json record them: the default mix (None, or the
+        default's weights) is left out, so today's model keeps its key and its record, bit for bit."""
+        settings = asdict(self)
+        if self.styles is None or self.styles == tuple(DEFAULT_STYLES.items()):
+            del settings["styles"]
+        else:
+            settings["styles"] = dict(self.styles)
+        return settings
 
     def shape(self) -> dict[str, int]:
         return {
@@ -116,7 +133,9 @@ def _length_bucketed_batches(tokenizer: PreTrainedTokenizerFast, rng: random.Ran
     Conversations range from 60 to 400 tokens; batching neighbours in length instead of random
     ones halves the padding, and with it the time per step.
     """
-    rows = [encode_chat(tokenizer, chat(rng), config.max_tokens) for _ in range(config.batch_size * BUCKET_BATCHES)]
+    styles = config.style_weights()
+    rows = [encode_chat(tokenizer, chat(rng, styles), config.max_tokens)  # type: ignore[arg-type]
+            for _ in range(config.batch_size * BUCKET_BATCHES)]
     rows.sort(key=lambda row: len(row[0]))
     batches = [rows[start : start + config.batch_size] for start in range(0, len(rows), config.batch_size)]
     rng.shuffle(batches)
@@ -180,7 +199,7 @@ def pretrain(out_dir: Path, seed: int = 0, config: PretrainConfig = PretrainConf
     tokenizer.save_pretrained(out_dir)
     log.seconds = time.perf_counter() - started
     (Path(out_dir) / "pretrain.json").write_text(json.dumps(
-        {"seed": seed, "config": asdict(config), "final_loss": sum(log.losses[-20:]) / max(1, len(log.losses[-20:])),
+        {"seed": seed, "config": config.identity(), "final_loss": sum(log.losses[-20:]) / max(1, len(log.losses[-20:])),
          "seconds": round(log.seconds, 1), "build": build_environment(), "weights_sha256": weights_digest(out_dir)},
         indent=2))
     return log
@@ -296,8 +315,10 @@ def content_key(seed: int, config: PretrainConfig) -> str:
     style or hint (here, in the users, or in the rule judge's hint extraction) is a new key.
     """
     rng = random.Random(f"digest-{seed}")
-    sample = [chat(rng) for _ in range(DIGEST_CHATS)]
-    identity = {"version": PRETRAIN_VERSION, "tiny": TINY_VERSION, "seed": seed, "config": asdict(config), "corpus": sample}
+    styles = config.style_weights()
+    sample = [chat(rng, styles) for _ in range(DIGEST_CHATS)]  # type: ignore[arg-type]
+    identity = {"version": PRETRAIN_VERSION, "tiny": TINY_VERSION, "seed": seed, "config": config.identity(),
+                "corpus": sample}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -241,7 +241,8 @@ def command_line(config: BenchConfig) -> str:
         seeds = f" --seeds {config.seeds}" + (f" --first-seed {config.first_seed}" if config.first_seed else "")
     catch_up = "" if config.catch_up else " --no-catch-up"
     noise = "".join(f" --user-{name.replace('_', '-')} {rate:g}" for name, rate in config.user_noise().items() if rate)
-    return f"clawrl bench learn --method {config.method} --sessions {config.sessions}{seeds}{catch_up}{noise}"
+    styles = "" if config.pretrain_styles.strip() == "default" else f" --pretrain-styles {config.pretrain_styles}"
+    return f"clawrl bench learn --method {config.method} --sessions {config.sessions}{seeds}{catch_up}{noise}{styles}"
 
 
 def _aligned_text(arm: dict[str, Any]) -> str:
