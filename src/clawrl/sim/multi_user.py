@@ -41,6 +41,7 @@ from clawrl.sim.bench import (
     Agent, ServerProcess, catch_up, evaluate, model_build, play_session, prepared_model, request_seed, serve_command,
     workload,
 )
+from clawrl.sim.chats import hint_strings_shared_with_pretraining
 from clawrl.sim.metrics import bootstrap_ci, mean, t_interval, wider
 from clawrl.sim.personas import PERSONAS
 from clawrl.sim.report import command_line, flags_for
@@ -204,6 +205,8 @@ def run_multi_user_bench(config: BenchConfig, users: Sequence[str], given_train_
     results = {
         "users": list(users), "sessions_per_user": config.sessions, "seeds": config.run_seeds(),
         "heldout_prompts": config.heldout_prompts, "model": config.model, "model_build": model_build(Path(model_dir)),
+        "pretrain_styles": config.pretrain_styles,
+        "hint_strings_shared_with_pretraining": hint_strings_shared_with_pretraining(),
         "train_flags": " ".join(flags_for(train_flags)), "seconds": seconds,
         "command": _command_line(config, users),
         **summarize(runs, users),
