@@ -3,8 +3,10 @@ rules measured on replies written as people write them, not as the simulator doe
 
 Each case of `benchmarks/data/durable_replies_<part>.jsonl` is a request, the assistant's answer and
 the user's next message, labelled by whether that message states a standing preference that
-should hold for the user's later, different requests (`durable`). The two parts were written
-before the rules were read; the held-out part is scored for reporting only, nothing is tuned on it.
+should hold for the user's later, different requests (`durable`). The tuning and held-out parts were
+written before the rules were read; the held-out parts are scored for reporting only, nothing is tuned
+on them. `held_out_2` is a second writer's (benchmarks/data/README_held_out_2.md), who never read the
+rules.
 
 Every case goes through what `clawrl serve --memory on` does with a recorded turn: the offline judge
 (`--judge rule`) reads the reply as the next state of a turn (the request as its user message, the
@@ -42,13 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from clawrl.config import JudgeConfig
-from clawrl.judge.hints import memory_note
 from clawrl.judge.types import JudgeBackend
-from clawrl.judge.worker import build_backend, final_judgment
+from clawrl.judge.worker import build_backend, final_judgment, judgment_note
 from clawrl.types import NextState, Turn, TurnContext, TurnSampling
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-PARTS = ("tuning", "held_out")
+PARTS = ("tuning", "held_out", "held_out_2")  # held_out_2: a second writer, who had not read the rules
 DEFAULT_OUT = Path("docs/results/durable-notes.json")
 Z95 = 1.959964  # the normal quantile of a two-sided 95 % interval
 
@@ -105,11 +106,13 @@ def case_context(case: Case) -> TurnContext:
 
 
 async def noted(backend: JudgeBackend, case: Case) -> Noted:
-    """The hint the worker would choose for the case (no scoring engine) and the note `--memory-from directives` makes of it."""
+    """The hint the worker would choose for the case (no scoring engine) and the note `--memory-from directives`
+    makes of its verdict (`judgment_note`: of the hint, or of a reply read as praise)."""
     context = case_context(case)
     verdict = await backend.judge(context)
-    hint = final_judgment(context, verdict, backend.name, 0.0).hint
-    return Noted(case, hint, memory_note(context.turn, hint, "directives") if hint is not None else None)
+    judgment = final_judgment(context, verdict, backend.name, 0.0)
+    made = judgment_note(context, judgment, "directives")
+    return Noted(case, judgment.hint, made[0] if made is not None else None)
 
 
 def wilson(hits: int, total: int) -> list[float] | None:

@@ -33,11 +33,11 @@ def test_the_tuning_replies_keep_the_rates_reached_on_them() -> None:
     backend = benchmark.build_backend(benchmark.JudgeConfig(judge="rule"))
     scored = asyncio.run(benchmark.evaluate(backend, "tuning"))
     assert (scored["cases"], scored["durable"]) == (63, 25)
-    assert scored["recall"]["hits"] >= 21  # 23 / 25 when the rules were changed
-    assert scored["useful"]["hits"] >= 21  # 23 / 25
+    assert scored["recall"]["hits"] >= 22  # 24 / 25 since a wish said with thanks is noted (23 before)
+    assert scored["useful"]["hits"] >= 22  # 24 / 25
     assert scored["false_notes"]["hits"] <= 5  # 3 / 38
-    assert scored["leaks"]["hits"] <= 4  # 2 of 26 notes
-    assert scored["missing"]["hits"] <= 2  # 0 of 23
+    assert scored["leaks"]["hits"] <= 4  # 2 of 27 notes
+    assert scored["missing"]["hits"] <= 2  # 0 of 24
 
 
 @pytest.mark.parametrize(("sentence", "clause"), [

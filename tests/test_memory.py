@@ -196,6 +196,31 @@ def test_only_directives_that_hold_for_later_requests_become_notes(memory_from: 
     store.close()
 
 
+COLORBLIND = "Thanks! Also, I'm colorblind, so please don't rely on red/green when you describe charts for me."
+
+
+@pytest.mark.parametrize("memory_from", ["directives", "hints"])
+def test_a_standing_wish_said_with_thanks_becomes_a_note_and_thanks_alone_none(memory_from: str, tmp_path: Path) -> None:
+    """A reply read as praise has no hint (nothing in its answer should change), but a wish beside the
+    thanks holds for later answers: under `directives` it is the user's note, from the reply."""
+    store = Store.for_run_dir(tmp_path)
+    question, answer = user("Describe this sales chart for my slides."), "Sales rose in red regions and fell in green ones."
+    for index, reply in enumerate([COLORBLIND, "thanks!!"]):
+        record(store, f"t{index}", f"s{index}", [question], answer)
+        conversation = [question, {"role": "assistant", "content": answer}, user(reply)]
+        record(store, f"next{index}", f"s{index}", conversation, "ok", continues_turn_id=f"t{index}", next_state=[user(reply)])
+    worker = build_worker(store, JudgeConfig(judge="rule"), memory_notes=4, memory_from=memory_from)
+    assert worker is not None and asyncio.run(worker.judge_available()) == 2
+    judged = store.judging.judgments_for(["t0", "t1"])
+    assert [(judged[turn_id].score, judged[turn_id].hint) for turn_id in ("t0", "t1")] == [(1, None), (1, None)]
+    noted = [(note.text, note.source, note.turn_id) for note in store.memory.notes(DEFAULT_USER)]
+    if memory_from == "directives":
+        assert noted == [("Please don't rely on red/green when you describe charts for me.", "reply", "t0")]
+    else:
+        assert noted == []  # no hint to keep
+    store.close()
+
+
 # --------------------------------------------------------------------------- one server, memory on
 
 

@@ -182,7 +182,8 @@ class Feedback:
     created_at: float = 0.0
 
 
-MemoryNoteSource = Literal["hint", "feedback", "user"]  # the judge's chosen hint, a feedback text, typed in
+# the judge's chosen hint, a standing wish in a reply read as praise, a feedback text, typed in
+MemoryNoteSource = Literal["hint", "reply", "feedback", "user"]
 MemoryFrom = Literal["directives", "hints"]  # what of a judge's hint becomes a note (`--memory-from`)
 
 

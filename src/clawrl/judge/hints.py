@@ -177,8 +177,24 @@ def memory_note(turn: Turn, hint: str, memory_from: MemoryFrom) -> str | None:
     answered: a system prompt's own wording is no quote of the task."""
     if memory_from == "hints":
         return hint
+    return durable_directives(hint, _conversation(turn))
+
+
+def praise_note(turn: Turn, reply: str, memory_from: MemoryFrom) -> str | None:
+    """What of `reply`, a reply the judge read as praise of `turn` (+1, so it has no hint), becomes a
+    note of the turn's user: what would hold for later requests, as of a hint ("Thanks! Also, I'm
+    colorblind, so please don't rely on red/green" keeps the request). A praise is no hint, since
+    nothing in its answer should change, but a standing wish said beside it is still the user's.
+    With `--memory-from hints` there is no hint to keep, so nothing."""
+    if memory_from == "hints":
+        return None
+    return durable_directives(reply, _conversation(turn))
+
+
+def _conversation(turn: Turn) -> list[str]:
+    """What a note must not quote: the texts the answer replied to, and the answer."""
     asked = [content_text(message.get("content")) for message in turn.messages if message["role"] in ("user", "assistant")]
-    return durable_directives(hint, [*asked, turn.response_text])
+    return [*asked, turn.response_text]
 
 
 def directive_clause(sentence: str) -> str | None:

@@ -23,10 +23,10 @@ from clawrl.judge.parsing import MIN_HINT_CHARS
 from clawrl.judge.rule import judge_by_rules
 from clawrl.judge.selection import OverlapSelector, choose_hint
 from clawrl.judge.types import BackendVerdict, HintSelector, JudgeBackend
-from clawrl.judge.hints import memory_note
+from clawrl.judge.hints import memory_note, praise_note
 from clawrl.messages import user_typed
 from clawrl.store import Store
-from clawrl.types import HintCandidate, Judgment, MemoryFrom, Teacher, TurnContext
+from clawrl.types import HintCandidate, Judgment, MemoryFrom, MemoryNoteSource, Teacher, TurnContext
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,26 @@ def final_judgment(
     )
 
 
+def judgment_note(case: TurnContext, judgment: Judgment, memory_from: MemoryFrom) -> tuple[str, MemoryNoteSource] | None:
+    """The memory note a verdict makes for the turn's user (`--memory on`), and its source: what of the
+    chosen hint would hold for later requests (`hints.memory_note`); for a reply read as praise,
+    which has no hint, its sentences that say they hold from now on (`hints.praise_note`)."""
+    if judgment.hint is not None:
+        note = memory_note(case.turn, judgment.hint, memory_from)
+        return (note, "hint") if note is not None else None
+    if judgment.score != 1:
+        return None
+    note = praise_note(case.turn, typed_reply(case), memory_from)
+    return (note, "reply") if note is not None else None
+
+
+def typed_reply(case: TurnContext) -> str:
+    """What the user typed in the turn's next state, less the lines their agent repeats from the request."""
+    asked = [message for message in case.turn.messages if message["role"] == "user" and user_typed(message)]
+    request = asked[-1] if asked else None
+    return "\n".join(user_typed(message, request) for message in case.next_messages if message["role"] == "user").strip()
+
+
 class JudgeWorker:
     """Claims judgeable turns, judges them with `backend`, picks hints with `selector`, writes verdicts.
 
@@ -173,10 +193,9 @@ class JudgeWorker:
         judgment = final_judgment(case, verdict, self.backend.name, time.perf_counter() - started, overlaps, self.worker_id)
         written = await asyncio.to_thread(self.store.judging.record_judgment, judgment)
         self.judged += written
-        if written and judgment.hint is not None and self.memory_notes is not None:
-            note = memory_note(case.turn, judgment.hint, self.memory_from)
-            if note is not None:
-                await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, note, "hint", self.memory_notes)
+        noted = judgment_note(case, judgment, self.memory_from) if written and self.memory_notes is not None else None
+        if noted is not None:
+            await asyncio.to_thread(self.store.memory.remember_for_turn, judgment.turn_id, *noted, self.memory_notes)
         return written
 
     async def _overlaps(self, case: TurnContext, verdict: BackendVerdict) -> list[int | None] | None:

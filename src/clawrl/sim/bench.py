@@ -54,7 +54,7 @@ import httpx
 from transformers import AutoTokenizer
 
 from clawrl.config import BenchConfig, EngineConfig, TrainConfig
-from clawrl.judge.hints import memory_note
+from clawrl.judge.worker import judgment_note
 from clawrl.model.chat import render_prompt
 from clawrl.serve.runner import free_port
 from clawrl.sim.answers import on_topic, result_correct
@@ -277,13 +277,13 @@ def wait_for_judgments(store: Store, turn_ids: list[str], timeout_s: float = 60.
 
 
 def wait_for_notes(store: Store, turn_ids: list[str], timeout_s: float = 30.0) -> None:
-    """Until the session's turns are judged and the last note drawn from their hints is one of the user's
-    notes (the server notes a hint just after its verdict, as `memory_note` says under the server's
-    default `--memory-from`): the next session then meets it."""
+    """Until the session's turns are judged and the last note drawn from their verdicts is one of the
+    user's notes (the server notes it just after its verdict, as `judgment_note` says under the
+    server's default `--memory-from`): the next session then meets it."""
     judgments = wait_for_judgments(store, turn_ids)
-    notes = [memory_note(store.turns.turn(turn_id), judgments[turn_id].hint, "directives")
-             for turn_id in turn_ids if turn_id in judgments and judgments[turn_id].hint]  # fmt: skip
-    expected = [note.strip() for note in notes if note]
+    notes = [judgment_note(store.judging.turn_context(turn_id), judgments[turn_id], "directives")
+             for turn_id in turn_ids if turn_id in judgments]  # fmt: skip
+    expected = [noted[0].strip() for noted in notes if noted is not None]
     deadline = time.monotonic() + timeout_s
     while expected and time.monotonic() < deadline:
         if any(note.text == expected[-1] for note in store.memory.notes(DEFAULT_USER)):

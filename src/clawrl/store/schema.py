@@ -150,7 +150,7 @@ class MemoryNoteRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     user_id: Mapped[str] = mapped_column(String(64), index=True)
     text: Mapped[str] = mapped_column(EncryptedText("memory_notes.text"))
-    source: Mapped[str] = mapped_column(String(16))  # hint | feedback | user
+    source: Mapped[str] = mapped_column(String(16))  # hint | reply | feedback | user
     turn_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
