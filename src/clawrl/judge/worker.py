@@ -116,7 +116,7 @@ def final_judgment(
 def judgment_note(case: TurnContext, judgment: Judgment, memory_from: MemoryFrom) -> tuple[str, MemoryNoteSource] | None:
     """The memory note a verdict makes for the turn's user (`--memory on`), and its source: what of the
     chosen hint would hold for later requests (`hints.memory_note`); for a reply read as praise,
-    which has no hint, its sentences that say they hold from now on (`hints.praise_note`)."""
+    which has no hint, what of the reply itself would hold for them (`hints.praise_note`)."""
     if judgment.hint is not None:
         note = memory_note(case.turn, judgment.hint, memory_from)
         return (note, "hint") if note is not None else None

@@ -71,7 +71,7 @@ class PretrainConfig:
     max_tokens: int = 384  # longer conversations are cut (rare: a corrected chat of three problems)
     threads: int = 2  # CPU results depend on the thread count; fixed, so the same seed gives the same bytes
     # The unprompted style mix (`chats.DEFAULT_STYLES` when None, today's model): ((style, weight), ...),
-    # e.g. `styles_config(chats.style_mix("balanced"))`
+    # e.g. `tuple(chats.style_mix("balanced").items())`
     styles: tuple[tuple[str, float], ...] | None = None
 
     def style_weights(self) -> dict[str, float]:
