@@ -21,7 +21,7 @@ def stream_text(tokenizer, text: str, stop: list[str], parse_tools: bool) -> tup
     decoder = ResponseDecoder(tokenizer, stop, parse_tools)
     deltas = []
     for token_id in tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]:
-        if delta := decoder.add(token_id):
+        if delta := decoder.extend([token_id]):
             deltas.append(delta)
         if decoder.stopped:
             break
@@ -34,6 +34,19 @@ def test_streamed_deltas_reassemble_the_text_including_multibyte(tokenizer) -> N
     assert "".join(deltas) == text == decoder.text
     assert len(deltas) > 3
     assert not any("\ufffd" in delta for delta in deltas)
+
+
+def test_an_answer_taken_whole_decodes_to_the_same_text_as_streamed(tokenizer) -> None:  # noqa: ANN001
+    """A non-streamed answer is decoded in one call (`extend` with every token): same text, same tool
+    markup held back, as feeding it token by token."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for text, parse_tools in [("Grüße aus Köln — 東京 🚀", False),
+                              ('Sure.<tool_call>{"name": "ls", "arguments": {}}</tool_call>', True)]:  # fmt: skip
+        _, streamed = stream_text(tokenizer, text, [], parse_tools)
+        whole = ResponseDecoder(tokenizer, [], parse_tools)
+        released = whole.extend(tokenizer.encode(text, add_special_tokens=False) + [end])
+        assert whole.text == streamed.text == text
+        assert released == text[: streamed.emitted] and whole.emitted == streamed.emitted
 
 
 def test_stop_string_is_never_shown_even_partially(tokenizer) -> None:  # noqa: ANN001

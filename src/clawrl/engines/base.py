@@ -148,6 +148,11 @@ class GenerationStream:
         never wakes the consumer's loop mid-generation, and keeps the GIL while it generates."""
         self._held = True
 
+    @property
+    def held(self) -> bool:
+        """Whether `hold_until_done` was asked: the steps then arrive all at once, at the end."""
+        return self._held
+
     def cancel(self) -> None:
         self.cancelled = True
         if self._on_cancel is not None:

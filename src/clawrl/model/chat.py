@@ -119,11 +119,12 @@ class ResponseDecoder:
         self._prefix_offset = 0  # window start: decoding from here gives stable leading text
         self._read_offset = 0  # tokens before this are already part of `text`
 
-    def add(self, token_id: int) -> str:
-        """Feed one token; return the new text that may be shown now."""
-        if self.stopped:
+    def extend(self, token_ids: list[int]) -> str:
+        """Feed the next tokens (one as it streams, or a whole answer taken at once: one decode
+        instead of one per token); return the new text that may be shown now."""
+        if self.stopped or not token_ids:
             return ""
-        self.token_ids.append(token_id)
+        self.token_ids.extend(token_ids)
         decode = self.tokenizer.decode
         known = decode(self.token_ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
         window = decode(self.token_ids[self._prefix_offset :], skip_special_tokens=True)

@@ -331,19 +331,25 @@ class ChatService:
         """Yield (text delta, token steps since the last delta); set `generation.result` before the tail."""
         prepared, stream, decoder = generation.prepared, generation.stream, generation.decoder
         pending: list[TokenStep] = []
+        undecoded: list[int] = []
         try:
             async for step in stream:
                 if not generation.steps and stream.first_step_at is not None:
                     self.metrics.time_to_first_token.observe(stream.first_step_at - prepared.started_at)
                 generation.steps.append(step)
                 pending.append(step)
-                if delta := decoder.add(step.token_id):
+                undecoded.append(step.token_id)
+                if stream.held and step.finish_reason is None:
+                    continue  # a held answer arrives whole: decode it once at its end, not token by token
+                delta, undecoded = decoder.extend(undecoded), []
+                if delta:
                     yield delta, pending
                     pending = []
                 if decoder.stopped:
                     break
         finally:
             stream.cancel()  # a no-op once finished; frees the engine slot on stop strings and hang-ups
+        decoder.extend(undecoded)  # a held answer that ended without a finishing step
         self.metrics.generated_tokens.inc(len(generation.steps))
         content, tool_calls = parse_tool_calls(decoder.text) if decoder.parse_tools else (decoder.text, [])
         finish_reason = "tool_calls" if tool_calls else ("stop" if decoder.stopped else stream.finish_reason or "stop")
