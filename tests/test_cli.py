@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
@@ -99,6 +101,26 @@ def test_every_config_field_has_a_flag_and_a_description(capsys: pytest.CaptureF
             secret = SecretStr in (field.annotation, *typing.get_args(field.annotation))
             # a secret (CLAWRL_DATA_KEY) is a variable only: a flag would show it in `ps`
             assert ("--" + name.replace("_", "-") in serve_help) is not secret, name
+
+
+def test_every_command_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """`clawrl <command> --help` works for every command and subcommand (a literal % in a description once
+    made `bench learn --help` a traceback)."""
+
+    def commands(parser: argparse.ArgumentParser, path: list[str]) -> Iterator[list[str]]:
+        yield path
+        for action in parser._actions:  # noqa: SLF001 - argparse keeps its subcommands here only
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                for name, subparser in action.choices.items():
+                    yield from commands(subparser, [*path, name])
+
+    paths = list(commands(build_parser(), []))
+    assert ["bench", "learn"] in paths and ["serve"] in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args([*path, "--help"])
+        assert exited.value.code == 0, path
+        assert "usage:" in capsys.readouterr().out, path
 
 
 def test_build_tiny_command(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *configs: type[ComponentSe
                 continue
             seen.add(name)
             flag = "--" + name.replace("_", "-")
-            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": info.description}
+            kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": _help_text(info.description)}
             annotation = _strip_optional(info.annotation)
             if annotation is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
@@ -79,3 +79,8 @@ def _add_global_flags(parser: argparse.ArgumentParser, top: bool = True) -> None
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 _add_global_flags(sub, top=False)
+
+
+def _help_text(description: str | None) -> str | None:
+    """A field's description as argparse help: argparse formats help with %, so a literal one is doubled."""
+    return description.replace("%", "%%") if description else description
