@@ -28,9 +28,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from clawrl.cli import build_parser, config_from_args
 from clawrl.config import EngineConfig, JudgeConfig, ServeConfig
 from clawrl.engines import build_engine
+from clawrl.engines.base import SamplingParams
 from clawrl.model.chat import render_prompt
 from clawrl.model.notes import NOTES_HEADING, with_notes
-from clawrl.serve.retirement import NoteRetirer, note_gap
+from clawrl.serve.retirement import NoteRetirer, note_gap, sample_seed
 from clawrl.store import Store
 from clawrl.store.inspect import note_lines
 from clawrl.store.memory import NoSuchNote, active_over_time
@@ -225,9 +226,12 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     store.close()
 
 
-def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampled", ["untold", "told"])
+def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model_dir: Path, tmp_path: Path,
+                                                                         sampled: str) -> None:  # fmt: skip
     """With --memory-retire-samples S, each turn gets S fresh answers of its own, and the gap is the mean
-    over all S x turns of them of the summed log-ratio, as the engine's own score() gives it here."""
+    over all S x turns of them of the summed log-ratio, as the engine's own score() gives it here; with
+    --memory-retire-sampled told the answers are the version's with the note, and the ratio is told over untold."""
     store = Store.for_run_dir(tmp_path / "run")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     conversation = Conversation(store, tokenizer)
@@ -237,21 +241,29 @@ def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model
     turns = store.memory.noted_turns("default", [hint.id], 2, opening=True)[hint.id]
     samples = 3
     engine = build_engine(EngineConfig(model=str(tiny_model_dir), device="cpu", cpu_threads=1))
-    config = ServeConfig(memory="on", memory_retire="on", memory_retire_turns=2, memory_retire_samples=samples)
+    config = ServeConfig(memory="on", memory_retire="on", memory_retire_turns=2, memory_retire_samples=samples,
+                         memory_retire_sampled=sampled)  # fmt: skip
 
     async def summed_log_ratio(messages: list[dict[str, Any]], answer: list[int]) -> float:
         untold = await engine.score(render_prompt(tokenizer, messages, None), answer, version=0)
         told = await engine.score(render_prompt(tokenizer, with_notes(messages, [hint]), None), answer, version=0)
-        return sum(untold.logprobs) - sum(told.logprobs)
+        ratio = sum(untold.logprobs) - sum(told.logprobs)
+        return ratio if sampled == "untold" else -ratio
+
+    async def sampled_under(messages: list[dict[str, Any]], sample: int) -> list[int]:
+        prompt = messages if sampled == "untold" else with_notes(messages, [hint])
+        sampling = SamplingParams(temperature=1.0, max_tokens=len(turns[0].response_token_ids), seed=sample_seed(0, 0, sample))
+        return [step.token_id async for step in engine.generate(render_prompt(tokenizer, prompt, None), sampling)]
 
     async def measure() -> tuple[Any, Any, Any, list[float], list[Any]]:
         await engine.start()
         try:
-            found = await note_gap(engine, turns, hint, "shared", 0, samples)
-            again = await note_gap(engine, turns, hint, "shared", 0, samples)
-            first_alone = await note_gap(engine, turns[:1], hint, "shared", 0, samples)
+            found = await note_gap(engine, turns, hint, "shared", 0, samples, sampled)
+            again = await note_gap(engine, turns, hint, "shared", 0, samples, sampled)
+            first_alone = await note_gap(engine, turns[:1], hint, "shared", 0, samples, sampled)
             reference = [await summed_log_ratio(turns[position // samples].messages, answer)
                          for position, answer in enumerate(found.answers)]  # fmt: skip
+            assert found.answers[:samples] == [await sampled_under(turns[0].messages, sample) for sample in range(samples)]
             checks = await NoteRetirer(engine, store, config).check_user("default", 0)
             return found, again, first_alone, reference, checks
         finally:

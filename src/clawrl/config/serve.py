@@ -9,6 +9,8 @@ from pydantic import Field, field_validator
 
 from clawrl.config.base import ComponentSettings, with_upstream
 
+RetireSampled = Literal["untold", "told"]  # the prompt a retirement check samples its fresh answers under
+
 
 class ServeConfig(ComponentSettings):
     """The OpenAI-compatible HTTP server (DESIGN §3)."""
@@ -119,6 +121,14 @@ class ServeConfig(ComponentSettings):
         "default threshold of 1 nat one answer varies by some 1.4 nats, and the mean of one answer on each of four "
         "turns by 0.7, most of the threshold. Four answers a turn halve that, for four times the sampling and "
         "scoring (in the background: requests never wait for it).",
+    )
+    memory_retire_sampled: RetireSampled = Field(
+        "untold",
+        description="With --memory-retire on, which prompt the check's fresh answers are sampled under, and so which "
+        "way the gap measures: `untold` (the messages without notes: log p untold minus log p told, the reverse KL "
+        "that on-policy distillation drives down) or `told` (the messages with the note alone: log p told minus log p "
+        "untold, the forward KL, large while the weights alone rarely say what the note makes them say, even where "
+        "what they do say is something the told model says too).",
     )
     memory_retire_every_s: float = Field(
         30.0,

@@ -62,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clawrl.config import ServeConfig
+from clawrl.config.serve import RetireSampled
 from clawrl.engines.base import Engine, SamplingParams
 from clawrl.model.chat import render_prompt
 from clawrl.model.notes import with_notes
@@ -88,8 +89,8 @@ class NoteCheck:
 class NoteGap:
     """One measurement of a note: the gap and the fresh answers it was measured on."""
 
-    gap: float  # nats per answer: mean over the answers of log p(untold) - log p(told), summed over tokens
-    answers: list[list[int]]  # the answers the version sampled untold: per turn in order, `samples` of each
+    gap: float  # nats per answer: mean over the answers of log p(sampled under) - log p(the other), summed over tokens
+    answers: list[list[int]]  # the answers the version sampled: per turn in order, `samples` of each
 
 
 class VersionMovedError(RuntimeError):
@@ -104,28 +105,29 @@ def sample_seed(version: int, turn_index: int, sample_index: int) -> int:
 
 
 async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, lineage: str, version: int,
-                   samples: int = 1) -> NoteGap:  # fmt: skip
+                   samples: int = 1, sampled: RetireSampled = "untold") -> NoteGap:  # fmt: skip
     """The gap of `note` on `turns` under `version`, the version serving `lineage`: on each turn's
-    messages with no notes, `samples` fresh answers sampled by that version (seeds `sample_seed`), and
-    the mean over all of them of log p(answer | no notes) - log p(answer | `note` alone), summed over
-    the answer's tokens. VersionMovedError when `lineage` is served by another version meanwhile (for
-    any of the answers)."""
+    messages with no notes (`sampled` "untold") or with `note` alone ("told"), `samples` fresh answers
+    sampled by that version (seeds `sample_seed`), and the mean over all of them of log p(answer | the
+    prompt it was sampled under) - log p(answer | the other prompt), summed over the answer's tokens.
+    VersionMovedError when `lineage` is served by another version meanwhile (for any of the answers)."""
     if samples < 1:
         raise ValueError(f"samples must be at least 1, not {samples}")
     gaps, answers = [], []
     for index, turn in enumerate(turns):
         untold_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, turn.messages, turn.tools)
         told_ids = await asyncio.to_thread(render_prompt, engine.tokenizer, with_notes(turn.messages, [note]), turn.tools)
+        sampled_ids, other_ids = (untold_ids, told_ids) if sampled == "untold" else (told_ids, untold_ids)
         for sample in range(samples):  # one after another: the check holds one of the engine's sequences at most
             sampling = SamplingParams(temperature=1.0, max_tokens=max(1, len(turn.response_token_ids)),
                                       seed=sample_seed(version, index, sample))  # fmt: skip
-            stream = engine.generate(untold_ids, sampling, lineage)
+            stream = engine.generate(sampled_ids, sampling, lineage)
             answer = [step.token_id async for step in stream]
             if stream.policy_version != version or not answer:
                 raise VersionMovedError(f"{lineage} is no longer served by version {version}")
-            untold = await engine.score(untold_ids, answer, version=version)
-            told = await engine.score(told_ids, answer, version=version)
-            gaps.append(sum(a - b for a, b in zip(untold.logprobs, told.logprobs, strict=True)))
+            own = await engine.score(sampled_ids, answer, version=version)
+            other = await engine.score(other_ids, answer, version=version)
+            gaps.append(sum(a - b for a, b in zip(own.logprobs, other.logprobs, strict=True)))
             answers.append(answer)
     return NoteGap(sum(gaps) / len(gaps), answers)
 
@@ -185,8 +187,8 @@ class NoteRetirer:
             if len(turns) < wanted:
                 checks.append(NoteCheck(user_id, note.id, version, len(turns), None, False))
                 continue
-            samples = self.config.memory_retire_samples
-            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version, samples)).gap
+            samples, sampled = self.config.memory_retire_samples, self.config.memory_retire_sampled
+            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version, samples, sampled)).gap
             self.measured[(user_id, note.id)] = version
             retired = gap <= self.config.memory_retire_gap
             if retired:
