@@ -56,7 +56,7 @@ def env_name(config: type[BaseSettings], field: str) -> str:
 FORMATTED = {(BenchConfig, "seed_list"): "20-22", (BenchConfig, "tuning_seeds"): "200-201",
              (BackgroundConfig, "background_nice"): "5", (ServeConfig, "memory_notes"): "32",
              (ServeConfig, "memory_retire_turns"): "8", (ServeConfig, "memory_retire_samples"): "2",
-             (ServeConfig, "memory_retire_sampled"): "told"}
+             (ServeConfig, "memory_retire_sampled"): "untold"}
 
 
 def other_value(config: type[BaseSettings], field: str) -> str:

@@ -186,7 +186,7 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
     async def retire_with(model_dir: Path, gap: float, turns: int = 2, twice: bool = False) -> list[Any]:
         engine = build_engine(EngineConfig(model=str(model_dir), device="cpu", cpu_threads=1))
         config = ServeConfig(memory="on", memory_retire="on", memory_retire_gap=gap, memory_retire_turns=turns,
-                             memory_retire_samples=1)  # one answer a turn, as `measured` was taken  # fmt: skip
+                             memory_retire_samples=1, memory_retire_sampled="untold")  # as `measured` was taken  # fmt: skip
         retirer = NoteRetirer(engine, store, config)
         await engine.start()
         try:
@@ -283,7 +283,7 @@ def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model
 
 
 def test_the_answers_a_turn_are_refused_below_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ServeConfig().memory_retire_samples == 4
+    assert ServeConfig().memory_retire_samples == 4 and ServeConfig().memory_retire_sampled == "told"
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         ServeConfig(memory_retire_samples=0)
     with pytest.raises(SystemExit) as refused:

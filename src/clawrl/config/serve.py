@@ -91,8 +91,9 @@ class ServeConfig(ComponentSettings):
         "off",
         description="With --memory on, retire the notes the served weights follow without being told (DESIGN §13): "
         "each active note is checked once under each newly served policy version, on the user's latest conversation "
-        "openings given with it (--memory-retire-turns): the version answers each without notes "
-        "(--memory-retire-samples times), and each answer is scored with no notes and with the note alone; a note "
+        "openings given with it (--memory-retire-turns): the version answers each with the note alone "
+        "(--memory-retire-samples times; --memory-retire-sampled), and each answer is scored with no notes and with "
+        "the note alone; a note "
         "whose gap is at most --memory-retire-gap is no longer injected (it stays listed, exported and forgettable, and is active again "
         "when taught again). A background task: requests never wait for it.",
     )
@@ -101,8 +102,8 @@ class ServeConfig(ComponentSettings):
         ge=0,
         le=1000,
         description="With --memory-retire on, the largest gap, in nats per answer (the mean over the fresh answers "
-        "the weights give without notes of log p without the note minus log p with it, summed over the answer's "
-        "tokens), at which a note is retired.",
+        "of log p under the prompt they were sampled under minus log p under the other, summed over the answer's "
+        "tokens; --memory-retire-sampled), at which a note is retired.",
     )
     memory_retire_turns: int = Field(
         4,
@@ -115,7 +116,7 @@ class ServeConfig(ComponentSettings):
         4,
         ge=1,
         le=64,
-        description="With --memory-retire on, how many fresh answers the weights give without notes on each of those "
+        description="With --memory-retire on, how many fresh answers the weights give (--memory-retire-sampled) on each of those "
         "turns, each with its own seed; the gap is the mean over all of them. One answer's summed log-ratio is a noisy "
         "estimate: its variance is about twice the gap (told and untold differ little on each token), so near the "
         "default threshold of 1 nat one answer varies by some 1.4 nats, and the mean of one answer on each of four "
@@ -123,12 +124,13 @@ class ServeConfig(ComponentSettings):
         "scoring (in the background: requests never wait for it).",
     )
     memory_retire_sampled: RetireSampled = Field(
-        "untold",
+        "told",
         description="With --memory-retire on, which prompt the check's fresh answers are sampled under, and so which "
-        "way the gap measures: `untold` (the messages without notes: log p untold minus log p told, the reverse KL "
-        "that on-policy distillation drives down) or `told` (the messages with the note alone: log p told minus log p "
-        "untold, the forward KL, large while the weights alone rarely say what the note makes them say, even where "
-        "what they do say is something the told model says too).",
+        "way the gap measures: `told` (the messages with the note alone: log p told minus log p untold, the forward "
+        "KL, large while the weights alone rarely say what the note makes them say, even where what they do say is "
+        "something the told model says too) or `untold` (the messages without notes: log p untold minus log p told, "
+        "the reverse KL that on-policy distillation drives down; the default before 2026-12-07, chosen against on "
+        "tuning seeds: docs/benchmarks.md).",
     )
     memory_retire_every_s: float = Field(
         30.0,

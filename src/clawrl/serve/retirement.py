@@ -5,14 +5,21 @@ without being told, the note is only cost (its tokens on every prompt), so it is
 the record, no longer injected (`store.memory.retire`).
 
 What is checked, for each active note of a user under the version now serving their lineage: their
-latest `--memory-retire-turns` main turns that open a conversation and whose prompt carried the note. On each turn's messages with no
-notes the version samples `--memory-retire-samples` fresh answers (temperature 1, each as long as the
-recorded answer, each with its own seed), which it scores under two prompts: the messages with no
-notes, and with this note alone. The note's gap is the mean over all the answers, of all the turns, of
-log p(untold) - log p(told), summed over the answer's tokens: an estimate of how far, in nats per
-answer, what the weights say alone is from what they say when told (the reverse KL that on-policy
-distillation drives down on the student's own samples). At most `--memory-retire-gap` nats per
-answer, the note is retired.
+latest `--memory-retire-turns` main turns that open a conversation and whose prompt carried the note. On each turn's messages with this
+note alone (`--memory-retire-sampled told`, the default; `untold`: with no notes) the version samples
+`--memory-retire-samples` fresh answers (temperature 1, each as long as the recorded answer, each with
+its own seed), which it scores under two prompts: the messages with no notes, and with this note alone.
+The note's gap is the mean over all the answers, of all the turns, of log p(the prompt sampled under) -
+log p(the other), summed over the answer's tokens. Told, that is the forward KL: how unlikely, in nats
+per answer, what the weights say when told is for the weights alone. At most `--memory-retire-gap`
+nats per answer, the note is retired.
+
+Why told answers (the fourth criterion). Untold answers measure the reverse KL, the one on-policy
+distillation drives down, and it is small whenever what the weights say alone is one of the things
+the told model says too: a small model told a note still answers its old way part of the time, so a
+note was retired while the weights alone kept the old habit (docs/benchmarks.md, third report). The
+forward KL stays large until the weights alone say what the note makes them say. The choices below
+were made for untold answers and hold for told ones.
 
 Why these choices. The first criterion (recorded answers, the user's active notes against the same
 less this one, nats per token) retired 42 of 44 notes within a version or two while the weights
