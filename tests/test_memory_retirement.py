@@ -169,7 +169,7 @@ def test_the_gap_is_what_the_model_gives_and_decides_retirement(models: dict[str
         async def gap(engine: Any, note: MemoryNote) -> Any:
             await engine.start()
             try:
-                return await note_gap(engine, turns, note, "shared", 0)
+                return await note_gap(engine, turns, note, "shared", 0, sampled="untold")
             finally:
                 await engine.close()
 
@@ -258,9 +258,9 @@ def test_several_answers_a_turn_are_sampled_and_the_gap_is_their_mean(tiny_model
     async def measure() -> tuple[Any, Any, Any, list[float], list[Any]]:
         await engine.start()
         try:
-            found = await note_gap(engine, turns, hint, "shared", 0, samples, sampled)
-            again = await note_gap(engine, turns, hint, "shared", 0, samples, sampled)
-            first_alone = await note_gap(engine, turns[:1], hint, "shared", 0, samples, sampled)
+            found = await note_gap(engine, turns, hint, "shared", 0, samples, sampled=sampled)
+            again = await note_gap(engine, turns, hint, "shared", 0, samples, sampled=sampled)
+            first_alone = await note_gap(engine, turns[:1], hint, "shared", 0, samples, sampled=sampled)
             reference = [await summed_log_ratio(turns[position // samples].messages, answer)
                          for position, answer in enumerate(found.answers)]  # fmt: skip
             assert found.answers[:samples] == [await sampled_under(turns[0].messages, sample) for sample in range(samples)]

@@ -129,8 +129,8 @@ class ServeConfig(ComponentSettings):
         "way the gap measures: `told` (the messages with the note alone: log p told minus log p untold, the forward "
         "KL, large while the weights alone rarely say what the note makes them say, even where what they do say is "
         "something the told model says too) or `untold` (the messages without notes: log p untold minus log p told, "
-        "the reverse KL that on-policy distillation drives down; the default before 2026-12-07, chosen against on "
-        "tuning seeds: docs/benchmarks.md).",
+        "the reverse KL that on-policy distillation drives down; the default before 2026-12-07). `told` was chosen "
+        "over it on tuning seeds; the report seeds showed no difference either way (docs/benchmarks.md).",
     )
     memory_retire_every_s: float = Field(
         30.0,

@@ -112,7 +112,7 @@ def sample_seed(version: int, turn_index: int, sample_index: int) -> int:
 
 
 async def note_gap(engine: Engine, turns: list[Turn], note: MemoryNote, lineage: str, version: int,
-                   samples: int = 1, sampled: RetireSampled = "untold") -> NoteGap:  # fmt: skip
+                   samples: int = 1, *, sampled: RetireSampled) -> NoteGap:  # fmt: skip
     """The gap of `note` on `turns` under `version`, the version serving `lineage`: on each turn's
     messages with no notes (`sampled` "untold") or with `note` alone ("told"), `samples` fresh answers
     sampled by that version (seeds `sample_seed`), and the mean over all of them of log p(answer | the
@@ -194,8 +194,9 @@ class NoteRetirer:
             if len(turns) < wanted:
                 checks.append(NoteCheck(user_id, note.id, version, len(turns), None, False))
                 continue
-            samples, sampled = self.config.memory_retire_samples, self.config.memory_retire_sampled
-            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version, samples, sampled)).gap
+            samples = self.config.memory_retire_samples
+            gap = (await note_gap(self.engine, turns, note, self.lineage_for(user_id), version, samples,
+                                  sampled=self.config.memory_retire_sampled)).gap
             self.measured[(user_id, note.id)] = version
             retired = gap <= self.config.memory_retire_gap
             if retired:
